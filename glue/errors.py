@@ -1,0 +1,64 @@
+"""The exceptions glue raises for anything a user can cause, and where in user code it happened.
+
+Every error that a user's program or input can trigger is a `GlueError`; the message names the
+primitive or function, the shapes/dtypes involved and the user's source line.
+"""
+from __future__ import annotations
+
+import linecache
+import os
+import sys
+
+_GLUE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+class GlueError(Exception):
+    """Base class of every error glue raises for bad programs or inputs."""
+
+
+class GlueTypeError(GlueError, TypeError):
+    """An operation got operands of shapes, dtypes or parameters its rule does not accept."""
+
+
+class ConcretizationError(GlueError, TypeError):
+    """A traced value reached Python control flow (`if`, `bool()`, `int()`, ...)."""
+
+
+class ParseError(GlueError, ValueError):
+    """The IR text could not be parsed."""
+
+
+class VerifyError(GlueError, ValueError):
+    """A Graph is not well formed (SSA, types or parameters are inconsistent)."""
+
+
+class BackendError(GlueError, RuntimeError):
+    """A backend could not compile or run a program."""
+
+
+def user_frame_location() -> str | None:
+    """`file:line` of the innermost stack frame outside the glue package (the user's code)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        path = os.path.abspath(frame.f_code.co_filename)
+        if not path.startswith(_GLUE_DIR + os.sep) and not path.startswith("<frozen"):
+            return f"{_short_path(path)}:{frame.f_lineno}"
+        frame = frame.f_back
+    return None
+
+
+def _short_path(path: str) -> str:
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:
+        return path
+    return path if rel.startswith("..") else rel
+
+
+def describe_location(location: str | None) -> str:
+    """A human line for an error: `at file:line: <source text>`."""
+    if not location:
+        return "at an unknown location"
+    file, _, line = location.rpartition(":")
+    text = linecache.getline(file, int(line)).strip() if line.isdigit() else ""
+    return f"at {location}" + (f": {text}" if text else "")

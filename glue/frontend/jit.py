@@ -1,0 +1,264 @@
+"""`glue.jit`: trace once per signature, compile through a backend, cache, and call.
+
+A signature is the pytree structure of the dynamic arguments, their types, and the values of
+the static arguments. `f.lower(*args)` gives the staged `Lowered` (text of every stage);
+`.compile()` gives the callable `Compiled`. Called inside another trace, a jitted function is
+inlined into it.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from glue.frontend.array import Array
+from glue.backends import get_backend
+from glue.errors import GlueError
+from glue.frontend.pytree import PyTreeDef, leaf_paths, tree_flatten, tree_unflatten
+from glue.frontend.tracing import current_trace, eval_graph, trace_flat, type_of
+from glue.ir import ClosedGraph, TensorType
+
+log = logging.getLogger("glue")
+
+_STAGE_SUFFIX = {"graph": "dot", "llvm": "ll", "ptx": "ptx"}
+
+
+@dataclass(frozen=True)
+class Signature:
+    """What a compiled program is specialised to; the key of the jit cache."""
+
+    treedef: PyTreeDef
+    types: tuple[TensorType, ...]
+    statics: tuple[tuple[Any, Any], ...]
+
+    def explain_difference(self, old: "Signature") -> str:
+        if self.statics != old.statics:
+            changed = [f"{k}: {dict(old.statics).get(k)!r} -> {v!r}"
+                       for k, v in self.statics if dict(old.statics).get(k) != v]
+            return "static arguments changed (" + "; ".join(changed) + ")"
+        if self.treedef != old.treedef:
+            return f"the argument structure changed from {old.treedef} to {self.treedef}"
+        args_tree, kwargs_tree = self.treedef.children
+        paths = leaf_paths(args_tree, "args") + leaf_paths(kwargs_tree, "kwargs")
+        changed = [f"{p} {a} -> {b}" for p, a, b in zip(paths, old.types, self.types) if a != b]
+        return "argument types changed: " + "; ".join(changed)
+
+
+class _ArgSpec:
+    """Splits a call's arguments into static values and a pytree of dynamic leaves."""
+
+    def __init__(self, fn: Callable, static_argnums: Sequence[int], static_argnames: Sequence[str]):
+        self.fn = fn
+        names = self._param_names(fn)
+        self.static_nums = set(static_argnums) | {names.index(n) for n in static_argnames if n in names}
+        self.static_names = set(static_argnames) | {names[i] for i in static_argnums if i < len(names)}
+
+    @staticmethod
+    def _param_names(fn: Callable) -> list[str]:
+        try:
+            return [p.name for p in inspect.signature(fn).parameters.values()
+                    if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        except (TypeError, ValueError):
+            return []
+
+    def split(self, args: tuple, kwargs: dict) -> tuple[Signature, list[Any]]:
+        dyn_args = tuple(a for i, a in enumerate(args) if i not in self.static_nums)
+        dyn_kwargs = {k: v for k, v in kwargs.items() if k not in self.static_names}
+        statics = tuple((i, a) for i, a in enumerate(args) if i in self.static_nums) + \
+            tuple(sorted((k, v) for k, v in kwargs.items() if k in self.static_names))
+        try:
+            hash(statics)
+        except TypeError:
+            raise GlueError(f"static arguments of {self.fn.__name__} must be hashable; got "
+                            f"{[type(v).__name__ for _, v in statics]}") from None
+        leaves, treedef = tree_flatten((dyn_args, dyn_kwargs))
+        types = tuple(type_of(x) for x in leaves)
+        return Signature(treedef, types, statics), leaves
+
+    def flat_fn(self, sig: Signature) -> Callable[..., list[Any]]:
+        """`fn` as a function of the flat dynamic leaves, returning flat outputs."""
+        statics = dict(sig.statics)
+        out_tree: list[PyTreeDef] = []
+
+        def flat(*leaves: Any) -> list[Any]:
+            dyn_args, kwargs = tree_unflatten(sig.treedef, list(leaves))
+            dyn = iter(dyn_args)
+            n = len(dyn_args) + sum(1 for k in statics if isinstance(k, int))
+            args = [statics[i] if i in statics else next(dyn) for i in range(n)]
+            kwargs.update({k: v for k, v in statics.items() if isinstance(k, str)})
+            outs, treedef = tree_flatten(self.fn(*args, **kwargs))
+            out_tree.append(treedef)
+            return outs
+
+        flat.out_tree = out_tree  # type: ignore[attr-defined]
+        return flat
+
+
+class Lowered:
+    """A traced program on its way to a backend; every stage can be printed."""
+
+    def __init__(self, name: str, closed: ClosedGraph, out_tree: PyTreeDef, signature: Signature,
+                 backend: Any, donated: tuple[int, ...]):
+        self.name = name
+        self.closed = closed
+        self.out_tree = out_tree
+        self.signature = signature
+        self._backend_lowered = backend.lower(closed.graph, donated=donated, name=name)
+        self.backend = backend
+
+    @property
+    def stages(self) -> tuple[str, ...]:
+        return ("ir",) + tuple(self._backend_lowered.stages)
+
+    def as_text(self, stage: str = "ir") -> str:
+        if stage == "ir":
+            return str(self.closed.graph)
+        if stage not in self._backend_lowered.stages:
+            raise GlueError(f"stage {stage!r} is not produced by the {self.backend.name} backend; "
+                            f"stages: {self.stages}")
+        return self._backend_lowered.as_text(stage)
+
+    def compile(self) -> "Compiled":
+        dump_dir = os.environ.get("GLUE_DUMP")
+        if dump_dir:
+            self.dump(dump_dir)
+        return Compiled(self, self._backend_lowered.compile())
+
+    def dump(self, directory: str) -> list[str]:
+        """Write every stage into `directory`; returns the paths written."""
+        os.makedirs(directory, exist_ok=True)
+        paths = []
+        for stage in self.stages:
+            path = os.path.join(directory, f"{self.name}.{stage}.{_STAGE_SUFFIX.get(stage, 'txt')}")
+            with open(path, "w") as f:
+                f.write(self.as_text(stage) + "\n")
+            paths.append(path)
+        return paths
+
+
+class Compiled:
+    """A program compiled for one signature; calling it runs it on the backend."""
+
+    def __init__(self, lowered: Lowered, executable: Any):
+        self.lowered = lowered
+        self.executable = executable
+        self.check = os.environ.get("GLUE_CHECK") == "1"
+
+    @property
+    def kernels(self) -> list[Any]:
+        return list(getattr(self.executable, "kernels", []))
+
+    def memory_analysis(self) -> Any:
+        return self.executable.memory_analysis()
+
+    def cost_analysis(self) -> Any:
+        return self.executable.cost_analysis()
+
+    def as_text(self, stage: str = "ir") -> str:
+        return self.lowered.as_text(stage)
+
+    def call_flat(self, leaves: Sequence[Any]) -> list[Any]:
+        args = tuple(self.lowered.closed.consts) + tuple(leaves)
+        outs = self.executable(*args)
+        if self.check:
+            self._check_against_reference(args, outs)
+        return outs
+
+    def _check_against_reference(self, args: Sequence[Any], outs: Sequence[Any]) -> None:
+        from glue.reference import run_graph
+        from glue.reference.compare import mismatch
+
+        graph = self.lowered.closed.graph
+        expected = run_graph(graph, [np.asarray(a) for a in args], float64=True)
+        for i, (got, want, t) in enumerate(zip(outs, expected, graph.out_types)):
+            problem = mismatch(np.asarray(got), want, t.dtype)
+            if problem:
+                raise GlueError(f"GLUE_CHECK: output {i} of {self.lowered.name} ({t}) on the "
+                                f"{self.lowered.backend.name} backend disagrees with the reference: {problem}")
+
+
+class Jitted:
+    """The callable `glue.jit(f)` returns."""
+
+    def __init__(self, fn: Callable, backend: str | None = None, static_argnums: Sequence[int] = (),
+                 static_argnames: Sequence[str] = (), donate_argnums: Sequence[int] = ()):
+        functools.update_wrapper(self, fn)
+        self.fn = fn
+        self.backend_name = backend
+        self.spec = _ArgSpec(fn, tuple(static_argnums), tuple(static_argnames))
+        self.donate_argnums = tuple(donate_argnums)
+        self._traced: dict[Signature, tuple[ClosedGraph, PyTreeDef]] = {}
+        self._compiled: dict[Signature, Compiled] = {}
+        self._last: Signature | None = None
+
+    @property
+    def name(self) -> str:
+        return getattr(self.fn, "__name__", "fn")
+
+    def trace(self, *args: Any, **kwargs: Any) -> tuple[ClosedGraph, PyTreeDef, Signature, list[Any]]:
+        sig, leaves = self.spec.split(args, kwargs)
+        if sig not in self._traced:
+            if self._last is not None and current_trace() is None:
+                log.info("glue.jit: retracing %s because %s", self.name, sig.explain_difference(self._last))
+            flat = self.spec.flat_fn(sig)
+            closed = trace_flat(flat, sig.types, self.name)
+            self._traced[sig] = (closed, flat.out_tree[-1])
+        if current_trace() is None:
+            self._last = sig
+        closed, out_tree = self._traced[sig]
+        return closed, out_tree, sig, leaves
+
+    def lower(self, *args: Any, **kwargs: Any) -> Lowered:
+        closed, out_tree, sig, _ = self.trace(*args, **kwargs)
+        return Lowered(self.name, closed, out_tree, sig, get_backend(self.backend_name),
+                       self._donated_leaves(sig, args))
+
+    def _donated_leaves(self, sig: Signature, args: tuple) -> tuple[int, ...]:
+        """Positions among the graph's invars of the leaves of donated positional arguments."""
+        if not self.donate_argnums:
+            return ()
+        positions, start = [], 0
+        dyn = [i for i in range(len(args)) if i not in self.spec.static_nums]
+        for i in dyn:
+            n = len(tree_flatten(args[i])[0])
+            if i in self.donate_argnums:
+                positions.extend(range(start, start + n))
+            start += n
+        return tuple(positions)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        closed, out_tree, sig, leaves = self.trace(*args, **kwargs)
+        if current_trace() is not None:
+            return tree_unflatten(out_tree, eval_graph(closed, leaves))
+        compiled = self._compiled.get(sig)
+        if compiled is None:
+            compiled = self._compiled[sig] = self.lower(*args, **kwargs).compile()
+        outs = compiled.call_flat(leaves)
+        return tree_unflatten(out_tree, [o if isinstance(o, Array) else Array(np.asarray(o)) for o in outs])
+
+
+def jit(fn: Callable | None = None, *, backend: str | None = None, static_argnums: Sequence[int] | int = (),
+        static_argnames: Sequence[str] | str = (), donate_argnums: Sequence[int] | int = ()) -> Any:
+    """Compile `fn` for each signature it is called with (usable as `@jit` or `@jit(...)`)."""
+    as_tuple = lambda v: (v,) if isinstance(v, (int, str)) else tuple(v)  # noqa: E731
+    if fn is None:
+        return functools.partial(jit, backend=backend, static_argnums=static_argnums,
+                                 static_argnames=static_argnames, donate_argnums=donate_argnums)
+    return Jitted(fn, backend, as_tuple(static_argnums), as_tuple(static_argnames), as_tuple(donate_argnums))
+
+
+def make_ir(fn: Callable, *, static_argnums: Sequence[int] | int = (),
+            static_argnames: Sequence[str] | str = ()) -> Callable[..., ClosedGraph]:
+    """`make_ir(f)(*args)` is the traced program of `f` at those arguments; print it for the IR."""
+    jitted = fn if isinstance(fn, Jitted) else jit(fn, backend="reference", static_argnums=static_argnums,
+                                                   static_argnames=static_argnames)
+
+    def traced(*args: Any, **kwargs: Any) -> ClosedGraph:
+        return jitted.trace(*args, **kwargs)[0]
+
+    return traced

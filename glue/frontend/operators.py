@@ -1,0 +1,111 @@
+"""Python operators and array methods shared by Tracers and concrete `glue.Array`s.
+
+Each forwards to `glue.numpy`, so traced and eager code follow the same NumPy semantics.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+
+def _gnp():
+    import glue.numpy as gnp
+
+    return gnp
+
+
+def _binary(name: str, reflected: bool = False):
+    def method(self, other):
+        fn = getattr(_gnp(), name)
+        return fn(other, self) if reflected else fn(self, other)
+    method.__name__ = f"__{'r' if reflected else ''}{name}__"
+    return method
+
+
+def _reduction(name: str):
+    def method(self, axis=None, keepdims=False):
+        return getattr(_gnp(), name)(self, axis=axis, keepdims=keepdims)
+    method.__name__ = name
+    return method
+
+
+class ArrayOperators:
+    """Mixin: `aval` (a TensorType) is all a subclass must provide."""
+
+    __slots__ = ()
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.aval.shape
+
+    @property
+    def dtype(self):
+        return self.aval.dtype.numpy
+
+    @property
+    def ndim(self) -> int:
+        return self.aval.ndim
+
+    @property
+    def size(self) -> int:
+        return self.aval.size
+
+    @property
+    def T(self):
+        return _gnp().transpose(self)
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of a 0-d array")
+        return self.shape[0]
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
+
+    def __getitem__(self, index: Any):
+        return _gnp().getitem(self, index)
+
+    def __neg__(self):
+        return _gnp().negative(self)
+
+    def __pos__(self):
+        return self
+
+    def __abs__(self):
+        return _gnp().abs(self)
+
+    def __invert__(self):
+        return _gnp().invert(self)
+
+    __add__, __radd__ = _binary("add"), _binary("add", True)
+    __sub__, __rsub__ = _binary("subtract"), _binary("subtract", True)
+    __mul__, __rmul__ = _binary("multiply"), _binary("multiply", True)
+    __truediv__, __rtruediv__ = _binary("true_divide"), _binary("true_divide", True)
+    __floordiv__, __rfloordiv__ = _binary("floor_divide"), _binary("floor_divide", True)
+    __mod__, __rmod__ = _binary("remainder"), _binary("remainder", True)
+    __pow__, __rpow__ = _binary("power"), _binary("power", True)
+    __matmul__, __rmatmul__ = _binary("matmul"), _binary("matmul", True)
+    __and__, __rand__ = _binary("bitwise_and"), _binary("bitwise_and", True)
+    __or__, __ror__ = _binary("bitwise_or"), _binary("bitwise_or", True)
+    __xor__, __rxor__ = _binary("bitwise_xor"), _binary("bitwise_xor", True)
+    __lt__, __le__ = _binary("less"), _binary("less_equal")
+    __gt__, __ge__ = _binary("greater"), _binary("greater_equal")
+    __eq__, __ne__ = _binary("equal"), _binary("not_equal")
+
+    def reshape(self, *shape):
+        return _gnp().reshape(self, shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape)
+
+    def transpose(self, *axes):
+        return _gnp().transpose(self, (axes[0] if len(axes) == 1 and isinstance(axes[0], (tuple, list)) else axes) or None)
+
+    def astype(self, dtype):
+        return _gnp().astype(self, dtype)
+
+    sum, mean, max, min = _reduction("sum"), _reduction("mean"), _reduction("max"), _reduction("min")
+    prod, var, std = _reduction("prod"), _reduction("var"), _reduction("std")
+    argmax, argmin = _reduction("argmax"), _reduction("argmin")
+
+    def squeeze(self, axis=None):
+        return _gnp().squeeze(self, axis=axis)
+
+    def swapaxes(self, a: int, b: int):
+        return _gnp().swapaxes(self, a, b)

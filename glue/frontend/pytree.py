@@ -1,0 +1,86 @@
+"""Pytrees: nested tuples, lists, dicts and None around array leaves, flattened and rebuilt."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+
+@dataclass(frozen=True)
+class PyTreeDef:
+    """The structure of a pytree without its leaves; hashable, so it can key a cache."""
+
+    kind: str  # leaf | none | tuple | list | dict
+    children: tuple["PyTreeDef", ...] = ()
+    keys: tuple[Any, ...] = ()
+
+    @property
+    def num_leaves(self) -> int:
+        return 1 if self.kind == "leaf" else sum(c.num_leaves for c in self.children)
+
+    def __str__(self) -> str:
+        if self.kind in ("leaf", "none"):
+            return "*" if self.kind == "leaf" else "None"
+        if self.kind == "dict":
+            return "{" + ", ".join(f"{k!r}: {c}" for k, c in zip(self.keys, self.children)) + "}"
+        inner = ", ".join(map(str, self.children))
+        return f"({inner},)" if self.kind == "tuple" and len(self.children) == 1 else \
+            (f"({inner})" if self.kind == "tuple" else f"[{inner}]")
+
+
+LEAF = PyTreeDef("leaf")
+
+
+def _children(tree: Any) -> tuple[str, tuple[Any, ...], tuple[Any, ...]] | None:
+    if tree is None:
+        return "none", (), ()
+    if isinstance(tree, tuple) and not hasattr(tree, "_fields"):
+        return "tuple", tree, ()
+    if isinstance(tree, list):
+        return "list", tuple(tree), ()
+    if isinstance(tree, dict):
+        keys = tuple(sorted(tree))
+        return "dict", tuple(tree[k] for k in keys), keys
+    return None
+
+
+def tree_flatten(tree: Any) -> tuple[list[Any], PyTreeDef]:
+    """The leaves of `tree` (left to right, dict keys sorted) and its structure."""
+    leaves: list[Any] = []
+
+    def walk(node: Any) -> PyTreeDef:
+        split = _children(node)
+        if split is None:
+            leaves.append(node)
+            return LEAF
+        kind, kids, keys = split
+        return PyTreeDef(kind, tuple(walk(k) for k in kids), keys)
+
+    return leaves, walk(tree)
+
+
+def tree_unflatten(treedef: PyTreeDef, leaves: list[Any]) -> Any:
+    """The pytree of structure `treedef` holding `leaves`."""
+    it = iter(leaves)
+
+    def build(node: PyTreeDef) -> Any:
+        if node.kind == "leaf":
+            return next(it)
+        kids = [build(c) for c in node.children]
+        return {"none": lambda: None, "tuple": lambda: tuple(kids), "list": lambda: kids,
+                "dict": lambda: dict(zip(node.keys, kids))}[node.kind]()
+
+    return build(treedef)
+
+
+def tree_map(fn: Callable[..., Any], tree: Any, *rest: Any) -> Any:
+    leaves, treedef = tree_flatten(tree)
+    others = [tree_flatten(r)[0] for r in rest]
+    return tree_unflatten(treedef, [fn(*xs) for xs in zip(leaves, *others)])
+
+
+def leaf_paths(treedef: PyTreeDef, prefix: str = "") -> list[str]:
+    """A readable path (`[0]['w']`) for each leaf, in flattening order."""
+    if treedef.kind == "leaf":
+        return [prefix]
+    keys = treedef.keys if treedef.kind == "dict" else range(len(treedef.children))
+    return [p for k, c in zip(keys, treedef.children) for p in leaf_paths(c, f"{prefix}[{k!r}]")]

@@ -1,0 +1,201 @@
+"""Tracing: running a Python function on Tracers to record a Graph, and `bind`, the one entry
+point through which every primitive is applied.
+
+`bind` records an equation on the innermost active trace; with no trace active it evaluates
+the primitive eagerly with the NumPy reference. Values of an enclosing trace (or concrete
+arrays) met inside an inner trace are captured as constants of the inner Graph, so transforms
+can trace a function, rewrite its Graph, and inline the result into whatever encloses them.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
+
+from glue.errors import ConcretizationError, GlueError, describe_location, user_frame_location
+from glue.frontend.operators import ArrayOperators
+from glue.ir import ClosedGraph, Eqn, Graph, Literal, TensorType, Var, infer_type, params_tuple
+from glue.ir import dtypes as dt
+from glue.ir.core import Atom
+
+
+class Trace:
+    """One level of tracing: the equations recorded so far and the values captured."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.invars: list[Var] = []
+        self.eqns: list[Eqn] = []
+        self.constvars: list[Var] = []
+        self.consts: list[Any] = []
+        self._captured: dict[int, Var] = {}
+        self.active = True
+
+    def new_arg(self, type_: TensorType) -> "Tracer":
+        var = Var(type_)
+        self.invars.append(var)
+        return Tracer(self, var)
+
+    def to_atom(self, value: Any) -> Atom:
+        if isinstance(value, Tracer) and value.trace is self:
+            return value.var
+        if isinstance(value, Tracer) and not value.trace.active:
+            raise GlueError(f"a traced value of {value.aval} escaped the trace of "
+                            f"{value.trace.name} it belongs to (stored in a global or closure?)")
+        if not isinstance(value, Tracer) and np.ndim(value) == 0 and not _is_array_object(value):
+            return literal(value)
+        return self._capture(value)
+
+    def _capture(self, value: Any) -> Var:
+        var = self._captured.get(id(value))
+        if var is None:
+            var = self._captured[id(value)] = Var(type_of(value))
+            self.constvars.append(var)
+            self.consts.append(value)
+        return var
+
+    def finish(self, outs: Sequence[Any]) -> ClosedGraph:
+        out_atoms = tuple(self.to_atom(o) for o in outs)
+        self.active = False
+        graph = Graph(tuple(self.constvars), tuple(self.invars), tuple(self.eqns), out_atoms)
+        return ClosedGraph(graph, tuple(self.consts))
+
+
+_TRACES: list[Trace] = []
+
+
+def current_trace() -> Trace | None:
+    return _TRACES[-1] if _TRACES else None
+
+
+@contextlib.contextmanager
+def new_trace(name: str) -> Iterator[Trace]:
+    trace = Trace(name)
+    _TRACES.append(trace)
+    try:
+        yield trace
+    finally:
+        _TRACES.pop()
+        trace.active = False
+
+
+def _is_array_object(value: Any) -> bool:
+    from glue.frontend.array import Array
+
+    return isinstance(value, (np.ndarray, Array)) and np.ndim(value) > 0
+
+
+def type_of(value: Any) -> TensorType:
+    """The TensorType of a concrete or traced value (Python scalars get their weak dtype)."""
+    if isinstance(value, Tracer):
+        return value.aval
+    aval = getattr(value, "aval", None)
+    if isinstance(aval, TensorType):
+        return aval
+    if isinstance(value, (bool, int, float)):
+        return TensorType((), dt.weak_scalar_dtype(value))
+    if isinstance(value, (np.ndarray, np.generic)):
+        return TensorType(tuple(value.shape), dt.from_numpy(value.dtype))
+    raise GlueError(f"glue cannot use a value of type {type(value).__name__} as an array")
+
+
+def literal(value: Any) -> Literal:
+    """A scalar as an IR literal of its (NumPy or weak) dtype."""
+    type_ = type_of(value)
+    kind = {"bool": bool, "int": int, "float": float}[type_.dtype.kind]
+    return Literal(kind(value.item() if hasattr(value, "item") else value), type_)
+
+
+class Tracer(ArrayOperators):
+    """A stand-in for an array while a function is traced: it knows its type, not its values."""
+
+    __slots__ = ("trace", "var")
+    __array_priority__ = 100
+
+    def __init__(self, trace: Trace, var: Var):
+        self.trace = trace
+        self.var = var
+
+    @property
+    def aval(self) -> TensorType:
+        return self.var.type
+
+    def __repr__(self) -> str:
+        return f"Tracer<{self.aval}>"
+
+    def _concrete(self, what: str):
+        raise ConcretizationError(
+            f"{what} needs the value of a traced array {self.aval} while tracing "
+            f"{self.trace.name}, but only its shape and dtype are known {describe_location(user_frame_location())}. "
+            "Use glue.numpy.where for data-dependent choices, or mark the argument static "
+            "(static_argnums / static_argnames).")
+
+    def __bool__(self):
+        self._concrete("bool() (an `if`, `while`, `and`/`or` or `not`)")
+
+    def __int__(self):
+        self._concrete("int()")
+
+    def __float__(self):
+        self._concrete("float()")
+
+    def __index__(self):
+        self._concrete("using it as an index (__index__)")
+
+    def __array__(self, dtype=None, copy=None):
+        self._concrete("converting it to a NumPy array")
+
+    def __hash__(self) -> int:
+        return id(self)
+
+
+def bind(primitive: str, *args: Any, source: str | None = None, **params: Any) -> Any:
+    """Apply `primitive` to `args`: record it on the active trace, or evaluate it now."""
+    trace = current_trace()
+    where = source or user_frame_location()
+    if trace is None:
+        return _eager(primitive, args, params, where)
+    atoms = tuple(trace.to_atom(a) for a in args)
+    out_type = infer_type(primitive, tuple(a.type for a in atoms), params, where)
+    var = Var(out_type)
+    trace.eqns.append(Eqn(primitive, atoms, params_tuple(params), (var,), where))
+    return Tracer(trace, var)
+
+
+def _eager(primitive: str, args: Sequence[Any], params: dict[str, Any], where: str | None):
+    from glue.frontend.array import Array
+    from glue.reference import evaluate_eqn
+
+    for a in args:
+        if isinstance(a, Tracer):
+            a.trace.to_atom(a)  # raises the escaped-tracer error
+    types = tuple(type_of(a) for a in args)
+    out_type = infer_type(primitive, types, params, where)
+    values = [np.asarray(a, dtype=t.dtype.numpy) for a, t in zip(args, types)]
+    out = evaluate_eqn(primitive, values, params)
+    return Array(np.asarray(out, dtype=out_type.dtype.numpy).reshape(out_type.shape))
+
+
+def trace_flat(fn: Callable[..., Sequence[Any]], in_types: Sequence[TensorType], name: str) -> ClosedGraph:
+    """Trace `fn` (taking and returning flat sequences of arrays) at `in_types`."""
+    with new_trace(name) as trace:
+        args = [trace.new_arg(t) for t in in_types]
+        outs = fn(*args)
+        return trace.finish(outs)
+
+
+def eval_graph(closed: ClosedGraph, args: Sequence[Any]) -> list[Any]:
+    """Run `closed` on `args` through `bind`: inlined into the active trace, or eagerly."""
+    graph = closed.graph
+    env: dict[int, Any] = {}
+    for v, x in zip(graph.constvars + graph.invars, tuple(closed.consts) + tuple(args)):
+        env[v.id] = x
+
+    def read(a: Atom) -> Any:
+        return a.type.dtype.numpy.type(a.value) if isinstance(a, Literal) else env[a.id]
+
+    for eqn in graph.eqns:
+        out = bind(eqn.primitive, *map(read, eqn.inputs), source=eqn.source, **eqn.param_dict)
+        env[eqn.outvars[0].id] = out
+    return [read(a) for a in graph.outvars]

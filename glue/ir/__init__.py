@@ -1,0 +1,12 @@
+"""The tensor IR: dtypes, types, primitives with their shape rules, Graphs, text form, verifier."""
+from glue.ir import dtypes
+from glue.ir.core import Atom, ClosedGraph, Eqn, Graph, Literal, TensorType, Var, params_tuple
+from glue.ir.dtypes import DType
+from glue.ir.parser import parse
+from glue.ir.primitives import PRIMITIVES, Primitive, infer_type
+from glue.ir.printer import print_graph
+from glue.ir.verifier import verify
+
+__all__ = ["Atom", "ClosedGraph", "DType", "Eqn", "Graph", "Literal", "PRIMITIVES", "Primitive",
+           "TensorType", "Var", "dtypes", "infer_type", "params_tuple", "parse", "print_graph",
+           "verify"]

@@ -1,0 +1,169 @@
+"""The tensor IR's data structures: TensorType, Var, Literal, Eqn and Graph (jaxpr-shaped).
+
+A Graph lists its constant inputs (`constvars`, bound to captured arrays), its arguments
+(`invars`), equations in topological order and the output atoms. Vars are compared by
+identity; two Graphs are equal when they are the same program up to renaming of variables.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+from glue.ir.dtypes import DType
+
+
+@dataclass(frozen=True)
+class TensorType:
+    """A static shape and an element type."""
+
+    shape: tuple[int, ...]
+    dtype: DType
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    def __str__(self) -> str:
+        return f"{self.dtype.name}[{','.join(map(str, self.shape))}]"
+
+
+_var_ids = itertools.count()
+
+
+@dataclass(frozen=True, eq=False)
+class Var:
+    """A value defined once in a Graph; identity is what distinguishes two Vars."""
+
+    type: TensorType
+    id: int = field(default_factory=lambda: next(_var_ids))
+
+    def __repr__(self) -> str:
+        return f"Var#{self.id}:{self.type}"
+
+
+@dataclass(frozen=True)
+class Literal:
+    """A scalar constant used directly as an operand."""
+
+    value: Any  # a Python bool, int or float
+    type: TensorType
+
+    def __str__(self) -> str:
+        value = self.value
+        if isinstance(value, float) and not math.isfinite(value):
+            text = "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+        else:
+            text = repr(value)
+        return f"{text}:{self.type.dtype.name}"
+
+
+Atom = Union[Var, Literal]
+
+
+@dataclass(frozen=True, eq=False)
+class Eqn:
+    """`outvars = primitive[params] inputs`, with the user's source line that created it."""
+
+    primitive: str
+    inputs: tuple[Atom, ...]
+    params: tuple[tuple[str, Any], ...]
+    outvars: tuple[Var, ...]
+    source: str | None = None
+
+    @property
+    def param_dict(self) -> dict[str, Any]:
+        return dict(self.params)
+
+
+@dataclass(frozen=True, eq=False)
+class Graph:
+    """A traced program: `{ lambda constvars ; invars . let eqns in outvars }`."""
+
+    constvars: tuple[Var, ...]
+    invars: tuple[Var, ...]
+    eqns: tuple[Eqn, ...]
+    outvars: tuple[Atom, ...]
+
+    @property
+    def in_types(self) -> tuple[TensorType, ...]:
+        return tuple(v.type for v in self.invars)
+
+    @property
+    def out_types(self) -> tuple[TensorType, ...]:
+        return tuple(a.type for a in self.outvars)
+
+    def __str__(self) -> str:
+        from glue.ir.printer import print_graph
+
+        return print_graph(self)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Graph) and _alpha_equal(self, other)
+
+    def __hash__(self) -> int:
+        return hash((len(self.invars), len(self.eqns), self.out_types))
+
+
+@dataclass(frozen=True, eq=False)
+class ClosedGraph:
+    """A Graph with values for its constvars (arrays, or tracers of an enclosing trace)."""
+
+    graph: Graph
+    consts: tuple[Any, ...]
+
+    def __str__(self) -> str:
+        return str(self.graph)
+
+
+def params_tuple(params: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
+    """Params in the canonical (sorted, hashable) form that Eqns store."""
+    return tuple(sorted(params.items()))
+
+
+def _alpha_equal(a: Graph, b: Graph) -> bool:
+    mapping: dict[int, int] = {}
+
+    def bind(xs, ys) -> bool:
+        if len(xs) != len(ys):
+            return False
+        for x, y in zip(xs, ys):
+            if x.type != y.type:
+                return False
+            mapping[x.id] = y.id
+        return True
+
+    def same_atom(x: Atom, y: Atom) -> bool:
+        if isinstance(x, Var) and isinstance(y, Var):
+            return mapping.get(x.id) == y.id
+        return isinstance(x, Literal) and isinstance(y, Literal) and _same_literal(x, y)
+
+    if not (bind(a.constvars, b.constvars) and bind(a.invars, b.invars)):
+        return False
+    if len(a.eqns) != len(b.eqns):
+        return False
+    for ea, eb in zip(a.eqns, b.eqns):
+        if (ea.primitive, ea.params, ea.source) != (eb.primitive, eb.params, eb.source):
+            return False
+        if len(ea.inputs) != len(eb.inputs) or not all(map(same_atom, ea.inputs, eb.inputs)):
+            return False
+        if not bind(ea.outvars, eb.outvars):
+            return False
+    return len(a.outvars) == len(b.outvars) and all(map(same_atom, a.outvars, b.outvars))
+
+
+def _same_literal(x: Literal, y: Literal) -> bool:
+    if x.type != y.type:
+        return False
+    if isinstance(x.value, float) and isinstance(y.value, float) and math.isnan(x.value):
+        return math.isnan(y.value)
+    return x.value == y.value and type(x.value) is type(y.value)

@@ -1,0 +1,197 @@
+"""Parser for the IR text form written by `glue.ir.printer`: `parse(str(graph)) == graph`."""
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from glue.errors import ParseError
+from glue.ir.core import Atom, Eqn, Graph, Literal, TensorType, Var, params_tuple
+from glue.ir.dtypes import BY_NAME, DType
+from glue.ir.primitives import infer_type
+
+_TOKEN = re.compile(r"""
+    (?P<space>[ \t\r\n]+)
+  | (?P<comment>\#[^\n]*)
+  | (?P<num>-?(?:\d+\.?\d*(?:[eE][+-]?\d+)?|inf\b|nan\b))
+  | (?P<name>[A-Za-z_][A-Za-z_0-9]*)
+  | (?P<punct>[{}()\[\],:=;.])
+""", re.VERBOSE)
+
+
+class _Tokens:
+    def __init__(self, text: str):
+        self.items: list[tuple[str, str, int]] = []
+        pos = 0
+        while pos < len(text):
+            m = _TOKEN.match(text, pos)
+            if m is None:
+                raise ParseError(f"unexpected character {text[pos]!r} at line {text.count(chr(10), 0, pos) + 1}")
+            if m.lastgroup != "space":
+                self.items.append((m.lastgroup, m.group(), text.count("\n", 0, pos) + 1))
+            pos = m.end()
+        self.i = 0
+
+    def peek(self, offset: int = 0) -> tuple[str, str, int]:
+        j = self.i + offset
+        return self.items[j] if j < len(self.items) else ("end", "", -1)
+
+    def next(self) -> tuple[str, str, int]:
+        tok = self.peek()
+        self.i += 1
+        return tok
+
+    def expect(self, text: str) -> None:
+        kind, value, line = self.next()
+        if value != text:
+            raise ParseError(f"expected {text!r} but found {value!r} at line {line}")
+
+    def accept(self, text: str) -> bool:
+        if self.peek()[1] == text:
+            self.i += 1
+            return True
+        return False
+
+
+class _Parser:
+    def __init__(self, text: str):
+        self.toks = _Tokens(text)
+        self.env: dict[str, Var] = {}
+
+    def fail(self, what: str) -> ParseError:
+        _, value, line = self.toks.peek()
+        return ParseError(f"expected {what} but found {value!r} at line {line}")
+
+    def name(self) -> str:
+        kind, value, _ = self.toks.peek()
+        if kind != "name":
+            raise self.fail("a name")
+        self.toks.next()
+        return value
+
+    def int_(self) -> int:
+        kind, value, _ = self.toks.next()
+        if kind != "num" or not re.fullmatch(r"-?\d+", value):
+            raise ParseError(f"expected an integer but found {value!r}")
+        return int(value)
+
+    def dtype(self) -> DType:
+        name = self.name()
+        if name not in BY_NAME:
+            raise ParseError(f"unknown dtype {name!r}")
+        return BY_NAME[name]
+
+    def type_(self) -> TensorType:
+        dtype = self.dtype()
+        self.toks.expect("[")
+        dims = []
+        while not self.toks.accept("]"):
+            dims.append(self.int_())
+            self.toks.accept(",")
+        return TensorType(tuple(dims), dtype)
+
+    def binder(self) -> tuple[str, TensorType]:
+        name = self.name()
+        self.toks.expect(":")
+        return name, self.type_()
+
+    def define(self, name: str, type_: TensorType) -> Var:
+        if name in self.env:
+            raise ParseError(f"variable {name!r} is defined twice")
+        var = self.env[name] = Var(type_)
+        return var
+
+    def binders_until(self, stop: str) -> tuple[Var, ...]:
+        out = []
+        while self.toks.peek()[1] != stop:
+            out.append(self.define(*self.binder()))
+        self.toks.expect(stop)
+        return tuple(out)
+
+    def scalar(self, kind: str, text: str) -> Any:
+        if kind == "num" or text in ("inf", "nan"):
+            return float(text) if re.search(r"[.eE]|inf|nan", text) else int(text)
+        if text in ("True", "False"):
+            return text == "True"
+        raise ParseError(f"expected a scalar but found {text!r}")
+
+    def atom(self) -> Atom:
+        kind, text, line = self.toks.next()
+        if kind == "name" and text in self.env and self.toks.peek()[1] != ":":
+            return self.env[text]
+        if kind in ("num", "name") and self.toks.accept(":"):
+            dtype = self.dtype()
+            value = self.scalar(kind, text)
+            cast = bool if dtype.kind == "bool" else int if dtype.is_int else float
+            return Literal(cast(value), TensorType((), dtype))
+        raise ParseError(f"unknown variable or bad literal {text!r} at line {line}")
+
+    def param_value(self) -> Any:
+        kind, text, line = self.toks.next()
+        if text == "(":
+            items = []
+            while not self.toks.accept(")"):
+                items.append(self.param_value())
+                self.toks.accept(",")
+            return tuple(items)
+        if kind == "name" and text in BY_NAME:
+            return BY_NAME[text]
+        if text == "None":
+            return None
+        return self.scalar(kind, text)
+
+    def params(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.toks.accept("["):
+            while not self.toks.accept("]"):
+                key = self.name()
+                self.toks.expect("=")
+                out[key] = self.param_value()
+        return out
+
+    def eqn(self) -> Eqn:
+        binders = []
+        while self.toks.peek()[1] != "=":
+            binders.append(self.binder())
+        self.toks.expect("=")
+        prim = self.name()
+        params = self.params()
+        line = self.toks.peek(-1)[2]
+        inputs = []
+        while self.toks.peek()[0] in ("name", "num") and self.toks.peek()[2] == line:
+            inputs.append(self.atom())
+        source = self.toks.next()[1][1:].strip() if self.toks.peek()[0] == "comment" else None
+        outvars = tuple(self.define(*b) for b in binders)
+        out_type = infer_type(prim, tuple(a.type for a in inputs), params, source)
+        if len(outvars) != 1 or outvars[0].type != out_type:
+            raise ParseError(f"{prim} produces {out_type}, but the text declares "
+                             f"{' '.join(str(v.type) for v in outvars)}")
+        return Eqn(prim, tuple(inputs), params_tuple(params), outvars, source or None)
+
+    def graph(self) -> Graph:
+        self.toks.expect("{")
+        if self.name() != "lambda":
+            raise ParseError("a graph starts with '{ lambda'")
+        constvars = self.binders_until(";")
+        invars = self.binders_until(".")
+        if self.name() != "let":
+            raise ParseError("expected 'let' after the arguments")
+        eqns = []
+        while not (self.toks.peek()[1] == "in" and self.toks.peek(1)[1] == "("):
+            if self.toks.peek()[0] == "end":
+                raise self.fail("'in ('")
+            eqns.append(self.eqn())
+        self.toks.next()
+        self.toks.expect("(")
+        outvars = []
+        while not self.toks.accept(")"):
+            outvars.append(self.atom())
+            self.toks.accept(",")
+        self.toks.expect("}")
+        if self.toks.peek()[0] != "end":
+            raise self.fail("the end of the text")
+        return Graph(constvars, invars, tuple(eqns), tuple(outvars))
+
+
+def parse(text: str) -> Graph:
+    """The Graph that `text` (in the printer's form) describes; a ParseError if it is malformed."""
+    return _Parser(text).graph()

@@ -1,0 +1,285 @@
+"""The primitive registry: every primitive of the IR with its one shape/dtype rule.
+
+A rule takes the operand types and the params and returns the output type, or raises
+`RuleError` with a sentence saying what is wrong; `infer_type` turns that into a GlueError that
+names the primitive, the operand types and the user's line. Evaluation, differentiation,
+batching and lowering rules live in tables of their own layers, keyed by these names.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from glue.errors import GlueTypeError, describe_location
+from glue.ir import dtypes as dt
+from glue.ir.core import TensorType
+from glue.ir.dtypes import DType
+
+
+class RuleError(Exception):
+    """Raised by a shape rule; carries only the sentence, context is added by `infer_type`."""
+
+
+@dataclass(frozen=True)
+class Primitive:
+    """A primitive operation: its name, its kind (for the scheduler) and its type rule."""
+
+    name: str
+    kind: str  # elementwise | reduction | index | layout | contraction | creation
+    rule: Callable[..., TensorType]
+    variadic: bool = False
+
+
+PRIMITIVES: dict[str, Primitive] = {}
+
+
+def _register(name: str, kind: str, rule: Callable[..., TensorType], variadic: bool = False) -> None:
+    PRIMITIVES[name] = Primitive(name, kind, rule, variadic)
+
+
+def infer_type(name: str, in_types: tuple[TensorType, ...], params: dict[str, Any],
+               source: str | None = None) -> TensorType:
+    """The output type of `name` applied to operands of `in_types`; a GlueTypeError if ill-typed."""
+    prim = PRIMITIVES.get(name)
+    if prim is None:
+        raise GlueTypeError(f"unknown primitive '{name}' {describe_location(source)}")
+    try:
+        return prim.rule(*in_types, **params)
+    except RuleError as err:
+        operands = ", ".join(map(str, in_types)) or "no operands"
+        shown = " ".join(f"{k}={v}" for k, v in params.items())
+        raise GlueTypeError(
+            f"{name}{'[' + shown + ']' if shown else ''} on ({operands}): {err} "
+            f"{describe_location(source)}") from None
+    except TypeError as err:  # wrong or missing params
+        raise GlueTypeError(f"{name}: bad parameters {sorted(params)}: {err} "
+                            f"{describe_location(source)}") from None
+
+
+def _require(cond: bool, message: str) -> None:
+    if not cond:
+        raise RuleError(message)
+
+
+def _common_shape(*types: TensorType) -> tuple[int, ...]:
+    """Elementwise operands share one shape; rank-0 operands broadcast implicitly."""
+    shapes = {t.shape for t in types if t.ndim}
+    _require(len(shapes) <= 1, "operand shapes differ")
+    return shapes.pop() if shapes else ()
+
+
+def _same_dtype(*types: TensorType) -> DType:
+    kinds = {t.dtype for t in types}
+    _require(len(kinds) == 1, "operand dtypes differ")
+    return types[0].dtype
+
+
+# --- elementwise ----------------------------------------------------------------------------
+
+def _unary(accepts: Callable[[DType], bool], what: str):
+    def rule(x: TensorType) -> TensorType:
+        _require(accepts(x.dtype), f"needs {what} operands")
+        return x
+    return rule
+
+
+_float = _unary(lambda d: d.is_float, "floating-point")
+_numeric = _unary(lambda d: d != dt.bool_, "numeric")
+_logical = _unary(lambda d: not d.is_float, "bool or integer")
+
+for _name in ("exp", "exp2", "log", "log2", "log1p", "expm1", "tanh", "logistic", "sqrt",
+              "rsqrt", "sin", "cos", "erf", "floor", "ceil", "round"):
+    _register(_name, "elementwise", _float)
+for _name in ("neg", "abs", "sign"):
+    _register(_name, "elementwise", _numeric)
+_register("not", "elementwise", _logical)
+
+
+def _binary(accepts: Callable[[DType], bool], what: str, result: DType | None = None):
+    def rule(x: TensorType, y: TensorType) -> TensorType:
+        shape = _common_shape(x, y)
+        dtype = _same_dtype(x, y)
+        _require(accepts(dtype), f"needs {what} operands")
+        return TensorType(shape, result or dtype)
+    return rule
+
+
+for _name in ("add", "sub", "mul", "div", "rem", "pow"):
+    _register(_name, "elementwise", _binary(lambda d: d != dt.bool_, "numeric"))
+for _name in ("max", "min"):
+    _register(_name, "elementwise", _binary(lambda d: True, "any"))
+for _name in ("and", "or", "xor"):
+    _register(_name, "elementwise", _binary(lambda d: not d.is_float, "bool or integer"))
+for _name in ("eq", "ne", "lt", "le", "gt", "ge"):
+    _register(_name, "elementwise", _binary(lambda d: True, "any", dt.bool_))
+
+
+def _select(pred: TensorType, on_true: TensorType, on_false: TensorType) -> TensorType:
+    _require(pred.dtype == dt.bool_, "the predicate must be bool")
+    shape = _common_shape(pred, on_true, on_false)
+    return TensorType(shape, _same_dtype(on_true, on_false))
+
+
+def _convert(x: TensorType, *, new_dtype: DType) -> TensorType:
+    _require(isinstance(new_dtype, DType), "new_dtype must be a dtype")
+    return TensorType(x.shape, new_dtype)
+
+
+_register("select", "elementwise", _select)
+_register("convert_element_type", "elementwise", _convert)
+
+
+# --- reductions -----------------------------------------------------------------------------
+
+def _check_axes(x: TensorType, axes: tuple[int, ...]) -> None:
+    _require(isinstance(axes, tuple) and all(isinstance(a, int) for a in axes),
+             "axes must be a tuple of ints")
+    _require(len(set(axes)) == len(axes), f"repeated axis in {axes}")
+    _require(all(0 <= a < x.ndim for a in axes), f"axes {axes} out of range for rank {x.ndim}")
+
+
+def _reduce(numeric: bool):
+    def rule(x: TensorType, *, axes: tuple[int, ...]) -> TensorType:
+        _check_axes(x, axes)
+        _require(not numeric or x.dtype != dt.bool_, "needs numeric operands")
+        return TensorType(tuple(n for i, n in enumerate(x.shape) if i not in axes), x.dtype)
+    return rule
+
+
+def _arg_reduce(x: TensorType, *, axis: int, index_dtype: DType) -> TensorType:
+    _check_axes(x, (axis,))
+    _require(x.shape[axis] > 0, "cannot reduce an empty axis")
+    _require(index_dtype.is_int, "index_dtype must be an integer dtype")
+    return TensorType(x.shape[:axis] + x.shape[axis + 1:], index_dtype)
+
+
+_register("reduce_sum", "reduction", _reduce(True))
+_register("reduce_prod", "reduction", _reduce(True))
+_register("reduce_max", "reduction", _reduce(False))
+_register("reduce_min", "reduction", _reduce(False))
+_register("argmax", "reduction", _arg_reduce)
+_register("argmin", "reduction", _arg_reduce)
+
+
+# --- layout ---------------------------------------------------------------------------------
+
+def _is_shape(shape: Any) -> bool:
+    return isinstance(shape, tuple) and all(isinstance(n, int) and n >= 0 for n in shape)
+
+
+def _broadcast_in_dim(x: TensorType, *, shape: tuple[int, ...], dims: tuple[int, ...]) -> TensorType:
+    _require(_is_shape(shape), f"bad target shape {shape}")
+    _require(len(dims) == x.ndim, f"dims {dims} must name one target axis per operand axis")
+    _require(all(0 <= d < len(shape) for d in dims) and list(dims) == sorted(set(dims)),
+             f"dims {dims} must be increasing target axes")
+    for n, d in zip(x.shape, dims):
+        _require(n in (1, shape[d]), f"operand axis of size {n} cannot broadcast to {shape[d]}")
+    return TensorType(shape, x.dtype)
+
+
+def _reshape(x: TensorType, *, shape: tuple[int, ...]) -> TensorType:
+    _require(_is_shape(shape), f"bad target shape {shape}")
+    _require(math.prod(shape) == x.size, f"cannot reshape {x.size} elements into {shape}")
+    return TensorType(shape, x.dtype)
+
+
+def _transpose(x: TensorType, *, permutation: tuple[int, ...]) -> TensorType:
+    _require(sorted(permutation) == list(range(x.ndim)),
+             f"{permutation} is not a permutation of {x.ndim} axes")
+    return TensorType(tuple(x.shape[p] for p in permutation), x.dtype)
+
+
+def _slice(x: TensorType, *, start: tuple[int, ...], limit: tuple[int, ...],
+           strides: tuple[int, ...]) -> TensorType:
+    _require(len(start) == len(limit) == len(strides) == x.ndim,
+             "start, limit and strides need one entry per axis")
+    out = []
+    for n, lo, hi, st in zip(x.shape, start, limit, strides):
+        _require(0 <= lo <= hi <= n and st >= 1, f"slice {lo}:{hi}:{st} is out of bounds for size {n}")
+        out.append(max(0, -(-(hi - lo) // st)))
+    return TensorType(tuple(out), x.dtype)
+
+
+def _pad(x: TensorType, *, low: tuple[int, ...], high: tuple[int, ...], value: Any) -> TensorType:
+    _require(len(low) == len(high) == x.ndim, "low and high need one entry per axis")
+    _require(all(p >= 0 for p in low + high), "padding must be non-negative")
+    _require(isinstance(value, (bool, int, float)), "the padding value must be a scalar")
+    return TensorType(tuple(n + lo + hi for n, lo, hi in zip(x.shape, low, high)), x.dtype)
+
+
+def _concatenate(*xs: TensorType, dimension: int) -> TensorType:
+    _require(len(xs) >= 1, "needs at least one operand")
+    dtype = _same_dtype(*xs)
+    first = xs[0]
+    _require(0 <= dimension < first.ndim, f"dimension {dimension} out of range for rank {first.ndim}")
+    for x in xs:
+        _require(x.ndim == first.ndim and all(
+            a == b for i, (a, b) in enumerate(zip(x.shape, first.shape)) if i != dimension),
+            "operand shapes differ outside the concatenated dimension")
+    size = sum(x.shape[dimension] for x in xs)
+    return TensorType(first.shape[:dimension] + (size,) + first.shape[dimension + 1:], dtype)
+
+
+def _iota(*, dtype: DType, shape: tuple[int, ...], dimension: int) -> TensorType:
+    _require(_is_shape(shape) and 0 <= dimension < len(shape), f"bad iota {shape} along {dimension}")
+    _require(dtype != dt.bool_, "iota needs a numeric dtype")
+    return TensorType(shape, dtype)
+
+
+_register("broadcast_in_dim", "layout", _broadcast_in_dim)
+_register("reshape", "layout", _reshape)
+_register("transpose", "layout", _transpose)
+_register("slice", "layout", _slice)
+_register("pad", "layout", _pad)
+_register("concatenate", "layout", _concatenate, variadic=True)
+_register("iota", "creation", _iota)
+
+
+# --- contraction ----------------------------------------------------------------------------
+
+def _dot_general(lhs: TensorType, rhs: TensorType, *,
+                 dimension_numbers: tuple[tuple[tuple[int, ...], tuple[int, ...]],
+                                          tuple[tuple[int, ...], tuple[int, ...]]]) -> TensorType:
+    (lc, rc), (lb, rb) = dimension_numbers
+    dtype = _same_dtype(lhs, rhs)
+    _require(dtype != dt.bool_, "needs numeric operands")
+    _require(len(lc) == len(rc) and len(lb) == len(rb), "dimension lists differ in length")
+    _check_axes(lhs, lc + lb)
+    _check_axes(rhs, rc + rb)
+    for a, b in zip(lc + lb, rc + rb):
+        _require(lhs.shape[a] == rhs.shape[b],
+                 f"lhs axis {a} (size {lhs.shape[a]}) does not match rhs axis {b} (size {rhs.shape[b]})")
+    lfree = [n for i, n in enumerate(lhs.shape) if i not in lc + lb]
+    rfree = [n for i, n in enumerate(rhs.shape) if i not in rc + rb]
+    return TensorType(tuple(lhs.shape[i] for i in lb) + tuple(lfree) + tuple(rfree), dtype)
+
+
+_register("dot_general", "contraction", _dot_general)
+
+
+# --- indexing -------------------------------------------------------------------------------
+
+def gather_shape(x: TensorType, idx: TensorType, axis: int, batch_dims: int) -> tuple[int, ...]:
+    """Shape of `gather[axis, batch_dims] x idx`: x.shape[:axis] + idx.shape[batch_dims:] + x.shape[axis+1:]."""
+    _require(idx.dtype.is_int, "indices must be integers")
+    _require(0 <= batch_dims <= axis < x.ndim, f"need 0 <= batch_dims <= axis < rank {x.ndim}")
+    _require(idx.ndim >= batch_dims and x.shape[:batch_dims] == idx.shape[:batch_dims],
+             "leading batch dimensions of operand and indices differ")
+    return x.shape[:axis] + idx.shape[batch_dims:] + x.shape[axis + 1:]
+
+
+def _gather(x: TensorType, idx: TensorType, *, axis: int, batch_dims: int) -> TensorType:
+    return TensorType(gather_shape(x, idx, axis, batch_dims), x.dtype)
+
+
+def _scatter_add(x: TensorType, idx: TensorType, updates: TensorType, *, axis: int,
+                 batch_dims: int) -> TensorType:
+    _require(updates.shape == gather_shape(x, idx, axis, batch_dims),
+             "updates must have the shape that gather would produce")
+    _require(updates.dtype == x.dtype and x.dtype != dt.bool_, "updates must match a numeric operand")
+    return x
+
+
+_register("gather", "index", _gather)
+_register("scatter_add", "index", _scatter_add)

@@ -1,0 +1,73 @@
+"""The IR's text form (jaxpr-like): stable variable names, params in brackets, source lines.
+
+```
+{ lambda ; a:f32[8,16] b:f32[16] . let
+    c:f32[8,16] = broadcast_in_dim[dims=(1,) shape=(8, 16)] b
+    d:f32[8,16] = add a c                        # model.py:12
+  in (d) }
+```
+`glue.ir.parse` reads exactly this form back.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from glue.ir.core import Atom, Graph, Literal, Var
+from glue.ir.dtypes import DType
+
+_KEYWORDS = {"in", "let", "lambda"}
+_SOURCE_COLUMN = 56
+
+
+def var_names():
+    """a, b, ..., z, ba, bb, ... (JAX's scheme), skipping the text form's keywords."""
+    n = 0
+    while True:
+        name, k = "", n
+        while True:
+            name = chr(ord("a") + k % 26) + name
+            k //= 26
+            if k == 0:
+                break
+        n += 1
+        if name not in _KEYWORDS:
+            yield name
+
+
+def format_param(value: Any) -> str:
+    """A param value in the text form: ints, floats, bools, dtypes and (nested) tuples."""
+    if isinstance(value, DType):
+        return value.name
+    if isinstance(value, tuple):
+        inner = ", ".join(format_param(v) for v in value)
+        return f"({inner},)" if len(value) == 1 else f"({inner})"
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    return repr(value)
+
+
+def print_graph(graph: Graph) -> str:
+    names: dict[int, str] = {}
+    fresh = var_names()
+
+    def define(v: Var) -> str:
+        names[v.id] = next(fresh)
+        return f"{names[v.id]}:{v.type}"
+
+    def use(a: Atom) -> str:
+        return str(a) if isinstance(a, Literal) else names.get(a.id, f"<undefined#{a.id}>")
+
+    consts = " ".join(define(v) for v in graph.constvars)
+    args = " ".join(define(v) for v in graph.invars)
+    lines = [f"{{ lambda {consts}{' ' if consts else ''}; {args}{' ' if args else ''}. let"]
+    for eqn in graph.eqns:
+        params = " ".join(f"{k}={format_param(v)}" for k, v in eqn.params)
+        inputs = " ".join(use(a) for a in eqn.inputs)
+        outs = " ".join(define(v) for v in eqn.outvars)
+        line = f"    {outs} = {eqn.primitive}{'[' + params + ']' if params else ''} {inputs}".rstrip()
+        if eqn.source:
+            line = f"{line.ljust(_SOURCE_COLUMN)} # {eqn.source}"
+        lines.append(line)
+    lines.append(f"  in ({', '.join(use(a) for a in graph.outvars)}) }}")
+    return "\n".join(lines)

@@ -1,0 +1,42 @@
+"""Checks that a Graph is well formed: SSA, definitions before uses, and types that agree with
+each primitive's rule."""
+from __future__ import annotations
+
+from glue.errors import GlueTypeError, VerifyError
+from glue.ir.core import Graph, Literal, Var
+from glue.ir.primitives import infer_type
+
+
+def verify(graph: Graph) -> None:
+    """Raise VerifyError naming the first problem found in `graph`."""
+    defined: set[int] = set()
+
+    def define(v: Var, where: str) -> None:
+        if v.id in defined:
+            raise VerifyError(f"{v} is defined twice ({where})")
+        defined.add(v.id)
+
+    def check_use(atom, where: str) -> None:
+        if isinstance(atom, Var) and atom.id not in defined:
+            raise VerifyError(f"{atom} is used before it is defined ({where})")
+        if isinstance(atom, Literal) and atom.type.ndim:
+            raise VerifyError(f"literal {atom} is not a scalar ({where})")
+
+    for v in graph.constvars + graph.invars:
+        define(v, "graph inputs")
+    for i, eqn in enumerate(graph.eqns):
+        where = f"equation {i}: {eqn.primitive}"
+        for atom in eqn.inputs:
+            check_use(atom, where)
+        try:
+            out_type = infer_type(eqn.primitive, tuple(a.type for a in eqn.inputs),
+                                  eqn.param_dict, eqn.source)
+        except GlueTypeError as err:
+            raise VerifyError(f"{where}: {err}") from None
+        if len(eqn.outvars) != 1 or eqn.outvars[0].type != out_type:
+            raise VerifyError(f"{where}: declares {[str(v.type) for v in eqn.outvars]}, "
+                              f"but the rule gives {out_type}")
+        for v in eqn.outvars:
+            define(v, where)
+    for atom in graph.outvars:
+        check_use(atom, "graph outputs")

@@ -1,0 +1,5 @@
+"""The NumPy reference: executes any Graph and defines what every primitive means."""
+from glue.reference.impls import IMPLS
+from glue.reference.interpreter import evaluate_eqn, run_graph
+
+__all__ = ["IMPLS", "evaluate_eqn", "run_graph"]

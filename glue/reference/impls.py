@@ -1,0 +1,233 @@
+"""NumPy implementations of every primitive: the definition of what each primitive computes.
+
+Conventions the backends must match: integer `div` truncates toward zero and gives -1 on a zero
+divisor, integer `rem` follows the dividend's sign and gives the dividend on a zero divisor,
+float->int conversion truncates and saturates (NaN gives 0), `round` rounds half to even,
+`gather` clamps indices into range, `scatter_add` drops out-of-range indices, and float16 /
+bfloat16 sums, products and contractions accumulate in float32.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import numpy as np
+
+from glue.ir import dtypes as dt
+
+IMPLS: dict[str, Callable[..., np.ndarray]] = {}
+
+
+def _impl(*names: str):
+    def register(fn):
+        for name in names:
+            IMPLS[name] = fn
+        return fn
+    return register
+
+
+def _quiet(fn: Callable[..., np.ndarray]) -> Callable[..., np.ndarray]:
+    def wrapped(*args, **kwargs):
+        with np.errstate(all="ignore"):
+            return fn(*args, **kwargs)
+    return wrapped
+
+
+_erf = np.frompyfunc(math.erf, 1, 1)
+
+
+def _logistic(x):
+    e = np.exp(-np.abs(x))
+    return np.where(x >= 0, 1 / (1 + e), e / (1 + e)).astype(x.dtype)
+
+
+def _rsqrt(x):
+    return (1 / np.sqrt(x)).astype(x.dtype)
+
+
+_UNARY = {
+    "neg": np.negative, "abs": np.abs, "sign": np.sign, "exp": np.exp, "exp2": np.exp2,
+    "log": np.log, "log2": np.log2, "log1p": np.log1p, "expm1": np.expm1, "tanh": np.tanh,
+    "logistic": _logistic, "sqrt": np.sqrt, "rsqrt": _rsqrt, "sin": np.sin, "cos": np.cos,
+    "erf": lambda x: _erf(x).astype(x.dtype), "floor": np.floor, "ceil": np.ceil,
+    "round": np.round, "not": np.invert,
+}
+for _name, _fn in _UNARY.items():
+    IMPLS[_name] = _quiet(_fn)
+
+
+def _int_div(x, y):
+    safe = np.where(y == 0, 1, y)
+    q = np.abs(x) // np.abs(safe) * np.sign(x) * np.sign(safe)
+    return np.where(y == 0, -1, q).astype(x.dtype)
+
+
+def _int_rem(x, y):
+    safe = np.where(y == 0, 1, y)
+    return np.where(y == 0, x, np.fmod(x, safe)).astype(x.dtype)
+
+
+def _int_pow(x, y):
+    pos = np.power(x, np.maximum(y, 0))
+    neg = np.where(x == 1, 1, np.where(x == -1, np.where(y % 2 == 0, 1, -1), 0))
+    return np.where(y >= 0, pos, neg).astype(x.dtype)
+
+
+def _by_kind(float_fn, int_fn):
+    return _quiet(lambda x, y: float_fn(x, y) if x.dtype.kind == "f" or x.dtype.kind == "V"
+                  or x.dtype == dt.bfloat16.numpy else int_fn(x, y))
+
+
+IMPLS.update({
+    "add": _quiet(np.add), "sub": _quiet(np.subtract), "mul": _quiet(np.multiply),
+    "div": _by_kind(np.true_divide, _int_div), "rem": _by_kind(np.fmod, _int_rem),
+    "pow": _by_kind(np.power, _int_pow), "max": np.maximum, "min": np.minimum,
+    "and": np.bitwise_and, "or": np.bitwise_or, "xor": np.bitwise_xor,
+    "eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal,
+    "gt": np.greater, "ge": np.greater_equal,
+})
+
+
+@_impl("select")
+def _select(pred, on_true, on_false):
+    return np.where(pred, on_true, on_false)
+
+
+@_impl("convert_element_type")
+def _convert(x, *, new_dtype):
+    target = new_dtype.numpy
+    if new_dtype.is_int and x.dtype.kind in "fV" or (new_dtype.is_int and x.dtype == dt.bfloat16.numpy):
+        info = np.iinfo(target)
+        wide = np.nan_to_num(x.astype(np.float64), nan=0.0)
+        return np.clip(np.trunc(wide), info.min, info.max).astype(target)
+    if new_dtype == dt.bool_:
+        return x != 0
+    return x.astype(target)
+
+
+def _accumulator(x) -> Any:
+    """float16/bfloat16 accumulate in float32, as every backend does."""
+    return np.float32 if x.dtype.kind in "fV" and x.dtype.itemsize < 4 else x.dtype
+
+
+@_impl("reduce_sum")
+def _reduce_sum(x, *, axes):
+    return np.sum(x, axis=axes, dtype=_accumulator(x)).astype(x.dtype)
+
+
+@_impl("reduce_prod")
+def _reduce_prod(x, *, axes):
+    return np.prod(x, axis=axes, dtype=_accumulator(x)).astype(x.dtype)
+
+
+def _identity(x, largest: bool):
+    if x.dtype == np.bool_:
+        return largest
+    if x.dtype.kind in "iu":
+        info = np.iinfo(x.dtype)
+        return info.max if largest else info.min
+    return np.inf if largest else -np.inf
+
+
+@_impl("reduce_max")
+def _reduce_max(x, *, axes):
+    return np.max(x, axis=axes, initial=_identity(x, False))
+
+
+@_impl("reduce_min")
+def _reduce_min(x, *, axes):
+    return np.min(x, axis=axes, initial=_identity(x, True))
+
+
+@_impl("argmax")
+def _argmax(x, *, axis, index_dtype):
+    return np.argmax(x, axis=axis).astype(index_dtype.numpy)
+
+
+@_impl("argmin")
+def _argmin(x, *, axis, index_dtype):
+    return np.argmin(x, axis=axis).astype(index_dtype.numpy)
+
+
+@_impl("broadcast_in_dim")
+def _broadcast_in_dim(x, *, shape, dims):
+    expanded = [1] * len(shape)
+    for n, d in zip(x.shape, dims):
+        expanded[d] = n
+    return np.broadcast_to(x.reshape(expanded), shape)
+
+
+@_impl("reshape")
+def _reshape(x, *, shape):
+    return np.reshape(x, shape)
+
+
+@_impl("transpose")
+def _transpose(x, *, permutation):
+    return np.transpose(x, permutation)
+
+
+@_impl("slice")
+def _slice(x, *, start, limit, strides):
+    return x[tuple(slice(a, b, s) for a, b, s in zip(start, limit, strides))]
+
+
+@_impl("pad")
+def _pad(x, *, low, high, value):
+    return np.pad(x, list(zip(low, high)), constant_values=np.array(value).astype(x.dtype))
+
+
+@_impl("concatenate")
+def _concatenate(*xs, dimension):
+    return np.concatenate(xs, axis=dimension)
+
+
+@_impl("iota")
+def _iota(*, dtype, shape, dimension):
+    line = np.arange(shape[dimension]).astype(dtype.numpy)
+    return np.broadcast_to(line.reshape([-1 if i == dimension else 1 for i in range(len(shape))]), shape)
+
+
+@_impl("dot_general")
+def _dot_general(lhs, rhs, *, dimension_numbers):
+    (lc, rc), (lb, rb) = dimension_numbers
+    letters = iter("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+    lsub = [next(letters) for _ in range(lhs.ndim)]
+    rsub = [next(letters) for _ in range(rhs.ndim)]
+    for a, b in zip(lc + lb, rc + rb):
+        rsub[b] = lsub[a]
+    out = [lsub[a] for a in lb] + [s for i, s in enumerate(lsub) if i not in lc + lb] + \
+          [s for i, s in enumerate(rsub) if i not in rc + rb]
+    acc = _accumulator(lhs)
+    result = np.einsum(f"{''.join(lsub)},{''.join(rsub)}->{''.join(out)}",
+                       lhs.astype(acc), rhs.astype(acc), optimize=True)
+    return result.astype(lhs.dtype)
+
+
+def _gather_index(x_shape, idx, axis: int, batch_dims: int):
+    """The NumPy advanced index that reads `gather[axis, batch_dims] x idx` out of x."""
+    n_idx = idx.ndim - batch_dims
+    out_shape = x_shape[:axis] + idx.shape[batch_dims:] + x_shape[axis + 1:]
+    rank = len(out_shape)
+    grids = list(np.ogrid[tuple(slice(n) for n in out_shape)]) if rank else []
+    if rank == 1:  # ogrid returns a bare array, not a list, for one dimension
+        grids = [np.arange(out_shape[0])]
+    placed = idx.reshape(idx.shape[:batch_dims] + (1,) * (axis - batch_dims) + idx.shape[batch_dims:]
+                         + (1,) * (rank - axis - n_idx))
+    return tuple(grids[:axis]) + (placed,) + tuple(grids[axis + n_idx:]), out_shape
+
+
+@_impl("gather")
+def _gather(x, idx, *, axis, batch_dims):
+    index, out_shape = _gather_index(x.shape, np.clip(idx, 0, x.shape[axis] - 1), axis, batch_dims)
+    return x[index]
+
+
+@_impl("scatter_add")
+def _scatter_add(x, idx, updates, *, axis, batch_dims):
+    out = np.array(x, copy=True)
+    index, out_shape = _gather_index(x.shape, idx, axis, batch_dims)
+    full = [np.broadcast_to(i, out_shape) for i in index]
+    keep = (full[axis] >= 0) & (full[axis] < x.shape[axis])
+    np.add.at(out, tuple(i[keep] for i in full), np.broadcast_to(updates, out_shape)[keep])
+    return out

@@ -1,0 +1,12 @@
+"""Hypothesis profiles: `ci` (the default under CI=true), `dev` and `thorough`."""
+import os
+
+from hypothesis import HealthCheck, settings
+
+settings.register_profile("dev", max_examples=40, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("ci", max_examples=25, deadline=None, derandomize=True,
+                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+settings.register_profile("thorough", max_examples=1000, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
