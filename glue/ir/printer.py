@@ -47,12 +47,17 @@ def format_param(value: Any) -> str:
     return repr(value)
 
 
-def print_graph(graph: Graph) -> str:
-    names: dict[int, str] = {}
+def graph_var_names(graph: Graph) -> dict[int, str]:
+    """The name the printer gives each Var of `graph`, by Var id."""
     fresh = var_names()
+    every = graph.constvars + graph.invars + tuple(v for e in graph.eqns for v in e.outvars)
+    return {v.id: next(fresh) for v in every}
+
+
+def print_graph(graph: Graph) -> str:
+    names = graph_var_names(graph)
 
     def define(v: Var) -> str:
-        names[v.id] = next(fresh)
         return f"{names[v.id]}:{v.type}"
 
     def use(a: Atom) -> str:

@@ -1,0 +1,132 @@
+"""NumPy interpreter of kernel IR: runs a scheduler Plan kernel by kernel.
+
+Every expression is evaluated over the whole iteration domain at once (NumPy broadcasting over
+a grid of domain indices), so this checks the scheduler's fusion and index maps independently
+of any code generator.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from glue.reference.impls import IMPLS
+from glue.scheduler.kernel_ir import (Clamp, Const, Dim, Div, Expr, FromValue, InBounds, Index,
+                                      IndexValue, Kernel, Load, Mod, Op, RowValue)
+from glue.scheduler.plan import Plan
+
+_FOLD = {"sum": np.sum, "prod": np.prod, "max": np.max, "min": np.min,
+         "argmax": np.argmax, "argmin": np.argmin}
+
+
+class _Eval:
+    def __init__(self, kernel: Kernel, inputs: Sequence[np.ndarray]):
+        self.kernel = kernel
+        self.inputs = inputs
+        self.rank = kernel.rank
+        self.extents = kernel.parallel + kernel.reduce
+        self.rows: list[np.ndarray] = []
+        self.memo: dict[Any, np.ndarray] = {}
+
+    def dim(self, k: int) -> np.ndarray:
+        shape = [1] * self.rank
+        shape[k] = self.extents[k]
+        return np.arange(self.extents[k]).reshape(shape)
+
+    def index(self, index: Index) -> np.ndarray:
+        total: Any = np.int64(index.const)
+        for atom, c in index.terms:
+            total = total + self.atom(atom) * c
+        return np.asarray(total, dtype=np.int64)
+
+    def atom(self, atom) -> np.ndarray:
+        if isinstance(atom, Dim):
+            return self.dim(atom.k)
+        if isinstance(atom, Div):
+            return self.index(atom.index) // atom.divisor
+        if isinstance(atom, Mod):
+            return self.index(atom.index) % atom.divisor
+        if isinstance(atom, Clamp):
+            return np.clip(self.index(atom.index), 0, atom.size - 1)
+        assert isinstance(atom, FromValue)
+        return self.expr(atom.value).astype(np.int64)
+
+    def mask(self, mask) -> np.ndarray:
+        ok: Any = True
+        for index, lo, hi in mask:
+            i = self.index(index)
+            ok = ok & (i >= lo) & (i < hi)
+        return np.asarray(ok)
+
+    def expr(self, e: Expr) -> np.ndarray:
+        if e not in self.memo:
+            self.memo[e] = self._expr(e)
+        return self.memo[e]
+
+    def _expr(self, e: Expr) -> np.ndarray:
+        if isinstance(e, Const):
+            return np.asarray(e.value, dtype=e.dtype.numpy)
+        if isinstance(e, RowValue):
+            return self.rows[e.k]
+        if isinstance(e, IndexValue):
+            return self.index(e.index).astype(e.dtype.numpy)
+        if isinstance(e, InBounds):
+            return self.mask(e.mask)
+        if isinstance(e, Load):
+            ok = self.mask(e.mask)
+            where = tuple(np.where(ok, self.index(i), 0) for i in e.index)
+            values = self.inputs[e.input][where] if where else self.inputs[e.input][()]
+            return np.where(ok, values, np.asarray(e.other).astype(e.dtype.numpy)) if e.mask else values
+        assert isinstance(e, Op)
+        return np.asarray(IMPLS[e.primitive](*(self.expr(a) for a in e.args), **dict(e.params)))
+
+    def full(self, value: np.ndarray) -> np.ndarray:
+        return np.broadcast_to(value, self.extents)
+
+    def run(self, outputs: list[np.ndarray]) -> None:
+        for r in self.kernel.reductions:
+            flat = self.full(self.expr(r.value)).reshape(self.kernel.parallel + (-1,))
+            if flat.shape[-1] == 0:
+                folded = IMPLS[f"reduce_{r.op}"](flat, axes=(flat.ndim - 1,))
+            else:
+                folded = _FOLD[r.op](flat, axis=-1)
+            self.rows.append(np.asarray(folded).astype(r.dtype.numpy).reshape(
+                self.kernel.parallel + (1,) * len(self.kernel.reduce)))
+        for s in self.kernel.stores:
+            value = self.expr(s.value)
+            if s.level == "row":
+                value = np.broadcast_to(value, self.kernel.parallel + (1,) * len(self.kernel.reduce))
+                value = value.reshape(self.kernel.parallel)
+                where = tuple(np.broadcast_to(self.index(i), self.extents)[(...,) + (0,) * len(self.kernel.reduce)]
+                              for i in s.index)
+            else:
+                value = self.full(value)
+                where = tuple(np.broadcast_to(self.index(i), self.extents) for i in s.index)
+            out = outputs[s.output]
+            if s.mode == "add":
+                ok = np.broadcast_to(self.mask(s.mask), value.shape)
+                np.add.at(out, tuple(w[ok] for w in where), value[ok])
+            else:
+                out[where] = value
+
+
+def run_kernel(kernel: Kernel, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """The outputs of one kernel on NumPy inputs."""
+    outputs = [np.empty(b.type.shape, b.type.dtype.numpy) for b in kernel.outputs]
+    if kernel.init is not None:
+        outputs[0][...] = inputs[kernel.init]
+    _Eval(kernel, inputs).run(outputs)
+    return outputs
+
+
+def run_plan(plan: Plan, args: Sequence[Any]) -> list[np.ndarray]:
+    """Run a Plan's kernels in order on NumPy arguments (constvars' values, then invars')."""
+    graph = plan.graph
+    env: dict[int, np.ndarray] = {}
+    for v, a in zip(graph.constvars + graph.invars, args):
+        env[v.id] = np.asarray(a, dtype=v.type.dtype.numpy)
+    for kernel in plan.kernels:
+        outs = run_kernel(kernel, [env[b.value_id] for b in kernel.inputs])
+        env.update({b.value_id: o for b, o in zip(kernel.outputs, outs)})
+    return [np.asarray(a.value, dtype=a.type.dtype.numpy) if not hasattr(a, "id") else env[a.id]
+            for a in graph.outvars]

@@ -1,0 +1,1 @@
+"""The scheduler: graph passes, fusion into kernels, kernel IR, memory planning -> Plan."""

@@ -1,0 +1,276 @@
+"""Kernel IR: one fused kernel as an iteration domain and scalar expressions over it.
+
+A kernel iterates over `parallel` dims (a "row" is one point of them) and, for reduction and
+contraction kernels, over `reduce` dims inside each row. Values live at two levels:
+
+- element level: indexed by all domain dims `(i0.., r0..)`,
+- row level: indexed by the parallel dims only; reductions produce row-level values.
+
+Each reduction folds an element-level expression over the reduce dims; later reductions and
+stores may use earlier reductions' results (`RowValue`). Stores write element- or row-level
+expressions to output buffers. Loads read input buffers through index maps: affine
+expressions over the domain dims (broadcast = dim absent, transposes, slices, reshapes that
+split or merge dims), plus floor-div/mod where a reshape does not line up, clamps and
+data-dependent indices (gather). Backends choose how to map the domain onto loops, threads
+and blocks; the scheduler never decides that.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+from glue.ir import TensorType
+from glue.ir.dtypes import DType
+
+# --- index expressions ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Dim:
+    """The domain index `k` (parallel dims first, then reduce dims)."""
+
+    k: int
+
+
+@dataclass(frozen=True)
+class Div:
+    """floor(index / divisor), for a reshape whose dims do not line up."""
+
+    index: "Index"
+    divisor: int
+
+
+@dataclass(frozen=True)
+class Mod:
+    index: "Index"
+    divisor: int
+
+
+@dataclass(frozen=True)
+class Clamp:
+    """An index forced into [0, size): how gather treats out-of-range indices."""
+
+    index: "Index"
+    size: int
+
+
+@dataclass(frozen=True)
+class FromValue:
+    """A data-dependent index: the integer value of a scalar expression (gather's indices)."""
+
+    value: "Expr"
+
+
+IndexAtom = Union[Dim, Div, Mod, Clamp, FromValue]
+
+
+@dataclass(frozen=True)
+class Index:
+    """An affine combination `sum(coeff * atom) + const` of index atoms."""
+
+    terms: tuple[tuple[IndexAtom, int], ...] = ()
+    const: int = 0
+
+    @staticmethod
+    def dim(k: int) -> "Index":
+        return Index(((Dim(k), 1),))
+
+    @staticmethod
+    def of(atom: IndexAtom) -> "Index":
+        return Index(((atom, 1),))
+
+    def __add__(self, other: "Index | int") -> "Index":
+        if isinstance(other, int):
+            return Index(self.terms, self.const + other)
+        coeffs: dict[IndexAtom, int] = dict(self.terms)
+        for atom, c in other.terms:
+            coeffs[atom] = coeffs.get(atom, 0) + c
+        return Index(tuple((a, c) for a, c in coeffs.items() if c), self.const + other.const)
+
+    def __mul__(self, factor: int) -> "Index":
+        if factor == 0:
+            return Index()
+        return Index(tuple((a, c * factor) for a, c in self.terms), self.const * factor)
+
+    @property
+    def is_const(self) -> bool:
+        return not self.terms
+
+
+def index_bounds(index: Index, extents: tuple[int, ...]) -> tuple[float, float]:
+    """Inclusive bounds of `index` over a domain of `extents` (infinite where data-dependent)."""
+    lo = hi = float(index.const)
+    for atom, c in index.terms:
+        a, b = _atom_bounds(atom, extents)
+        lo, hi = lo + min(a * c, b * c), hi + max(a * c, b * c)
+    return lo, hi
+
+
+def _atom_bounds(atom: IndexAtom, extents: tuple[int, ...]) -> tuple[float, float]:
+    if isinstance(atom, Dim):
+        return 0, extents[atom.k] - 1
+    if isinstance(atom, Clamp):
+        return 0, atom.size - 1
+    if isinstance(atom, Div):
+        lo, hi = index_bounds(atom.index, extents)
+        return lo // atom.divisor, hi // atom.divisor
+    if isinstance(atom, Mod):
+        return 0, atom.divisor - 1
+    return float("-inf"), float("inf")
+
+
+def _split(index: Index, divisor: int) -> tuple[Index, Index]:
+    """index = quotient * divisor + rest, taking every term divisible by `divisor` into quotient."""
+    q_const, r_const = divmod(index.const, divisor)
+    quotient = Index(tuple((a, c // divisor) for a, c in index.terms if c % divisor == 0), q_const)
+    rest = Index(tuple((a, c) for a, c in index.terms if c % divisor), r_const)
+    return quotient, rest
+
+
+def floordiv(index: Index, divisor: int, extents: tuple[int, ...]) -> Index:
+    """index // divisor, simplified when the non-divisible part stays within [0, divisor)."""
+    if divisor == 1:
+        return index
+    quotient, rest = _split(index, divisor)
+    lo, hi = index_bounds(rest, extents)
+    return quotient if 0 <= lo and hi < divisor else Index.of(Div(index, divisor))
+
+
+def mod(index: Index, divisor: int, extents: tuple[int, ...]) -> Index:
+    """index % divisor, simplified the same way."""
+    lo, hi = index_bounds(index, extents)
+    if 0 <= lo and hi < divisor:
+        return index
+    _, rest = _split(index, divisor)
+    lo, hi = index_bounds(rest, extents)
+    return rest if 0 <= lo and hi < divisor else Index.of(Mod(index, divisor))
+
+
+# --- scalar expressions ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Load:
+    """Element `index` of input buffer `input`; where `mask` fails, the value `other` instead.
+
+    `mask` lists (index, lo, hi) bounds that must all hold (pad, concatenate); backends must not
+    touch memory when they fail.
+    """
+
+    input: int
+    index: tuple[Index, ...]
+    dtype: DType
+    mask: tuple[tuple[Index, int, int], ...] = ()
+    other: Any = 0
+
+
+@dataclass(frozen=True)
+class Const:
+    value: Any
+    dtype: DType
+
+
+@dataclass(frozen=True)
+class Op:
+    """An elementwise IR primitive applied to scalar expressions."""
+
+    primitive: str
+    args: tuple["Expr", ...]
+    dtype: DType
+    params: tuple[tuple[str, Any], ...] = ()
+
+
+@dataclass(frozen=True)
+class IndexValue:
+    """An index expression used as a value (iota)."""
+
+    index: Index
+    dtype: DType
+
+
+@dataclass(frozen=True)
+class InBounds:
+    """True where every (index, lo, hi) bound holds: selects between pad/concatenate pieces."""
+
+    mask: tuple[tuple[Index, int, int], ...]
+    dtype: DType
+
+
+@dataclass(frozen=True)
+class RowValue:
+    """The result of reduction `k` for the current row."""
+
+    k: int
+    dtype: DType
+
+
+Expr = Union[Load, Const, Op, IndexValue, InBounds, RowValue]
+
+
+# --- kernels --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Reduction:
+    """Folds `value` (element level) over the reduce dims with `op` in dtype `dtype`.
+
+    op is sum | prod | max | min | argmax | argmin; arg-reductions produce the position along
+    the single reduce dim.
+    """
+
+    op: str
+    value: Expr
+    dtype: DType
+
+
+@dataclass(frozen=True)
+class Store:
+    """Write `value` to output `output` at `index`; `level` is "element" or "row".
+
+    mode "set" writes; mode "add" accumulates (scatter_add), skipping points where `mask` fails.
+    """
+
+    output: int
+    value: Expr
+    level: str
+    index: tuple[Index, ...]
+    mode: str = "set"
+    mask: tuple[tuple[Index, int, int], ...] = ()
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """A kernel operand: the Graph value it holds and its type."""
+
+    value_id: int
+    type: TensorType
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One fused kernel. `kind` is pointwise | reduction | contraction | data.
+
+    `init` names an input whose contents output 0 starts from before the stores run (scatter).
+    `ops` lists the fused primitives, for names and dumps.
+    """
+
+    name: str
+    kind: str
+    parallel: tuple[int, ...]
+    reduce: tuple[int, ...]
+    inputs: tuple[Buffer, ...]
+    outputs: tuple[Buffer, ...]
+    reductions: tuple[Reduction, ...]
+    stores: tuple[Store, ...]
+    ops: tuple[str, ...]
+    init: int | None = None
+    source: tuple[str, ...] = field(default=())
+
+    @property
+    def rank(self) -> int:
+        return len(self.parallel) + len(self.reduce)
+
+    def __str__(self) -> str:
+        from glue.scheduler.kernel_text import kernel_text
+
+        return kernel_text(self)

@@ -1,0 +1,181 @@
+"""Memory planning: where every value between kernels lives.
+
+Arguments stay where the caller put them; outputs get buffers of their own (or the buffer of a
+donated argument of the same size that is dead by then); every intermediate gets an offset in
+one arena. Offsets come from liveness over the kernel order, packed best-fit by decreasing
+size, and a kernel may write an output over an input that dies in it when it reads that input
+only at the position it writes (elementwise in place).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from glue.ir import Graph, TensorType, Var
+from glue.scheduler.kernel_ir import Expr, FromValue, InBounds, Index, Kernel, Load, Op
+
+ALIGNMENT = 256  # bytes: cudaMalloc's alignment, a multiple of every vector width we load
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a value lives: kind is argument | arena | output | donated; `slot` is the argument
+    or output position, or the arena offset in bytes."""
+
+    kind: str
+    slot: int
+    type: TensorType
+
+
+@dataclass
+class MemoryPlan:
+    placements: dict[int, Placement]
+    arena_bytes: int
+    argument_bytes: int
+    output_bytes: int
+    naive_bytes: int
+    lifetimes: dict[int, tuple[int, int]]
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.argument_bytes + self.arena_bytes + self.output_bytes
+
+    def analysis(self) -> dict[str, int]:
+        return {"peak_bytes": self.peak_bytes, "naive_bytes": self.naive_bytes,
+                "arena_bytes": self.arena_bytes, "argument_bytes": self.argument_bytes,
+                "output_bytes": self.output_bytes}
+
+    def text(self, names: dict[int, str]) -> str:
+        lines = [f"arena {self.arena_bytes} bytes; arguments {self.argument_bytes}; outputs "
+                 f"{self.output_bytes}; peak {self.peak_bytes}; naive (one buffer per value) {self.naive_bytes}"]
+        for vid, p in sorted(self.placements.items(), key=lambda kv: (kv[1].kind, kv[1].slot)):
+            live = self.lifetimes.get(vid)
+            span = f" live kernels {live[0]}..{live[1]}" if live else ""
+            where = f"@{p.slot}" if p.kind == "arena" else f"#{p.slot}"
+            lines.append(f"  {names.get(vid, vid)}:{p.type} {p.kind}{where} ({p.type.nbytes} B){span}")
+        return "\n".join(lines)
+
+
+def _align(n: int) -> int:
+    return (n + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
+
+
+def _loads(expr: Expr, out: list[Load]) -> None:
+    if isinstance(expr, Load):
+        out.append(expr)
+        for index in expr.index:
+            _index_loads(index, out)
+    elif isinstance(expr, Op):
+        for a in expr.args:
+            _loads(a, out)
+    elif isinstance(expr, InBounds):
+        for index, _, _ in expr.mask:
+            _index_loads(index, out)
+
+
+def _index_loads(index: Index, out: list[Load]) -> None:
+    for atom, _ in index.terms:
+        if isinstance(atom, FromValue):
+            _loads(atom.value, out)
+        elif hasattr(atom, "index"):
+            _index_loads(atom.index, out)
+
+
+def reads_only_where_written(kernel: Kernel, input_slot: int, output_slot: int) -> bool:
+    """True when the kernel reads input `input_slot` only at the points it writes output
+    `output_slot`, so both may share memory."""
+    stores = [s for s in kernel.stores if s.output == output_slot]
+    if kernel.kind != "pointwise" or len(stores) != 1 or stores[0].mode != "set":
+        return False
+    loads: list[Load] = []
+    for s in kernel.stores:
+        _loads(s.value, loads)
+    mine = [ld for ld in loads if ld.input == input_slot]
+    return all(ld.index == stores[0].index and not ld.mask for ld in mine)
+
+
+def plan_memory(graph: Graph, kernels: Sequence[Kernel], donated: Sequence[int] = ()) -> MemoryPlan:
+    args = list(graph.constvars) + list(graph.invars)
+    placements = {v.id: Placement("argument", i, v.type) for i, v in enumerate(args)}
+    outputs = [a for a in graph.outvars if isinstance(a, Var) and a.id not in placements]
+    produced: dict[int, int] = {}
+    last_use: dict[int, int] = {}
+    types: dict[int, TensorType] = {}
+    for k, kernel in enumerate(kernels):
+        for b in kernel.inputs:
+            last_use[b.value_id] = k
+        for b in kernel.outputs:
+            produced[b.value_id] = k
+            types[b.value_id] = b.type
+    lifetimes = {vid: (k, last_use.get(vid, k)) for vid, k in produced.items()}
+    output_ids = list(dict.fromkeys(v.id for v in outputs))
+    donors = {graph.invars[i].id: len(graph.constvars) + i for i in donated}
+    for j, vid in enumerate(output_ids):
+        donor = next((d for d, slot in donors.items() if args[slot].type.nbytes == types[vid].nbytes
+                      and last_use.get(d, -1) < produced[vid]), None)
+        if donor is not None:
+            placements[vid] = Placement("donated", donors.pop(donor), types[vid])
+        else:
+            placements[vid] = Placement("output", j, types[vid])
+    intermediates = [vid for vid in produced if vid not in placements]
+    arena = _pack(intermediates, lifetimes, types, _in_place_pairs(kernels, intermediates, last_use))
+    placements.update({vid: Placement("arena", off, types[vid]) for vid, off in arena[0].items()})
+    return MemoryPlan(
+        placements, arena[1], sum(v.type.nbytes for v in args),
+        sum(types[v].nbytes for v in output_ids if placements[v].kind == "output"),
+        sum(v.type.nbytes for v in args) + sum(v.type.nbytes for e in graph.eqns for v in e.outvars),
+        lifetimes)
+
+
+def _in_place_pairs(kernels: Sequence[Kernel], intermediates: list[int],
+                    last_use: dict[int, int]) -> dict[int, int]:
+    """output value -> input value whose memory it may take over."""
+    candidates = set(intermediates)
+    pairs: dict[int, int] = {}
+    taken: set[int] = set()
+    for k, kernel in enumerate(kernels):
+        for o, out in enumerate(kernel.outputs):
+            if out.value_id not in candidates:
+                continue
+            for i, inp in enumerate(kernel.inputs):
+                if (inp.value_id in candidates and inp.value_id not in taken and last_use[inp.value_id] == k
+                        and inp.type.nbytes == out.type.nbytes
+                        and reads_only_where_written(kernel, i, o)):
+                    pairs[out.value_id] = inp.value_id
+                    taken.add(inp.value_id)
+                    break
+    return pairs
+
+
+def _pack(values: list[int], lifetimes: dict[int, tuple[int, int]], types: dict[int, TensorType],
+          in_place: dict[int, int]) -> tuple[dict[int, int], int]:
+    """Arena offsets, best fit by decreasing size; in-place chains share one slot."""
+    root = {v: v for v in values}
+
+    def find(v: int) -> int:
+        while root[v] != v:
+            v = root[v]
+        return v
+
+    for out, inp in in_place.items():
+        root[find(out)] = find(inp)
+    slots: dict[int, list[int]] = {}
+    for v in values:
+        slots.setdefault(find(v), []).append(v)
+    spans = {r: (min(lifetimes[v][0] for v in vs), max(lifetimes[v][1] for v in vs)) for r, vs in slots.items()}
+    sizes = {r: _align(max(types[v].nbytes for v in vs)) for r, vs in slots.items()}
+    offsets: dict[int, int] = {}
+    end = 0
+    for r in sorted(slots, key=lambda r: (-sizes[r], spans[r])):
+        busy = sorted((offsets[o], offsets[o] + sizes[o]) for o in offsets
+                      if spans[o][0] <= spans[r][1] and spans[r][0] <= spans[o][1])
+        best, cursor = None, 0
+        for lo, hi in busy + [(None, None)]:
+            gap = (lo if lo is not None else float("inf")) - cursor
+            if gap >= sizes[r] and (best is None or gap < best[1]):
+                best = (cursor, gap)
+            if hi is not None:
+                cursor = max(cursor, hi)
+        offsets[r] = best[0]
+        end = max(end, best[0] + sizes[r])
+    return {v: offsets[find(v)] for v in values}, end

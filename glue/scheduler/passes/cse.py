@@ -1,0 +1,36 @@
+"""Common subexpression elimination: equations with the same primitive, params and inputs
+compute the same value, so every later one is replaced by the first."""
+from __future__ import annotations
+
+from typing import Any, Hashable, Sequence
+
+from glue.ir import Eqn, Graph, Literal, Var
+from glue.ir.core import Atom
+from glue.scheduler.passes.rewrite import Replacement, Sweep, sweep
+
+
+def _frozen(value: Any) -> Hashable:
+    """A key that tells apart what `==` conflates: 0.0 and -0.0, 1 and 1.0 and True."""
+    if isinstance(value, tuple):
+        return tuple(map(_frozen, value))
+    if isinstance(value, (bool, int, float)):
+        return type(value).__name__, repr(value)
+    return value
+
+
+def _atom_key(atom: Atom) -> Hashable:
+    if isinstance(atom, Literal):
+        return "literal", atom.type, _frozen(atom.value)
+    return "var", atom.id
+
+
+def cse(graph: Graph, consts: Sequence[Any] | None = None) -> Graph:
+    """`graph` with each repeated computation done once."""
+    first: dict[Hashable, Var] = {}
+
+    def rule(eqn: Eqn, ctx: Sweep) -> Replacement:
+        key = (eqn.primitive, _frozen(eqn.params), tuple(map(_atom_key, eqn.inputs)))
+        out = first.setdefault(key, eqn.outvars[0])
+        return None if out is eqn.outvars[0] else out
+
+    return sweep(graph, rule)

@@ -1,0 +1,80 @@
+"""`schedule(graph) -> Plan`: simplify, fuse into kernels, plan memory; and the text of each
+scheduler stage ("optimized", "fusion", "kernels", "memory", "graph")."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from glue.ir import Graph, Literal, Var
+from glue.ir.printer import graph_var_names
+from glue.scheduler.fusion import Fusion, fuse
+from glue.scheduler.kernel_ir import Kernel
+from glue.scheduler.memory import MemoryPlan, plan_memory
+from glue.scheduler.passes import optimize
+
+STAGES = ("optimized", "fusion", "kernels", "memory", "graph")
+
+
+@dataclass
+class Plan:
+    """Everything a backend needs to run a Graph: kernels in order and where values live."""
+
+    graph: Graph
+    fusion: Fusion
+    memory: MemoryPlan
+
+    @property
+    def kernels(self) -> list[Kernel]:
+        return self.fusion.kernels
+
+    def as_text(self, stage: str) -> str:
+        names = graph_var_names(self.graph)
+        if stage == "optimized":
+            return str(self.graph)
+        if stage == "fusion":
+            return str(self.fusion)
+        if stage == "kernels":
+            return "\n\n".join(str(k) for k in self.kernels)
+        if stage == "memory":
+            return self.memory.text(names)
+        if stage == "graph":
+            return graph_dot(self.graph, self.fusion, names)
+        raise KeyError(stage)
+
+
+def schedule(graph: Graph, donated: Sequence[int] = ()) -> Plan:
+    """The Plan for `graph`; `donated` lists invar positions whose buffers outputs may reuse."""
+    optimized = optimize(graph)
+    fusion = fuse(optimized)
+    return Plan(optimized, fusion, plan_memory(optimized, fusion.kernels, donated))
+
+
+def graph_dot(graph: Graph, fusion: Fusion, names: dict[int, str]) -> str:
+    """Graphviz DOT of the program, each kernel drawn as a cluster around its equations."""
+    lines = ["digraph glue {", "  rankdir=TB; node [shape=box, fontname=monospace, fontsize=10];"]
+    for v in graph.constvars + graph.invars:
+        lines.append(f'  v{v.id} [label="{names[v.id]}: {v.type}", shape=ellipse];')
+    for k, (kernel, eqns) in enumerate(zip(fusion.kernels, fusion.groups)):
+        lines.append(f'  subgraph cluster_{k} {{ label="{kernel.name} ({kernel.kind})"; style=rounded;')
+        for i in eqns:
+            e = graph.eqns[i]
+            lines.append(f'    e{k}_{i} [label="{names[e.outvars[0].id]} = {e.primitive}\\n{e.outvars[0].type}"];')
+        lines.append("  }")
+    homes = {}
+    for k, eqns in enumerate(fusion.groups):
+        for i in eqns:
+            homes.setdefault(graph.eqns[i].outvars[0].id, f"e{k}_{i}")
+    for k, eqns in enumerate(fusion.groups):
+        local = {graph.eqns[i].outvars[0].id: f"e{k}_{i}" for i in eqns}
+        for i in eqns:
+            for a in graph.eqns[i].inputs:
+                if isinstance(a, Var):
+                    src = local.get(a.id) or homes.get(a.id) or f"v{a.id}"
+                    lines.append(f"  {src} -> e{k}_{i};")
+    for j, a in enumerate(graph.outvars):
+        label = names.get(a.id, "?") if isinstance(a, Var) else str(a)
+        lines.append(f'  out{j} [label="out {j}: {label}", shape=ellipse];')
+        if not isinstance(a, Literal):
+            lines.append(f"  {homes.get(a.id, f'v{a.id}')} -> out{j};")
+    lines.append("}")
+    return "\n".join(lines)
