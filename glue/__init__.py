@@ -6,12 +6,15 @@
 """
 from glue.frontend.array import Array
 from glue.backends import available_backends, default_backend_name
+from glue.backend_cuda.runtime.context import devices
 from glue.errors import (BackendError, ConcretizationError, GlueError, GlueTypeError, ParseError,
                          VerifyError)
 from glue.frontend import jit, make_ir
 from glue.frontend.pytree import tree_flatten, tree_map, tree_unflatten
+from glue.frontend.transforms import grad, jvp, stop_gradient, value_and_grad, vjp, vmap
 
 __all__ = ["Array", "BackendError", "ConcretizationError", "GlueError", "GlueTypeError", "ParseError",
-           "VerifyError", "available_backends", "default_backend_name", "jit", "make_ir",
-           "tree_flatten", "tree_map", "tree_unflatten"]
+           "VerifyError", "available_backends", "default_backend_name", "devices", "jit", "make_ir",
+           "tree_flatten", "tree_map", "tree_unflatten",
+           "grad", "jvp", "stop_gradient", "value_and_grad", "vjp", "vmap"]
 __version__ = "0.1.0"

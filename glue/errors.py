@@ -20,6 +20,10 @@ class GlueTypeError(GlueError, TypeError):
     """An operation got operands of shapes, dtypes or parameters its rule does not accept."""
 
 
+class GlueIndexError(GlueError, IndexError):
+    """An index is out of bounds, malformed, or (a boolean mask) would give a data-dependent shape."""
+
+
 class ConcretizationError(GlueError, TypeError):
     """A traced value reached Python control flow (`if`, `bool()`, `int()`, ...)."""
 

@@ -20,7 +20,7 @@ from glue.frontend.array import Array
 from glue.backends import get_backend
 from glue.errors import GlueError
 from glue.frontend.pytree import PyTreeDef, leaf_paths, tree_flatten, tree_unflatten
-from glue.frontend.tracing import current_trace, eval_graph, trace_flat, type_of
+from glue.frontend.tracing import current_trace, trace_flat, type_of
 from glue.ir import ClosedGraph, TensorType
 
 log = logging.getLogger("glue")
@@ -103,11 +103,12 @@ class Lowered:
     """A traced program on its way to a backend; every stage can be printed."""
 
     def __init__(self, name: str, closed: ClosedGraph, out_tree: PyTreeDef, signature: Signature,
-                 backend: Any, donated: tuple[int, ...]):
+                 backend: Any, donated: tuple[int, ...], spec: "_ArgSpec | None" = None):
         self.name = name
         self.closed = closed
         self.out_tree = out_tree
         self.signature = signature
+        self.spec = spec
         self._backend_lowered = backend.lower(closed.graph, donated=donated, name=name)
         self.backend = backend
 
@@ -161,6 +162,23 @@ class Compiled:
 
     def as_text(self, stage: str = "ir") -> str:
         return self.lowered.as_text(stage)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Run on arguments of the signature this was compiled for (like the jitted function)."""
+        lowered = self.lowered
+        if lowered.spec is None:
+            raise GlueError(f"{lowered.name} was lowered without its argument spec; call call_flat")
+        sig, leaves = lowered.spec.split(args, kwargs)
+        if sig != lowered.signature:
+            raise GlueError(f"{lowered.name} was compiled for other arguments: "
+                            f"{sig.explain_difference(lowered.signature)}; lower it again for these")
+        return self.call_tree(leaves)
+
+    def call_tree(self, leaves: Sequence[Any]) -> Any:
+        """Run on the flat dynamic leaves; the outputs come back in the function's pytree."""
+        outs = self.call_flat(leaves)
+        return tree_unflatten(self.lowered.out_tree,
+                              [o if isinstance(o, Array) else Array(np.asarray(o)) for o in outs])
 
     def call_flat(self, leaves: Sequence[Any]) -> list[Any]:
         args = tuple(self.lowered.closed.consts) + tuple(leaves)
@@ -216,7 +234,7 @@ class Jitted:
     def lower(self, *args: Any, **kwargs: Any) -> Lowered:
         closed, out_tree, sig, _ = self.trace(*args, **kwargs)
         return Lowered(self.name, closed, out_tree, sig, get_backend(self.backend_name),
-                       self._donated_leaves(sig, args))
+                       self._donated_leaves(sig, args), self.spec)
 
     def _donated_leaves(self, sig: Signature, args: tuple) -> tuple[int, ...]:
         """Positions among the graph's invars of the leaves of donated positional arguments."""
@@ -232,14 +250,15 @@ class Jitted:
         return tuple(positions)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        closed, out_tree, sig, leaves = self.trace(*args, **kwargs)
         if current_trace() is not None:
-            return tree_unflatten(out_tree, eval_graph(closed, leaves))
+            # Inlined by tracing straight through `fn`, so that an enclosing transform sees
+            # every call it makes (stop_gradient records its cuts in the transform's trace).
+            return self.fn(*args, **kwargs)
+        closed, out_tree, sig, leaves = self.trace(*args, **kwargs)
         compiled = self._compiled.get(sig)
         if compiled is None:
             compiled = self._compiled[sig] = self.lower(*args, **kwargs).compile()
-        outs = compiled.call_flat(leaves)
-        return tree_unflatten(out_tree, [o if isinstance(o, Array) else Array(np.asarray(o)) for o in outs])
+        return compiled.call_tree(leaves)
 
 
 def jit(fn: Callable | None = None, *, backend: str | None = None, static_argnums: Sequence[int] | int = (),

@@ -41,8 +41,7 @@ class Trace:
         if isinstance(value, Tracer) and value.trace is self:
             return value.var
         if isinstance(value, Tracer) and not value.trace.active:
-            raise GlueError(f"a traced value of {value.aval} escaped the trace of "
-                            f"{value.trace.name} it belongs to (stored in a global or closure?)")
+            raise _escaped(value)
         if not isinstance(value, Tracer) and np.ndim(value) == 0 and not _is_array_object(value):
             return literal(value)
         return self._capture(value)
@@ -60,6 +59,12 @@ class Trace:
         self.active = False
         graph = Graph(tuple(self.constvars), tuple(self.invars), tuple(self.eqns), out_atoms)
         return ClosedGraph(graph, tuple(self.consts))
+
+
+def _escaped(tracer: "Tracer") -> GlueError:
+    return GlueError(f"a traced value of {tracer.aval} escaped the trace of {tracer.trace.name} it "
+                     f"belongs to (stored in a global or closure?) and was used "
+                     f"{describe_location(user_frame_location())}")
 
 
 _TRACES: list[Trace] = []
@@ -93,10 +98,10 @@ def type_of(value: Any) -> TensorType:
     aval = getattr(value, "aval", None)
     if isinstance(aval, TensorType):
         return aval
+    if isinstance(value, (np.ndarray, np.generic)):  # before Python scalars: np.float64 is a float
+        return TensorType(tuple(value.shape), dt.from_numpy(value.dtype))
     if isinstance(value, (bool, int, float)):
         return TensorType((), dt.weak_scalar_dtype(value))
-    if isinstance(value, (np.ndarray, np.generic)):
-        return TensorType(tuple(value.shape), dt.from_numpy(value.dtype))
     raise GlueError(f"glue cannot use a value of type {type(value).__name__} as an array")
 
 
@@ -168,8 +173,8 @@ def _eager(primitive: str, args: Sequence[Any], params: dict[str, Any], where: s
     from glue.reference import evaluate_eqn
 
     for a in args:
-        if isinstance(a, Tracer):
-            a.trace.to_atom(a)  # raises the escaped-tracer error
+        if isinstance(a, Tracer):  # with no trace active, its trace has finished
+            raise _escaped(a)
     types = tuple(type_of(a) for a in args)
     out_type = infer_type(primitive, types, params, where)
     values = [np.asarray(a, dtype=t.dtype.numpy) for a, t in zip(args, types)]

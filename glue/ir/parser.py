@@ -4,7 +4,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from glue.errors import ParseError
+from glue.errors import GlueTypeError, ParseError
 from glue.ir.core import Atom, Eqn, Graph, Literal, TensorType, Var, params_tuple
 from glue.ir.dtypes import BY_NAME, DType
 from glue.ir.primitives import infer_type
@@ -21,13 +21,14 @@ _TOKEN = re.compile(r"""
 class _Tokens:
     def __init__(self, text: str):
         self.items: list[tuple[str, str, int]] = []
-        pos = 0
+        pos, line = 0, 1
         while pos < len(text):
             m = _TOKEN.match(text, pos)
             if m is None:
-                raise ParseError(f"unexpected character {text[pos]!r} at line {text.count(chr(10), 0, pos) + 1}")
+                raise ParseError(f"unexpected character {text[pos]!r} at line {line}")
             if m.lastgroup != "space":
-                self.items.append((m.lastgroup, m.group(), text.count("\n", 0, pos) + 1))
+                self.items.append((m.lastgroup, m.group(), line))
+            line += m.group().count("\n")
             pos = m.end()
         self.i = 0
 
@@ -43,13 +44,21 @@ class _Tokens:
     def expect(self, text: str) -> None:
         kind, value, line = self.next()
         if value != text:
-            raise ParseError(f"expected {text!r} but found {value!r} at line {line}")
+            raise ParseError(f"expected {text!r} but found {_shown(value)} {_at(line)}")
 
     def accept(self, text: str) -> bool:
         if self.peek()[1] == text:
             self.i += 1
             return True
         return False
+
+
+def _at(line: int) -> str:
+    return "at the end of the text" if line < 0 else f"at line {line}"
+
+
+def _shown(value: str) -> str:
+    return repr(value) if value else "nothing"
 
 
 class _Parser:
@@ -59,7 +68,11 @@ class _Parser:
 
     def fail(self, what: str) -> ParseError:
         _, value, line = self.toks.peek()
-        return ParseError(f"expected {what} but found {value!r} at line {line}")
+        return ParseError(f"expected {what} but found {_shown(value)} {_at(line)}")
+
+    def error(self, message: str) -> ParseError:
+        """An error about the token just read."""
+        return ParseError(f"{message} {_at(self.toks.peek(-1)[2])}")
 
     def name(self) -> str:
         kind, value, _ = self.toks.peek()
@@ -71,13 +84,13 @@ class _Parser:
     def int_(self) -> int:
         kind, value, _ = self.toks.next()
         if kind != "num" or not re.fullmatch(r"-?\d+", value):
-            raise ParseError(f"expected an integer but found {value!r}")
+            raise self.error(f"expected an integer but found {_shown(value)}")
         return int(value)
 
     def dtype(self) -> DType:
         name = self.name()
         if name not in BY_NAME:
-            raise ParseError(f"unknown dtype {name!r}")
+            raise self.error(f"unknown dtype {name!r}")
         return BY_NAME[name]
 
     def type_(self) -> TensorType:
@@ -96,7 +109,7 @@ class _Parser:
 
     def define(self, name: str, type_: TensorType) -> Var:
         if name in self.env:
-            raise ParseError(f"variable {name!r} is defined twice")
+            raise self.error(f"variable {name!r} is defined twice")
         var = self.env[name] = Var(type_)
         return var
 
@@ -112,7 +125,7 @@ class _Parser:
             return float(text) if re.search(r"[.eE]|inf|nan", text) else int(text)
         if text in ("True", "False"):
             return text == "True"
-        raise ParseError(f"expected a scalar but found {text!r}")
+        raise self.error(f"expected a scalar but found {_shown(text)}")
 
     def atom(self) -> Atom:
         kind, text, line = self.toks.next()
@@ -123,7 +136,7 @@ class _Parser:
             value = self.scalar(kind, text)
             cast = bool if dtype.kind == "bool" else int if dtype.is_int else float
             return Literal(cast(value), TensorType((), dtype))
-        raise ParseError(f"unknown variable or bad literal {text!r} at line {line}")
+        raise ParseError(f"unknown variable or bad literal {_shown(text)} {_at(line)}")
 
     def param_value(self) -> Any:
         kind, text, line = self.toks.next()
@@ -161,20 +174,23 @@ class _Parser:
             inputs.append(self.atom())
         source = self.toks.next()[1][1:].strip() if self.toks.peek()[0] == "comment" else None
         outvars = tuple(self.define(*b) for b in binders)
-        out_type = infer_type(prim, tuple(a.type for a in inputs), params, source)
+        try:
+            out_type = infer_type(prim, tuple(a.type for a in inputs), params, source)
+        except GlueTypeError as err:
+            raise ParseError(f"{err} {_at(line)}") from None
         if len(outvars) != 1 or outvars[0].type != out_type:
             raise ParseError(f"{prim} produces {out_type}, but the text declares "
-                             f"{' '.join(str(v.type) for v in outvars)}")
+                             f"{' '.join(str(v.type) for v in outvars) or 'no result'} {_at(line)}")
         return Eqn(prim, tuple(inputs), params_tuple(params), outvars, source or None)
 
     def graph(self) -> Graph:
         self.toks.expect("{")
         if self.name() != "lambda":
-            raise ParseError("a graph starts with '{ lambda'")
+            raise self.error("a graph starts with '{ lambda'")
         constvars = self.binders_until(";")
         invars = self.binders_until(".")
         if self.name() != "let":
-            raise ParseError("expected 'let' after the arguments")
+            raise self.error("expected 'let' after the arguments")
         eqns = []
         while not (self.toks.peek()[1] == "in" and self.toks.peek(1)[1] == "("):
             if self.toks.peek()[0] == "end":

@@ -41,20 +41,19 @@ def _register(name: str, kind: str, rule: Callable[..., TensorType], variadic: b
 def infer_type(name: str, in_types: tuple[TensorType, ...], params: dict[str, Any],
                source: str | None = None) -> TensorType:
     """The output type of `name` applied to operands of `in_types`; a GlueTypeError if ill-typed."""
+    where = f" {describe_location(source)}" if source else ""
     prim = PRIMITIVES.get(name)
     if prim is None:
-        raise GlueTypeError(f"unknown primitive '{name}' {describe_location(source)}")
+        raise GlueTypeError(f"unknown primitive '{name}'{where}")
     try:
         return prim.rule(*in_types, **params)
     except RuleError as err:
         operands = ", ".join(map(str, in_types)) or "no operands"
         shown = " ".join(f"{k}={v}" for k, v in params.items())
-        raise GlueTypeError(
-            f"{name}{'[' + shown + ']' if shown else ''} on ({operands}): {err} "
-            f"{describe_location(source)}") from None
-    except TypeError as err:  # wrong or missing params
-        raise GlueTypeError(f"{name}: bad parameters {sorted(params)}: {err} "
-                            f"{describe_location(source)}") from None
+        raise GlueTypeError(f"{name}{'[' + shown + ']' if shown else ''} on ({operands}): {err}{where}") from None
+    except TypeError as err:  # a wrong number of operands, or wrong or missing params
+        raise GlueTypeError(f"{name}: bad operands or parameters ({len(in_types)} operands, params "
+                            f"{sorted(params)}): {err}{where}") from None
 
 
 def _require(cond: bool, message: str) -> None:

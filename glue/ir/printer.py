@@ -16,7 +16,7 @@ from typing import Any
 from glue.ir.core import Atom, Graph, Literal, Var
 from glue.ir.dtypes import DType
 
-_KEYWORDS = {"in", "let", "lambda"}
+_KEYWORDS = {"in", "let", "lambda", "inf", "nan"}  # names the parser would read as something else
 _SOURCE_COLUMN = 56
 
 

@@ -4,7 +4,8 @@ Conventions the backends must match: integer `div` truncates toward zero and giv
 divisor, integer `rem` follows the dividend's sign and gives the dividend on a zero divisor,
 float->int conversion truncates and saturates (NaN gives 0), `round` rounds half to even,
 `gather` clamps indices into range, `scatter_add` drops out-of-range indices, and float16 /
-bfloat16 sums, products and contractions accumulate in float32.
+bfloat16 sums, products and contractions accumulate in float32. float16 / bfloat16 math
+functions compute in float32 and round once.
 """
 from __future__ import annotations
 
@@ -38,19 +39,24 @@ _erf = np.frompyfunc(math.erf, 1, 1)
 
 def _logistic(x):
     e = np.exp(-np.abs(x))
-    return np.where(x >= 0, 1 / (1 + e), e / (1 + e)).astype(x.dtype)
+    return np.where(x >= 0, 1 / (1 + e), e / (1 + e))
 
 
-def _rsqrt(x):
-    return (1 / np.sqrt(x)).astype(x.dtype)
+def _math(fn: Callable[[np.ndarray], Any]) -> Callable[[np.ndarray], np.ndarray]:
+    """`fn` evaluated in at least float32 and rounded once to the operand's dtype."""
+    def wrapped(x):
+        wide = x.astype(np.float32) if x.dtype.itemsize < 4 else x
+        return np.asarray(fn(wide), dtype=wide.dtype).astype(x.dtype)
+    return wrapped
 
 
 _UNARY = {
-    "neg": np.negative, "abs": np.abs, "sign": np.sign, "exp": np.exp, "exp2": np.exp2,
-    "log": np.log, "log2": np.log2, "log1p": np.log1p, "expm1": np.expm1, "tanh": np.tanh,
-    "logistic": _logistic, "sqrt": np.sqrt, "rsqrt": _rsqrt, "sin": np.sin, "cos": np.cos,
-    "erf": lambda x: _erf(x).astype(x.dtype), "floor": np.floor, "ceil": np.ceil,
+    "neg": np.negative, "abs": np.abs, "sign": np.sign, "floor": np.floor, "ceil": np.ceil,
     "round": np.round, "not": np.invert,
+    **{name: _math(fn) for name, fn in {
+        "exp": np.exp, "exp2": np.exp2, "log": np.log, "log2": np.log2, "log1p": np.log1p,
+        "expm1": np.expm1, "tanh": np.tanh, "logistic": _logistic, "sqrt": np.sqrt,
+        "rsqrt": lambda x: 1 / np.sqrt(x), "sin": np.sin, "cos": np.cos, "erf": _erf}.items()},
 }
 for _name, _fn in _UNARY.items():
     IMPLS[_name] = _quiet(_fn)
@@ -96,10 +102,13 @@ def _select(pred, on_true, on_false):
 @_impl("convert_element_type")
 def _convert(x, *, new_dtype):
     target = new_dtype.numpy
-    if new_dtype.is_int and x.dtype.kind in "fV" or (new_dtype.is_int and x.dtype == dt.bfloat16.numpy):
+    if new_dtype.is_int and x.dtype.kind in "fV":
         info = np.iinfo(target)
-        wide = np.nan_to_num(x.astype(np.float64), nan=0.0)
-        return np.clip(np.trunc(wide), info.min, info.max).astype(target)
+        limit = 2.0 ** (info.bits - 1)  # the float just past info.max (which int64's is not)
+        t = np.trunc(np.nan_to_num(x.astype(np.float64), nan=0.0))
+        inside = (t >= -limit) & (t < limit)
+        return np.where(inside, np.where(inside, t, 0).astype(target),
+                        np.where(t < 0, info.min, info.max)).astype(target)
     if new_dtype == dt.bool_:
         return x != 0
     return x.astype(target)

@@ -30,8 +30,12 @@ def run_graph(graph: Graph, args: Sequence[Any], float64: bool = False) -> list[
     With `float64`, every floating-point value is computed in float64: the tolerance-free
     ground truth that lower-precision backends are compared against.
     """
+    params_in = graph.constvars + graph.invars
+    if len(args) != len(params_in):
+        raise GlueError(f"run_graph: the graph takes {len(graph.constvars)} constants and "
+                        f"{len(graph.invars)} arguments ({len(params_in)} values), but got {len(args)}")
     env: dict[int, np.ndarray] = {}
-    for var, value in zip(graph.constvars + graph.invars, args):
+    for var, value in zip(params_in, args):
         env[var.id] = np.asarray(value).astype(_widen(var.type.dtype, float64))
 
     def read(atom) -> np.ndarray:
@@ -48,4 +52,5 @@ def run_graph(graph: Graph, args: Sequence[Any], float64: bool = False) -> list[
                             f"{describe_location(eqn.source)}") from err
         var = eqn.outvars[0]
         env[var.id] = np.asarray(out).astype(_widen(var.type.dtype, float64), copy=False)
-    return [np.ascontiguousarray(read(a)) for a in graph.outvars]
+    # ascontiguousarray alone would turn a 0-d result into shape (1,)
+    return [np.ascontiguousarray(read(a)).reshape(a.type.shape) for a in graph.outvars]

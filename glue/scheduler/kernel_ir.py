@@ -16,11 +16,28 @@ and blocks; the scheduler never decides that.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Union
 
 from glue.ir import TensorType
 from glue.ir.dtypes import DType
+
+
+def _hash_once(cls):
+    """Expressions are DAGs whose nodes are shared; a dataclass hash revisits a shared node once
+    per path to it (exponential in the depth), so each node keeps its hash after the first use."""
+    names = tuple(f.name for f in fields(cls))
+
+    def __hash__(self) -> int:
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash(tuple(getattr(self, n) for n in names))
+            object.__setattr__(self, "_hash", h)
+        return h
+
+    cls.__hash__ = __hash__
+    return cls
+
 
 # --- index expressions ----------------------------------------------------------------------
 
@@ -54,6 +71,7 @@ class Clamp:
     size: int
 
 
+@_hash_once
 @dataclass(frozen=True)
 class FromValue:
     """A data-dependent index: the integer value of a scalar expression (gather's indices)."""
@@ -64,6 +82,7 @@ class FromValue:
 IndexAtom = Union[Dim, Div, Mod, Clamp, FromValue]
 
 
+@_hash_once
 @dataclass(frozen=True)
 class Index:
     """An affine combination `sum(coeff * atom) + const` of index atoms."""
@@ -149,6 +168,7 @@ def mod(index: Index, divisor: int, extents: tuple[int, ...]) -> Index:
 # --- scalar expressions ---------------------------------------------------------------------
 
 
+@_hash_once
 @dataclass(frozen=True)
 class Load:
     """Element `index` of input buffer `input`; where `mask` fails, the value `other` instead.
@@ -170,6 +190,7 @@ class Const:
     dtype: DType
 
 
+@_hash_once
 @dataclass(frozen=True)
 class Op:
     """An elementwise IR primitive applied to scalar expressions."""

@@ -13,7 +13,8 @@ from typing import Any, Callable
 from glue.ir import Eqn, Literal
 from glue.ir.core import Atom
 from glue.ir.dtypes import DType
-from glue.scheduler.passes.rewrite import Replacement, Rule, Sweep, derive, fill, splat, stand_in, table_pass
+from glue.scheduler.passes.rewrite import (Replacement, Rule, Sweep, derive, fill, literal, splat, stand_in,
+                                          table_pass)
 
 Value = Callable[[DType], Any]
 
@@ -57,8 +58,6 @@ def _unit(value: Value, left: bool = True) -> Rule:
     def rule(eqn: Eqn, ctx: Sweep) -> Replacement:
         x, y = eqn.inputs
         unit = value(_dtype(eqn))
-        if unit is None:
-            return None
         if _equals(splat(y, ctx), unit):
             return stand_in(x, eqn)
         return stand_in(y, eqn) if left and _equals(splat(x, ctx), unit) else None
@@ -79,7 +78,7 @@ def _idempotent(eqn: Eqn, ctx: Sweep) -> Replacement:
     return stand_in(x, eqn) if _same(x, y) else None
 
 
-def _self_inverse_pair(value: Value) -> Rule:
+def _cancelling(value: Value) -> Rule:
     """op(x, x) is the constant `value` (for dtypes where it is defined)."""
     def rule(eqn: Eqn, ctx: Sweep) -> Replacement:
         x, y = eqn.inputs
@@ -111,6 +110,14 @@ def _empty_reduction(eqn: Eqn, ctx: Sweep) -> Replacement:
     return eqn.inputs[0] if eqn.param_dict["axes"] == () else None
 
 
+def _empty_sum(eqn: Eqn, ctx: Sweep) -> Replacement:
+    # A float sum over no axes still adds its identity +0.0, which turns -0.0 into +0.0.
+    (x,) = eqn.inputs
+    if eqn.param_dict["axes"] != () or not x.type.dtype.is_float:
+        return _empty_reduction(eqn, ctx)
+    return (derive(eqn, "add", (x, literal(0.0, x.type.dtype))),)
+
+
 def _first(*rules: Rule) -> Rule:
     def rule(eqn: Eqn, ctx: Sweep) -> Replacement:
         for r in rules:
@@ -127,7 +134,7 @@ def _ints_only(value: Value) -> Value:
 
 RULES: dict[str, Rule] = {
     "add": _unit(_add_unit),
-    "sub": _first(_unit(_zero, left=False), _self_inverse_pair(_ints_only(_zero))),
+    "sub": _first(_unit(_zero, left=False), _cancelling(_ints_only(_zero))),
     "mul": _first(_unit(_one), _absorbing(_ints_only(_zero))),
     "div": _unit(_one, left=False),
     "pow": _square,
@@ -135,11 +142,11 @@ RULES: dict[str, Rule] = {
     "min": _idempotent,
     "and": _first(_idempotent, _unit(_all_ones), _absorbing(_zero)),
     "or": _first(_idempotent, _unit(_zero), _absorbing(_all_ones)),
-    "xor": _first(_unit(_zero), _self_inverse_pair(_zero)),
+    "xor": _first(_unit(_zero), _cancelling(_zero)),
     "neg": _involution,
     "not": _involution,
     "select": _select,
-    "reduce_sum": _empty_reduction,
+    "reduce_sum": _empty_sum,
     "reduce_prod": _empty_reduction,
     "reduce_max": _empty_reduction,
     "reduce_min": _empty_reduction,

@@ -1,0 +1,396 @@
+"""Kernel IR -> one LLVM function per kernel, for the host CPU.
+
+Every kernel becomes `void name(ptr table, i64 start, i64 end, ptr scratch)`: it processes the
+units [start, end) of its work, so the runtime can split a kernel over threads, reading its
+buffers from the program's buffer table (arguments, outputs, arena; see `program.py`) and
+using `scratch` as per-thread working memory. The table entries are resolved in a small wrapper
+that calls the kernel body with one `noalias` pointer per distinct buffer (an output written
+in place over an input is one pointer), so LLVM knows no store clobbers another buffer.
+
+The loops a kernel becomes depend on its kind:
+- pointwise: units are the elements of the domain; one loop over rows (all dims but the last)
+  around a tight inner loop over the last dim, which LLVM vectorises.
+- reduction (and contraction without the blocked path of `matmul.py`): units are rows. Per row,
+  the reductions and element-level stores are grouped into as few passes over the row as their
+  dependencies allow (a pass cannot use a row value it is computing itself): softmax is one
+  pass for the max, one for the sum and one for the stores. Row-level values are computed once
+  per row, before the pass that needs them; an expensive element value a later pass would
+  recompute (softmax's exp) is kept in scratch instead.
+- data (scatter_add): one unit, run on one thread so the additions happen in a fixed order
+  (the domain's row-major order, as the reference does); output 0 first receives a copy of the
+  `init` input unless both already are the same memory.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from llvmlite import ir
+
+from glue.codegen import reductions
+from glue.codegen.expr import ExprEmitter, convert
+from glue.codegen.loops import loop, nest, unflatten
+from glue.codegen.scope import Analysis, children, hoist
+from glue.codegen.types import I1, I64, from_memory, memory_type, register_type, to_memory
+from glue.ir import dtypes as dt
+from glue.scheduler.kernel_ir import Expr, Kernel, Op, Reduction, Store
+from glue.scheduler.lowering import EXPENSIVE
+
+PTR = ir.PointerType()
+VOID = ir.VoidType()
+SIGNATURE = ir.FunctionType(VOID, [PTR, I64, I64, PTR])
+
+# Scratch kept per thread for values a later pass over a row reuses (bytes, all values together).
+STASH_LIMIT = 256 * 1024
+
+
+@dataclass(frozen=True)
+class Operand:
+    """Where a kernel operand lives: entry `slot` of the buffer table, plus `offset` bytes."""
+
+    slot: int
+    offset: int = 0
+
+
+@dataclass
+class KernelFunction:
+    """A compiled kernel's entry point and how its work may be divided.
+
+    `units` is the number of work units [0, units) the function takes; `row` the number of units
+    that form one contiguous inner loop (chunk boundaries preferably fall on multiples of it);
+    `cost` an estimate of the work (operations) over all units; `scratch_bytes` the per-thread
+    scratch it needs.
+    """
+
+    kernel: Kernel
+    symbol: str
+    units: int
+    row: int
+    cost: float
+    splittable: bool = True
+    scratch_bytes: int = 0
+
+    @property
+    def name(self) -> str:
+        return self.kernel.name
+
+    @property
+    def kind(self) -> str:
+        return self.kernel.kind
+
+
+def cost_per_point(kernel: Kernel) -> float:
+    """Operations per domain point, transcendental functions counted as ten."""
+    seen: set[Expr] = set()
+    total = 0.0
+    stack = [r.value for r in kernel.reductions] + [s.value for s in kernel.stores]
+    while stack:
+        e = stack.pop()
+        if e in seen:
+            continue
+        seen.add(e)
+        if isinstance(e, Op):
+            total += 10.0 if e.primitive in EXPENSIVE else 1.0
+        else:
+            total += 0.5
+        stack.extend(children(e))
+    return max(total, 1.0)
+
+
+def define_wrapper(module: ir.Module, symbol: str, operands: Sequence[Operand]) -> tuple[ir.Function, list[int]]:
+    """The entry point `symbol` (resolving table entries) and the internal body it calls, whose
+    parameters are one noalias pointer per distinct operand location, then start, end and
+    scratch. Returns the body and, per operand, the index of its pointer parameter."""
+    places = list(dict.fromkeys(operands))
+    which = [places.index(o) for o in operands]
+    body = ir.Function(module, ir.FunctionType(VOID, [PTR] * len(places) + [I64, I64, PTR]), f"{symbol}.body")
+    body.linkage = "internal"
+    for arg in list(body.args[:len(places)]) + [body.args[-1]]:
+        arg.add_attribute("noalias")
+    entry = ir.Function(module, SIGNATURE, symbol)
+    b = ir.IRBuilder(entry.append_basic_block("entry"))
+    table, start, end, scratch = entry.args
+    pointers = []
+    for place in places:
+        base = b.load(b.gep(table, [ir.Constant(I64, place.slot)], source_etype=PTR), typ=PTR)
+        pointers.append(b.gep(base, [ir.Constant(I64, place.offset)], source_etype=ir.IntType(8))
+                        if place.offset else base)
+    b.call(body, pointers + [start, end, scratch])
+    b.ret_void()
+    return body, which
+
+
+@dataclass
+class _Level:
+    """One pass over a row: the reductions it computes and the element stores it makes."""
+
+    reductions: list[int] = field(default_factory=list)
+    stores: list[Store] = field(default_factory=list)
+
+
+class KernelBuilder:
+    """Emits one kernel's function into a module."""
+
+    def __init__(self, module: ir.Module, kernel: Kernel, symbol: str, inputs: Sequence[Operand],
+                 outputs: Sequence[Operand]):
+        self.kernel = kernel
+        self.symbol = symbol
+        self.fn, which = define_wrapper(module, symbol, list(inputs) + list(outputs))
+        params = self.fn.args
+        self.in_ptrs = [params[w] for w in which[:len(inputs)]]
+        self.out_ptrs = [params[w] for w in which[len(inputs):]]
+        self.start, self.end, self.scratch = params[-3:]
+        self.b = ir.IRBuilder(self.fn.append_basic_block("entry"))
+        self.shapes = [buf.type.shape for buf in kernel.inputs]
+        self.analysis = Analysis()
+        self.scratch_bytes = 0
+
+    # --- memory ------------------------------------------------------------------------------
+    def load(self, slot: int, offset: ir.Value, dtype: dt.DType) -> ir.Value:
+        ty = memory_type(dtype)
+        at = self.b.gep(self.in_ptrs[slot], [offset], inbounds=True, source_etype=ty)
+        return from_memory(self.b, self.b.load(at, typ=ty), dtype)
+
+    def emitter(self, dims: Sequence[ir.Value | None], outer: ExprEmitter | None = None) -> ExprEmitter:
+        em = ExprEmitter(self.b, dims, self.shapes, self.load)
+        if outer is not None:
+            em.memo = dict(outer.memo)
+            em.rows = outer.rows
+        return em
+
+    def output_address(self, em: ExprEmitter, store: Store) -> ir.Value:
+        buf = self.kernel.outputs[store.output]
+        offset = em.offset(store.index, buf.type.shape)
+        return self.b.gep(self.out_ptrs[store.output], [offset], inbounds=True,
+                          source_etype=memory_type(buf.type.dtype))
+
+    def store(self, em: ExprEmitter, store: Store) -> None:
+        dtype = self.kernel.outputs[store.output].type.dtype
+        value = convert(self.b, em.value(store.value), store.value.dtype, dtype)
+        address = self.output_address(em, store)
+        if store.mode == "set":
+            self.b.store(to_memory(self.b, value, dtype), address)
+            return
+        ok = em.in_bounds(store.mask) if store.mask else ir.Constant(I1, 1)
+        with self.b.if_then(ok):
+            ty = memory_type(dtype)
+            old = from_memory(self.b, self.b.load(address, typ=ty), dtype)
+            new = reductions.combine(self.b, "sum", old, value, dtype)
+            self.b.store(to_memory(self.b, new, dtype), address)
+
+    # --- kinds -------------------------------------------------------------------------------
+    def build(self) -> KernelFunction:
+        k = self.kernel
+        points = math.prod(k.parallel + k.reduce)
+        per_point = cost_per_point(k)
+        with self.b.if_then(self.b.icmp_signed("<", self.start, self.end)):
+            if k.kind == "pointwise":
+                self.pointwise()
+            elif k.kind == "data":
+                self.data()
+            else:
+                self.rows()
+        self.b.ret_void()
+        if k.kind == "pointwise":
+            return KernelFunction(k, self.symbol, math.prod(k.parallel), k.parallel[-1] if k.parallel else 1,
+                                  points * per_point)
+        if k.kind == "data":
+            return KernelFunction(k, self.symbol, 1, 1, points * per_point, splittable=False)
+        return KernelFunction(k, self.symbol, math.prod(k.parallel), 1, points * per_point,
+                              scratch_bytes=self.scratch_bytes)
+
+    def pointwise(self) -> None:
+        k, b = self.kernel, self.b
+        values = [s.value for s in k.stores]
+        if not k.parallel:
+            em = self.emitter([])
+            for s in k.stores:
+                self.store(em, s)
+            return
+        inner = k.parallel[-1]
+        width = ir.Constant(I64, inner)
+        first = b.udiv(self.start, width)
+        last = b.udiv(b.sub(self.end, ir.Constant(I64, 1)), width)
+
+        def row(b: ir.IRBuilder, r: ir.Value, _):
+            base = b.mul(r, width)
+            lo = b.select(b.icmp_signed("==", r, first), b.sub(self.start, base), ir.Constant(I64, 0))
+            hi = b.select(b.icmp_signed("==", r, last), b.sub(self.end, base), width)
+            coords = unflatten(b, r, k.parallel[:-1])
+            outer = self.emitter(coords + [None])
+            hoist(outer, values, self.analysis, frozenset((len(k.parallel) - 1,)))
+
+            def element(b: ir.IRBuilder, j: ir.Value, _):
+                em = self.emitter(coords + [j], outer)
+                for s in k.stores:
+                    self.store(em, s)
+                return []
+            loop(b, lo, hi, element, name="j")
+            return []
+        loop(b, first, b.add(last, ir.Constant(I64, 1)), row, name="row", vectorize=False)
+
+    def data(self) -> None:
+        k, b = self.kernel, self.b
+        if k.init is not None and self.in_ptrs[k.init] is not self.out_ptrs[0]:
+            nbytes = k.outputs[0].type.nbytes
+            b.call(_memcpy(b.module), [self.out_ptrs[0], self.in_ptrs[k.init], ir.Constant(I64, nbytes),
+                                       ir.Constant(I1, 0)])
+
+        def point(b: ir.IRBuilder, coords: list[ir.Value], _):
+            em = self.emitter(coords)
+            for s in k.stores:
+                self.store(em, s)
+            return []
+        nest(b, k.parallel, point, name="i")
+
+    def rows(self) -> None:
+        k = self.kernel
+        p, n_red = len(k.parallel), len(k.reductions)
+        reduce_dims = frozenset(range(p, k.rank))
+        levels = self.levels()
+        stashes = self.stashes(levels, reduce_dims)
+
+        def row(b: ir.IRBuilder, r: ir.Value, _):
+            coords = unflatten(b, r, k.parallel) if k.parallel else []
+            outer = self.emitter(coords + [None] * len(k.reduce))
+            outer.rows = [None] * n_red
+            for depth, level in enumerate(levels):
+                computing = frozenset(level.reductions)
+                exprs = [k.reductions[i].value for i in level.reductions] + [s.value for s in level.stores]
+                hoist(outer, exprs, self.analysis, reduce_dims, computing)
+                accs = self.row_pass(outer, coords, level, stashes, depth)
+                for i, value in zip(level.reductions, accs):
+                    outer.rows[i] = value
+            for s in k.stores:
+                if s.level == "row":
+                    self.store(outer, s)
+            return []
+        loop(self.b, self.start, self.end, row, name="row", vectorize=False)
+
+    def row_pass(self, outer: ExprEmitter, coords: list[ir.Value], level: _Level,
+                 stashes: dict[Expr, tuple[int, int, int]], depth: int) -> list[ir.Value]:
+        """One loop over the reduce dims: folds the level's reductions, makes its stores."""
+        k = self.kernel
+        reds = [k.reductions[i] for i in level.reductions]
+        init = []
+        for r in reds:
+            init.append(reductions.identity(r.op, r.value.dtype))
+            if r.op.startswith("arg"):
+                init.append(ir.Constant(I64, 0))
+        flat_strides = _strides(k.reduce)
+
+        def body(b: ir.IRBuilder, rcoords: list[ir.Value], accs: list[ir.Value]):
+            em = self.emitter(coords + rcoords, outer)
+            flat = _linear(b, rcoords, flat_strides)
+            for e, (first, last, offset) in stashes.items():
+                if first < depth <= last:
+                    em.memo[e] = b.load(self._stash_at(offset, flat, e), typ=register_type(e.dtype))
+            out, it = [], iter(accs)
+            for r in reds:
+                value, acc = em.value(r.value), next(it)
+                if r.op.startswith("arg"):
+                    position = next(it)
+                    wins = reductions.better(b, r.op, value, acc, r.value.dtype)
+                    out += [b.select(wins, value, acc), b.select(wins, rcoords[0], position)]
+                else:
+                    out.append(reductions.combine(b, r.op, acc, value, r.dtype))
+            for e, (first, last, offset) in stashes.items():
+                if first == depth:
+                    b.store(em.value(e), self._stash_at(offset, flat, e))
+            for s in level.stores:
+                self.store(em, s)
+            return out
+        accs = iter(nest(self.b, k.reduce, body, init))
+        results = []
+        for r in reds:
+            value = next(accs)
+            if r.op.startswith("arg"):
+                value = convert(self.b, next(accs), dt.int64, r.dtype)
+            results.append(value)
+        return results
+
+    def _stash_at(self, offset: int, flat: ir.Value, e: Expr) -> ir.Value:
+        base = self.b.gep(self.scratch, [ir.Constant(I64, offset)], source_etype=ir.IntType(8))
+        return self.b.gep(base, [flat], inbounds=True, source_etype=register_type(e.dtype))
+
+    def levels(self) -> list[_Level]:
+        """Reductions and element stores grouped into passes: a pass holds what depends only on
+        row values of earlier passes."""
+        k = self.kernel
+        depth: dict[int, int] = {}
+        for i, r in enumerate(k.reductions):
+            depth[i] = 1 + max((depth[j] for j in self.analysis.uses(r.value).rows), default=-1)
+        passes: dict[int, _Level] = {}
+        for i in range(len(k.reductions)):
+            passes.setdefault(depth[i], _Level()).reductions.append(i)
+        for s in k.stores:
+            if s.level == "element":
+                d = 1 + max((depth[j] for j in self.analysis.uses(s.value).rows), default=-1)
+                passes.setdefault(d, _Level()).stores.append(s)
+        return [passes[d] for d in sorted(passes)]
+
+    def stashes(self, levels: list[_Level], reduce_dims: frozenset[int]) -> dict[Expr, tuple[int, int, int]]:
+        """Expensive element values computed in one pass and needed again in a later one:
+        value -> (pass computing it, last pass using it, scratch offset)."""
+        k = self.kernel
+        length = math.prod(k.reduce)
+        computed: dict[Expr, int] = {}
+        chosen: dict[Expr, tuple[int, int, int]] = {}
+        for depth, level in enumerate(levels):
+            stack = [k.reductions[i].value for i in level.reductions] + [s.value for s in level.stores]
+            seen: set[Expr] = set()
+            while stack:
+                e = stack.pop()
+                if e in seen or not self.analysis.inside(e, reduce_dims):
+                    continue
+                seen.add(e)
+                if e in chosen:
+                    first, _, offset = chosen[e]
+                    chosen[e] = (first, depth, offset)
+                    continue
+                size = -(-length * e.dtype.itemsize // 64) * 64
+                if computed.get(e, depth) < depth and e.dtype in (dt.float32, dt.float64) \
+                        and self.scratch_bytes + size <= STASH_LIMIT and _expensive(e, self.analysis, reduce_dims):
+                    chosen[e] = (computed[e], depth, self.scratch_bytes)
+                    self.scratch_bytes += size
+                    continue
+                computed.setdefault(e, depth)
+                stack.extend(children(e))
+        return chosen
+
+
+def _expensive(e: Expr, analysis: Analysis, dims: frozenset[int]) -> bool:
+    """Whether recomputing `e` per element would run a transcendental function or a division."""
+    stack, seen = [e], set()
+    while stack:
+        x = stack.pop()
+        if x in seen or not analysis.inside(x, dims):
+            continue
+        seen.add(x)
+        if isinstance(x, Op) and (x.primitive in EXPENSIVE or x.primitive == "div" and x.dtype.is_float):
+            return True
+        stack.extend(children(x))
+    return False
+
+
+def _strides(extents: Sequence[int]) -> list[int]:
+    out, acc = [], 1
+    for n in reversed(extents):
+        out.append(acc)
+        acc *= n
+    return out[::-1]
+
+
+def _linear(b: ir.IRBuilder, coords: Sequence[ir.Value], strides: Sequence[int]) -> ir.Value:
+    total: ir.Value = ir.Constant(I64, 0)
+    for c, s in zip(coords, strides):
+        term = c if s == 1 else b.mul(c, ir.Constant(I64, s))
+        total = term if isinstance(total, ir.Constant) else b.add(total, term)
+    return total
+
+
+def _memcpy(module: ir.Module) -> ir.Function:
+    name = "llvm.memcpy.p0.p0.i64"
+    existing = module.globals.get(name)
+    return existing if existing is not None else ir.Function(module, ir.FunctionType(VOID, [PTR, PTR, I64, I1]), name)

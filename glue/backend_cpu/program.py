@@ -1,0 +1,87 @@
+"""A scheduler Plan as one LLVM module, and the buffer table its kernels read their operands from.
+
+The table a call fills has one entry per program argument, one per fresh output, then the
+arena: a value's memory-plan placement becomes a (table slot, byte offset) pair compiled into
+the kernels that touch it, so one call builds one small table and every kernel reads from it.
+Each graph output is then either a fresh output buffer, a donated argument's buffer, a copy of an
+argument (an output that is an input), or a literal.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from llvmlite import ir
+
+from glue.backend_cpu.kernels import KernelBuilder, KernelFunction, Operand
+from glue.backend_cpu.matmul import blocked_contraction
+from glue.backend_cpu.target import host
+from glue.ir import Literal, TensorType
+from glue.scheduler.memory import Placement
+from glue.scheduler.plan import Plan
+
+
+@dataclass(frozen=True)
+class Result:
+    """How to produce graph output `i`: kind is output | donated | argument | literal."""
+
+    kind: str
+    slot: int
+    type: TensorType
+    value: Any = None
+
+
+@dataclass
+class Program:
+    plan: Plan
+    llvm_ir: str
+    functions: list[KernelFunction]
+    arg_types: list[TensorType]
+    output_types: list[TensorType]
+    results: list[Result]
+
+    @property
+    def arena_slot(self) -> int:
+        return len(self.arg_types) + len(self.output_types)
+
+
+def _operand(p: Placement, n_args: int, arena_slot: int) -> Operand:
+    if p.kind == "arena":
+        return Operand(arena_slot, p.slot)
+    return Operand(n_args + p.slot if p.kind == "output" else p.slot)
+
+
+def _symbol(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_]", "_", name)
+
+
+def build_program(plan: Plan, name: str = "fn") -> Program:
+    """Generate the module for `plan`: one function per kernel (see `kernels.py`)."""
+    graph, memory = plan.graph, plan.memory
+    args = list(graph.constvars) + list(graph.invars)
+    placements = memory.placements
+    outputs = sorted((p for p in placements.values() if p.kind == "output"), key=lambda p: p.slot)
+    output_types = [p.type for p in outputs]
+    arena_slot = len(args) + len(outputs)
+    module = ir.Module(name=_symbol(name))
+    functions = []
+    vector_bits = host().vector_bits
+    for i, kernel in enumerate(plan.kernels):
+        inputs = [_operand(placements[b.value_id], len(args), arena_slot) for b in kernel.inputs]
+        outs = [_operand(placements[b.value_id], len(args), arena_slot) for b in kernel.outputs]
+        symbol = f"glue_{_symbol(name)}_{i}_{_symbol(kernel.name)}"[:120]
+        built = None
+        if kernel.kind == "contraction":
+            built = blocked_contraction(module, kernel, symbol, inputs, outs, vector_bits)
+        if built is None:
+            built = KernelBuilder(module, kernel, symbol, inputs, outs).build()
+        functions.append(built)
+    results = []
+    for a in graph.outvars:
+        if isinstance(a, Literal):
+            results.append(Result("literal", -1, a.type, a.value))
+            continue
+        p = placements[a.id]
+        results.append(Result(p.kind, p.slot, a.type))
+    return Program(plan, str(module), functions, [v.type for v in args], output_types, results)

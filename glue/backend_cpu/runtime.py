@@ -1,0 +1,216 @@
+"""Running a compiled Program: buffers, the buffer table, and kernels split over threads.
+
+A call converts its arguments to contiguous NumPy arrays, allocates the outputs, takes a
+workspace (the arena plus per-thread scratch; reused across calls, one per concurrent call),
+fills the buffer table and runs the kernels in order. A kernel with enough work is split into
+one chunk per core: the calling thread runs the first chunk and pool threads the others
+(ctypes releases the GIL for the call). Splitting never changes results: every unit (an
+element, or a whole row of a reduction) is computed by exactly one thread with the same code.
+Small kernels run inline, since waking a thread costs about 10 µs.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from glue.backend_cpu.kernels import KernelFunction
+from glue.backend_cpu.program import Program
+from glue.backend_cpu.target import LoadedCode
+from glue.errors import BackendError
+from glue.frontend.array import Array
+
+# Work (estimated operations, see kernels.cost_per_point) below which a kernel runs on the
+# calling thread: about 20 µs of vectorised work, twice the cost of waking a pool thread.
+PARALLEL_THRESHOLD = 150_000
+ALIGN = 64
+
+_ENTRY = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p)
+
+
+def thread_count() -> int:
+    """Threads a kernel is split over: GLUE_CPU_THREADS, else the cores this process may use."""
+    chosen = os.environ.get("GLUE_CPU_THREADS")
+    if chosen:
+        return max(1, int(chosen))
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+class _Worker:
+    """A thread that runs one task at a time, handed over through a pair of locks."""
+
+    def __init__(self) -> None:
+        self._go = threading.Lock()
+        self._done = threading.Lock()
+        self._go.acquire()
+        self._done.acquire()
+        self._task: tuple = ()
+        self._error: BaseException | None = None
+        threading.Thread(target=self._run, daemon=True, name="glue-cpu-worker").start()
+
+    def _run(self) -> None:
+        while True:
+            self._go.acquire()
+            fn, *args = self._task
+            try:
+                fn(*args)
+            except BaseException as exc:  # handed to the caller by wait()
+                self._error = exc
+            self._done.release()
+
+    def start(self, *task: Any) -> None:
+        self._task = task
+        self._go.release()
+
+    def wait(self) -> None:
+        self._done.acquire()
+        error, self._error = self._error, None
+        if error is not None:
+            raise error
+
+
+class _Pool:
+    """Worker threads shared by every executable; one caller uses them at a time (a second
+    concurrent caller runs its chunks inline rather than wait)."""
+
+    def __init__(self) -> None:
+        self._busy = threading.Lock()
+        self._workers: list[_Worker] = []
+
+    def run(self, fn: Any, table: Any, chunks: Sequence[tuple[int, int]], scratch: int, stride: int) -> None:
+        if len(chunks) == 1 or not self._busy.acquire(blocking=False):
+            for c, (lo, hi) in enumerate(chunks):
+                fn(table, lo, hi, scratch + c * stride)
+            return
+        try:
+            while len(self._workers) < len(chunks) - 1:
+                self._workers.append(_Worker())
+            helpers = self._workers[:len(chunks) - 1]
+            for c, worker in enumerate(helpers, start=1):
+                lo, hi = chunks[c]
+                worker.start(fn, table, lo, hi, scratch + c * stride)
+            try:
+                fn(table, chunks[0][0], chunks[0][1], scratch)
+            finally:
+                for worker in helpers:
+                    worker.wait()
+        finally:
+            self._busy.release()
+
+
+_pool = _Pool()
+
+
+def split(function: KernelFunction, threads: int) -> list[tuple[int, int]]:
+    """Chunks of a kernel's units, one per thread when the kernel is worth splitting; chunk
+    boundaries fall on whole rows when there are enough rows, else on 64-unit multiples."""
+    units = function.units
+    if not function.splittable or threads == 1 or function.cost < PARALLEL_THRESHOLD or units < 2:
+        return [(0, units)]
+    grain = function.row if units // function.row >= threads else min(64, function.row)
+    blocks = -(-units // grain)
+    parts = min(threads, blocks)
+    bounds = [min(units, (blocks * c // parts) * grain) for c in range(parts + 1)]
+    return [(lo, hi) for lo, hi in zip(bounds, bounds[1:]) if hi > lo]
+
+
+@dataclass(frozen=True)
+class MemoryAnalysis:
+    """Bytes a call needs: arguments, fresh outputs, the arena of intermediates (peak is their
+    sum), against one buffer per value; scratch is the per-thread working memory on top."""
+
+    peak_bytes: int
+    naive_bytes: int
+    arena_bytes: int
+    argument_bytes: int
+    output_bytes: int
+    scratch_bytes: int
+
+
+@dataclass(frozen=True)
+class CostAnalysis:
+    """Estimated work of one call: floating-point operations (a multiply-add counts two;
+    transcendental functions are counted apart), and bytes the kernels read and write."""
+
+    flops: float
+    transcendentals: float
+    bytes_accessed: float
+
+
+class _Workspace:
+    def __init__(self, arena: int, scratch: int, chunks: int):
+        self.stride = -(-scratch // ALIGN) * ALIGN
+        size = -(-arena // ALIGN) * ALIGN + self.stride * chunks + ALIGN
+        self.buffer = np.empty(size + ALIGN, np.uint8)
+        base = self.buffer.ctypes.data
+        self.arena = -(-base // ALIGN) * ALIGN
+        self.scratch = self.arena + -(-arena // ALIGN) * ALIGN
+
+
+class Executable:
+    """A compiled program: call it with the arguments (constvars' values, then invars')."""
+
+    def __init__(self, program: Program, code: LoadedCode, cost: CostAnalysis):
+        self.program = program
+        self._code = code
+        self._cost = cost
+        self.kernels: list[KernelFunction] = list(program.functions)
+        self.threads = thread_count()
+        self._steps = [(code.function(f.symbol, None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+                                      ctypes.c_void_p), split(f, self.threads)) for f in self.kernels]
+        self._scratch = max((f.scratch_bytes for f in self.kernels), default=0)
+        self._free: list[_Workspace] = []
+        self._dtypes = [t.dtype.numpy for t in program.arg_types]
+
+    def _arguments(self, args: Sequence[Any]) -> list[np.ndarray]:
+        types = self.program.arg_types
+        if len(args) != len(types):
+            raise BackendError(f"cpu: the program takes {len(types)} arguments, got {len(args)}")
+        arrays = []
+        for a, t, dtype in zip(args, types, self._dtypes):
+            x = np.asarray(a, dtype=dtype, order="C")
+            if x.shape != t.shape:
+                raise BackendError(f"cpu: argument {len(arrays)} has shape {x.shape}; the program "
+                                   f"was compiled for {t}")
+            arrays.append(x)
+        return arrays
+
+    def __call__(self, *args: Any) -> list[Array]:
+        arrays = self._arguments(args)
+        outputs = [np.empty(t.shape, t.dtype.numpy) for t in self.program.output_types]
+        space = self._free.pop() if self._free else _Workspace(
+            self.program.plan.memory.arena_bytes, self._scratch, self.threads)
+        try:
+            table = (ctypes.c_void_p * (len(arrays) + len(outputs) + 1))(
+                *[x.ctypes.data for x in arrays], *[x.ctypes.data for x in outputs], space.arena)
+            for fn, chunks in self._steps:
+                _pool.run(fn, table, chunks, space.scratch, space.stride)
+        finally:
+            self._free.append(space)
+        return [Array(self._result(r, arrays, outputs)) for r in self.program.results]
+
+    @staticmethod
+    def _result(r, arrays: list[np.ndarray], outputs: list[np.ndarray]) -> np.ndarray:
+        if r.kind == "output":
+            return outputs[r.slot]
+        if r.kind == "literal":
+            return np.full(r.type.shape, r.value, r.type.dtype.numpy)
+        source = arrays[r.slot]
+        if r.kind == "argument":
+            return source.copy()
+        return source.reshape(-1).view(r.type.dtype.numpy).reshape(r.type.shape)
+
+    def memory_analysis(self) -> MemoryAnalysis:
+        m = self.program.plan.memory
+        return MemoryAnalysis(m.peak_bytes, m.naive_bytes, m.arena_bytes, m.argument_bytes,
+                              m.output_bytes, self._scratch * self.threads)
+
+    def cost_analysis(self) -> CostAnalysis:
+        return self._cost

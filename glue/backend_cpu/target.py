@@ -1,0 +1,127 @@
+"""The host target: LLVM IR text -> optimised native object code -> callable machine code.
+
+Code is generated for the CPU this process runs on (its name and features, so that llvm.fma is
+an instruction and the vectoriser may use the widest vector unit), optimised at O3 through the
+new pass manager with loop and SLP vectorisation, and loaded with MCJIT from object code, the
+same way whether the object was just compiled or came from the disk cache (`cache.py`).
+LLVM's global state is not thread-safe, so every call into it holds `_lock`.
+"""
+from __future__ import annotations
+
+import ctypes
+import threading
+from dataclasses import dataclass
+from functools import lru_cache
+
+import llvmlite
+import llvmlite.binding as llvm
+
+from glue.backend_cpu import cache
+from glue.errors import BackendError
+
+_lock = threading.RLock()
+
+
+@dataclass(frozen=True)
+class HostTarget:
+    """What code is generated for: part of every cache key."""
+
+    triple: str
+    cpu: str
+    features: str
+
+    @property
+    def vector_bits(self) -> int:
+        """The width of the widest vector registers the features allow."""
+        flags = set(self.features.split(","))
+        return 512 if "+avx512f" in flags else 256 if "+avx" in flags else 128
+
+    @property
+    def fingerprint(self) -> str:
+        return f"{self.triple}|{self.cpu}|{self.features}|llvmlite {llvmlite.__version__}|O3"
+
+    def machine(self) -> llvm.TargetMachine:
+        """A fresh target machine (an MCJIT engine takes ownership of the one it is given)."""
+        target = llvm.Target.from_triple(self.triple)
+        return target.create_target_machine(cpu=self.cpu, features=self.features, opt=3,
+                                            codemodel="jitdefault")
+
+
+@lru_cache(maxsize=None)
+def host() -> HostTarget:
+    """The host CPU; raises BackendError when LLVM cannot target it."""
+    with _lock:
+        try:
+            llvm.initialize_native_target()
+            llvm.initialize_native_asmprinter()
+            triple = llvm.get_process_triple()
+            target = HostTarget(triple, llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten())
+            target.machine()
+        except RuntimeError as exc:
+            raise BackendError(f"cpu: LLVM cannot generate code for this host: {exc}") from None
+    return target
+
+
+def _optimised(ir_text: str, machine: llvm.TargetMachine) -> llvm.ModuleRef:
+    try:
+        module = llvm.parse_assembly(ir_text)
+        module.verify()
+    except RuntimeError as exc:
+        raise BackendError(f"cpu: the generated LLVM IR is invalid: {exc}") from None
+    module.triple = machine.triple
+    module.data_layout = str(machine.target_data)
+    tuning = llvm.create_pipeline_tuning_options(speed_level=3)
+    tuning.loop_vectorization = True
+    tuning.slp_vectorization = True
+    tuning.loop_interleaving = True
+    tuning.loop_unrolling = True
+    passes = llvm.create_pass_builder(machine, tuning)
+    passes.getModulePassManager().run(module, passes)
+    return module
+
+
+def optimised_ir(ir_text: str) -> str:
+    """The module after the O3 pipeline, as text."""
+    with _lock:
+        return str(_optimised(ir_text, host().machine()))
+
+
+def assembly(ir_text: str) -> str:
+    """The host assembly of a module (optimised exactly as for execution)."""
+    with _lock:
+        machine = host().machine()
+        return machine.emit_assembly(_optimised(ir_text, machine))
+
+
+def object_code(ir_text: str) -> tuple[bytes, bool]:
+    """Native object code for a module, from the disk cache when it holds it; and whether it did."""
+    target = host()
+    key = cache.key(ir_text, target.fingerprint)
+    cached = cache.load(key)
+    if cached is not None:
+        return cached, True
+    with _lock:
+        machine = target.machine()
+        code = machine.emit_object(_optimised(ir_text, machine))
+    cache.store(key, code)
+    return code, False
+
+
+class LoadedCode:
+    """Machine code loaded into this process; keeps it alive while referenced."""
+
+    def __init__(self, code: bytes):
+        with _lock:
+            machine = host().machine()
+            empty = llvm.parse_assembly("")
+            empty.triple = machine.triple
+            self._engine = llvm.create_mcjit_compiler(empty, machine)
+            self._engine.add_object_file(llvm.ObjectFileRef.from_data(code))
+            self._engine.finalize_object()
+
+    def function(self, name: str, restype, *argtypes) -> ctypes._CFuncPtr:
+        with _lock:
+            address = self._engine.get_function_address(name)
+        if not address:
+            raise BackendError(f"cpu: compiled code lacks the function {name!r}")
+        return ctypes.CFUNCTYPE(restype, *argtypes)(address)

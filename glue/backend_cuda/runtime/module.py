@@ -1,0 +1,302 @@
+"""PTX modules: JIT-compiled once, cached in memory and on disk, and their kernels launched.
+
+`ModuleCache.load(ptx)` compiles PTX to a cubin with the driver's JIT linker (errors come back
+with ptxas's log), keeps the loaded module in memory and the cubin on disk, keyed by a hash of
+the PTX, the device's arch and the driver version, so a later process skips the JIT.
+
+Each kernel's parameter list is read from its PTX `.entry`, so a launch checks the argument count
+and packs the values with one precompiled `struct` call into a parameter block whose pointer
+array was built once; `cuLaunchKernel` then gets that array's address as a plain int (the
+cheapest `kernelParams` form cuda.bindings accepts; benchmarks/cuda_launch.py times the others).
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import re
+import struct
+import tempfile
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Sequence
+
+from glue.backend_cuda.runtime import driver as drv
+
+if TYPE_CHECKING:
+    from glue.backend_cuda.runtime.context import Context
+    from glue.backend_cuda.runtime.stream import Stream
+
+_LOG_BYTES = 1 << 16
+# Synchronise after every launch so that a fault is reported by the launch that caused it.
+LAUNCH_BLOCKING = os.environ.get("GLUE_CUDA_LAUNCH_BLOCKING", "") not in ("", "0")
+
+# PTX parameter type -> struct format; `.ptr`-qualified u64 params take device pointers.
+_FORMATS = {"u8": "B", "s8": "b", "b8": "B", "u16": "H", "s16": "h", "b16": "H", "f16": "e",
+            "u32": "I", "s32": "i", "b32": "I", "f32": "f", "u64": "Q", "s64": "q", "b64": "Q",
+            "f64": "d"}
+_ENTRY = re.compile(r"\.entry\s+([\w$]+)\s*\(([^)]*)\)")
+
+
+@dataclass(frozen=True)
+class Param:
+    """One kernel parameter as PTX declares it: `.param .u64 .ptr .global .align 1 k_param_0`."""
+
+    ptx_type: str
+    pointer: bool = False
+    count: int = 1          # elements of an array parameter (`.b8 p[16]`: a struct by value)
+    align: int = 0          # 0: the type's own size
+
+    @property
+    def format(self) -> str:
+        return f"{self.count}s" if self.count > 1 else _FORMATS[self.ptx_type]
+
+
+def _parse_param(text: str) -> Param:
+    tokens = text.split()
+    at = next(i for i, t in enumerate(tokens) if t[1:] in _FORMATS)
+    # `.align` before the type aligns the parameter; after it (with `.ptr`) it is the pointee's.
+    align = int(tokens[tokens.index(".align") + 1]) if ".align" in tokens[:at] else 0
+    count = re.search(r"\[(\d+)\]$", tokens[-1])
+    return Param(tokens[at][1:], ".ptr" in tokens, int(count.group(1)) if count else 1, align)
+
+
+def entry_params(ptx: str) -> dict[str, tuple[Param, ...]]:
+    """The kernels a PTX module defines and their parameters, in order."""
+    return {name: tuple(_parse_param(p) for p in body.split(",") if p.strip())
+            for name, body in _ENTRY.findall(ptx)}
+
+
+class ArgPack:
+    """A kernel's parameters in C memory: a value block and the `void*[]` cuLaunchKernel reads.
+
+    The driver copies the values when the launch is queued, so one pack can be refilled and
+    launched again right away.
+    """
+
+    __slots__ = ("_struct", "_block", "_argv", "address", "_pointer_slots")
+
+    def __init__(self, params: Sequence[Param]):
+        fmt, offsets, offset = "<", [], 0
+        for p in params:
+            size = struct.calcsize("<" + p.format)
+            align = p.align or size
+            pad = -offset % align
+            fmt += "x" * pad + p.format
+            offsets.append(offset + pad)
+            offset += pad + size
+        self._struct = struct.Struct(fmt)
+        self._block = ctypes.create_string_buffer(max(offset, 1))
+        base = ctypes.addressof(self._block)
+        self._argv = (ctypes.c_void_p * max(len(params), 1))(*(base + o for o in offsets))
+        self.address = ctypes.addressof(self._argv) if params else 0
+        self._pointer_slots = tuple(i for i, p in enumerate(params) if p.pointer)
+
+    def pack(self, args: Sequence[Any]) -> None:
+        """Write `args` into the block; pointer params take ints or objects with a `ptr`."""
+        if self._pointer_slots:
+            args = list(args)
+            for i in self._pointer_slots:
+                if args[i].__class__ is not int:
+                    args[i] = args[i].ptr
+        self._struct.pack_into(self._block, 0, *args)
+
+
+class Kernel:
+    """A `__global__` function of a loaded module."""
+
+    def __init__(self, module: Module, name: str, handle: int, params: tuple[Param, ...]):
+        if not handle:
+            raise drv.CudaUsageError(f"cuda: kernel {name!r} has a null function handle")
+        self.module, self.name, self.handle, self.params = module, name, handle, params
+        self._pack = ArgPack(params)
+        self._lock = threading.Lock()
+        self._shared_limit = 48 << 10  # dynamic shared memory allowed without opting in
+        self._launch = drv.load().cuLaunchKernel
+
+    def launch(self, grid: int | tuple[int, ...], block: int | tuple[int, ...],
+               args: Sequence[Any] = (), stream: Stream | None = None, shared_mem: int = 0) -> None:
+        """Queue the kernel on `stream` (the context's default stream if None)."""
+        gx, gy, gz = (grid, 1, 1) if grid.__class__ is int else (*grid, 1, 1)[:3]
+        bx, by, bz = (block, 1, 1) if block.__class__ is int else (*block, 1, 1)[:3]
+        if shared_mem > self._shared_limit:
+            self._allow_shared(shared_mem)
+        stream = stream or self.module.ctx.stream
+        with self._lock:
+            self._fill(self._pack, args)
+            err, = self._launch(self.handle, gx, gy, gz, bx, by, bz, shared_mem, stream.handle,
+                                self._pack.address, 0)
+            if err:
+                self._check((gx, gy, gz), (bx, by, bz), shared_mem, stream, self._pack, err)
+        if LAUNCH_BLOCKING:
+            drv.check(drv.load().cuStreamSynchronize(stream.handle), "cuStreamSynchronize", self.name)
+
+    def bind(self, args: Sequence[Any]) -> ArgPack:
+        """A parameter pack of its own holding `args`, to launch again and again without
+        repacking (`launch_packed`): e.g. every step of a loop over the same buffers."""
+        return self._fill(ArgPack(self.params), args)
+
+    def launch_packed(self, pack: ArgPack, grid: tuple[int, int, int], block: tuple[int, int, int],
+                      stream: Stream, shared_mem: int = 0) -> None:
+        """The leanest launch: a pack from `bind`, full 3-d dims, an explicit stream."""
+        if shared_mem > self._shared_limit:
+            self._allow_shared(shared_mem)
+        err, = self._launch(self.handle, *grid, *block, shared_mem, stream.handle, pack.address, 0)
+        if err:
+            self._check(grid, block, shared_mem, stream, pack, err)
+
+    def attributes(self) -> dict[str, int]:
+        """Registers per thread, local (spill) and static shared bytes, max threads per block."""
+        driver = drv.load()
+        a = driver.CUfunction_attribute
+        names = {"registers": a.CU_FUNC_ATTRIBUTE_NUM_REGS,
+                 "local_bytes": a.CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES,
+                 "shared_bytes": a.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
+                 "max_threads_per_block": a.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK}
+        return {k: drv.call(driver.cuFuncGetAttribute, v, self.handle, kernel=self.name)
+                for k, v in names.items()}
+
+    def _allow_shared(self, nbytes: int) -> None:
+        driver = drv.load()
+        attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+        drv.call(driver.cuFuncSetAttribute, self.handle, attr, nbytes, kernel=self.name)
+        self._shared_limit = nbytes
+
+    def _signature(self) -> str:
+        return ", ".join("ptr" if p.pointer else p.ptx_type for p in self.params)
+
+    def _fill(self, pack: ArgPack, args: Sequence[Any]) -> ArgPack:
+        """Pack `args`, raising an error naming the kernel when they do not fit its parameters."""
+        if len(args) != len(self.params):
+            raise drv.CudaUsageError(f"cuda: kernel {self.name!r} takes {len(self.params)} arguments "
+                                     f"({self._signature()}), got {len(args)}")
+        try:
+            pack.pack(args)
+        except (struct.error, AttributeError, TypeError) as exc:
+            given = ", ".join(type(a).__name__ for a in args)
+            raise drv.CudaUsageError(f"cuda: the arguments ({given}) of kernel {self.name!r} do not "
+                                     f"fit its parameters ({self._signature()}): {exc}") from None
+        return pack
+
+    def _check(self, grid, block, shared_mem, stream, pack, err) -> None:
+        """Handle a failed launch: a host thread that never used the context makes it current
+        and launches again; anything else raises."""
+        if err.name == "CUDA_ERROR_INVALID_CONTEXT":
+            self.module.ctx.make_current(force=True)
+            err, = self._launch(self.handle, *grid, *block, shared_mem, stream.handle, pack.address, 0)
+        if err:
+            raise drv.error_for("cuLaunchKernel", err, self.name,
+                                f"grid={grid} block={block} shared_mem={shared_mem} on {stream}")
+
+    def __repr__(self) -> str:
+        return f"Kernel({self.name!r}, {len(self.params)} params)"
+
+
+class Module:
+    """A loaded CUDA module and its kernels."""
+
+    def __init__(self, ctx: Context, handle: int, ptx: str, key: str):
+        self.ctx, self.handle, self.key = ctx, handle, key
+        self._params = entry_params(ptx)
+        self._kernels: dict[str, Kernel] = {}
+
+    @property
+    def kernel_names(self) -> list[str]:
+        return list(self._params)
+
+    def get_function(self, name: str) -> Kernel:
+        kernel = self._kernels.get(name)
+        if kernel is None:
+            if name not in self._params:
+                raise drv.CudaUsageError(f"cuda: no kernel {name!r} in this module; it defines "
+                                         f"{self.kernel_names}")
+            handle = drv.call(drv.load().cuModuleGetFunction, self.handle, name.encode(), kernel=name)
+            kernel = self._kernels[name] = Kernel(self, name, int(handle), self._params[name])
+        return kernel
+
+
+def default_cache_dir() -> str | None:
+    """`$GLUE_CACHE_DIR/cuda` (default `~/.cache/glue/cuda`); an empty GLUE_CACHE_DIR turns the
+    disk cache off."""
+    root = os.environ.get("GLUE_CACHE_DIR", os.path.join("~", ".cache", "glue"))
+    return os.path.join(os.path.expanduser(root), "cuda") if root else None
+
+
+class ModuleCache:
+    """Loaded modules of one context, by PTX; compiled cubins on disk."""
+
+    def __init__(self, ctx: Context, disk_dir: str | None = "default"):
+        self.ctx = ctx
+        self.disk_dir = default_cache_dir() if disk_dir == "default" else disk_dir
+        self._modules: dict[str, Module] = {}
+        self._lock = threading.Lock()
+        self.counts = {"memory_hits": 0, "disk_hits": 0, "compiles": 0, "loads": 0}
+
+    def key(self, ptx: str) -> str:
+        digest = hashlib.sha256(ptx.encode()).hexdigest()[:40]
+        return f"{digest}-{self.ctx.device.arch}-{drv.version()}"
+
+    def load(self, ptx: str, name: str = "glue") -> Module:
+        """The module for `ptx`, compiling and loading it only the first time."""
+        key = self.key(ptx)
+        with self._lock:
+            module = self._modules.get(key)
+            if module is not None:
+                self.counts["memory_hits"] += 1
+                return module
+            cubin = self._read_disk(key)
+            if cubin is None:
+                cubin = self._compile(ptx, name)
+                self._write_disk(key, cubin)
+            else:
+                self.counts["disk_hits"] += 1
+            self.ctx.make_current()
+            handle = drv.call(drv.load().cuModuleLoadData, cubin, kernel=name)
+            self.counts["loads"] += 1
+            module = self._modules[key] = Module(self.ctx, int(handle), ptx, key)
+            return module
+
+    def _compile(self, ptx: str, name: str) -> bytes:
+        """PTX -> cubin with the driver's JIT linker; a failure carries ptxas's error log."""
+        driver = drv.load()
+        self.ctx.make_current()
+        opt = driver.CUjit_option
+        errors = bytearray(_LOG_BYTES)  # must outlive the link state: the driver writes into it
+        state = drv.call(driver.cuLinkCreate, 2,
+                         [opt.CU_JIT_ERROR_LOG_BUFFER, opt.CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES],
+                         [errors, _LOG_BYTES])
+        try:
+            data = ptx.encode() + b"\0"
+            call, result = "cuLinkAddData", driver.cuLinkAddData(
+                state, driver.CUjitInputType.CU_JIT_INPUT_PTX, data, len(data), f"{name}.ptx".encode(),
+                0, None, None)
+            if not result[0]:
+                call, result = "cuLinkComplete", driver.cuLinkComplete(state)
+            if result[0]:
+                log = bytes(errors).split(b"\0", 1)[0].decode(errors="replace").strip()
+                raise drv.error_for(call, result[0], name, f"JIT log:\n{log}" if log else "")
+            self.counts["compiles"] += 1
+            return ctypes.string_at(int(result[1]), result[2])
+        finally:
+            driver.cuLinkDestroy(state)
+
+    def _read_disk(self, key: str) -> bytes | None:
+        if not self.disk_dir:
+            return None
+        try:
+            with open(os.path.join(self.disk_dir, key + ".cubin"), "rb") as f:
+                return f.read()
+        except OSError:
+            return None
+
+    def _write_disk(self, key: str, cubin: bytes) -> None:
+        """Best effort: an unwritable cache directory only costs a JIT next time."""
+        if not self.disk_dir:
+            return
+        try:
+            os.makedirs(self.disk_dir, exist_ok=True)
+            with tempfile.NamedTemporaryFile(dir=self.disk_dir, delete=False) as f:
+                f.write(cubin)
+            os.replace(f.name, os.path.join(self.disk_dir, key + ".cubin"))
+        except OSError:
+            pass

@@ -1,0 +1,334 @@
+"""Kernel IR scalar expressions -> LLVM IR, shared by the CPU and NVPTX targets.
+
+An `ExprEmitter` emits the value of an expression at one point of a kernel's domain: the target
+supplies the domain indices (i64 values), the row values of finished reductions, and how to load
+an element of an input buffer. Everything emitted is straight-line and branch-free, so loops
+around it vectorise on the CPU. Primitive semantics match `glue.reference.impls` exactly
+(integer division by zero, saturating float->int conversion, NaN-propagating max/min, ...).
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from llvmlite import ir
+
+from glue.codegen import mathlib
+from glue.codegen.types import I1, I64, F32, constant, register_type
+from glue.ir import dtypes as dt
+from glue.ir.dtypes import DType
+from glue.scheduler.kernel_ir import (Clamp, Const, Dim, Div, Expr, FromValue, InBounds, Index,
+                                      IndexValue, Load, Mod, Op, RowValue)
+
+LoadFn = Callable[[int, ir.Value, DType], ir.Value]  # (input slot, flat element offset) -> value
+
+
+def strides(shape: Sequence[int]) -> list[int]:
+    out, acc = [], 1
+    for n in reversed(shape):
+        out.append(acc)
+        acc *= n
+    return out[::-1]
+
+
+class ExprEmitter:
+    """Emits expressions at one domain point; values are memoised within that point."""
+
+    def __init__(self, builder: ir.IRBuilder, dims: Sequence[ir.Value], input_shapes: Sequence[tuple[int, ...]],
+                 load: LoadFn, rows: Sequence[ir.Value] = ()):
+        self.b = builder
+        self.dims = list(dims)
+        self.input_shapes = input_shapes
+        self.load_element = load
+        self.rows = list(rows)
+        self.memo: dict[object, ir.Value] = {}
+
+    # --- indices ---------------------------------------------------------------------------
+    def index(self, index: Index) -> ir.Value:
+        total: ir.Value = ir.Constant(I64, index.const)
+        for atom, coeff in index.terms:
+            term = self.atom(atom)
+            if coeff != 1:
+                term = self.b.mul(term, ir.Constant(I64, coeff))
+            total = term if _is_zero(total) else self.b.add(total, term)
+        return total
+
+    def atom(self, atom) -> ir.Value:
+        if isinstance(atom, Dim):
+            return self.dims[atom.k]
+        if isinstance(atom, Div):
+            return _floor_div(self.b, self.index(atom.index), atom.divisor)
+        if isinstance(atom, Mod):
+            i = self.index(atom.index)
+            return self.b.sub(i, self.b.mul(_floor_div(self.b, i, atom.divisor), ir.Constant(I64, atom.divisor)))
+        if isinstance(atom, Clamp):
+            i = self.index(atom.index)
+            low = self.b.select(self.b.icmp_signed("<", i, ir.Constant(I64, 0)), ir.Constant(I64, 0), i)
+            top = ir.Constant(I64, atom.size - 1)
+            return self.b.select(self.b.icmp_signed(">", low, top), top, low)
+        assert isinstance(atom, FromValue)
+        value = self.value(atom.value)
+        return value if value.type == I64 else self.b.sext(value, I64)
+
+    def in_bounds(self, mask) -> ir.Value:
+        ok: ir.Value = ir.Constant(I1, 1)
+        for index, lo, hi in mask:
+            i = self.index(index)
+            # One unsigned compare checks lo <= i < hi.
+            shifted = self.b.sub(i, ir.Constant(I64, lo))
+            ok = self.b.and_(ok, self.b.icmp_unsigned("<", shifted, ir.Constant(I64, hi - lo)))
+        return ok
+
+    def offset(self, index: Sequence[Index], shape: Sequence[int]) -> ir.Value:
+        flat = Index()
+        for i, s in zip(index, strides(shape)):
+            flat = flat + i * s
+        return self.index(flat)
+
+    # --- values ----------------------------------------------------------------------------
+    def value(self, e: Expr) -> ir.Value:
+        if e not in self.memo:
+            self.memo[e] = _EMIT[type(e)](self, e)
+        return self.memo[e]
+
+    def _load(self, e: Load) -> ir.Value:
+        offset = self.offset(e.index, self.input_shapes[e.input])
+        if not e.mask:
+            return self.load_element(e.input, offset, e.dtype)
+        ok = self.in_bounds(e.mask)
+        safe = self.b.select(ok, offset, ir.Constant(I64, 0))
+        return self.b.select(ok, self.load_element(e.input, safe, e.dtype), constant(e.dtype, e.other))
+
+    def _const(self, e: Const) -> ir.Value:
+        return constant(e.dtype, e.value)
+
+    def _index_value(self, e: IndexValue) -> ir.Value:
+        return convert(self.b, self.index(e.index), dt.int64, e.dtype)
+
+    def _in_bounds(self, e: InBounds) -> ir.Value:
+        return self.in_bounds(e.mask)
+
+    def _row(self, e: RowValue) -> ir.Value:
+        return self.rows[e.k]
+
+    def _op(self, e: Op) -> ir.Value:
+        args = [self.value(a) for a in e.args]
+        return OP_RULES[e.primitive](self.b, args, [a.dtype for a in e.args], e)
+
+
+_EMIT = {Load: ExprEmitter._load, Const: ExprEmitter._const, IndexValue: ExprEmitter._index_value,
+         InBounds: ExprEmitter._in_bounds, RowValue: ExprEmitter._row, Op: ExprEmitter._op}
+
+
+def _is_zero(v: ir.Value) -> bool:
+    return isinstance(v, ir.Constant) and v.constant == 0
+
+
+def _floor_div(b: ir.IRBuilder, i: ir.Value, d: int) -> ir.Value:
+    """floor(i / d) for d > 0 (sdiv truncates toward zero)."""
+    q = b.sdiv(i, ir.Constant(I64, d))
+    adjust = b.and_(b.icmp_signed("<", i, ir.Constant(I64, 0)),
+                    b.icmp_signed("!=", b.mul(q, ir.Constant(I64, d)), i))
+    return b.sub(q, b.zext(adjust, I64))
+
+
+# --- conversions ------------------------------------------------------------------------------
+
+def convert(b: ir.IRBuilder, x: ir.Value, src: DType, dst: DType) -> ir.Value:
+    """`x` (a register value of dtype `src`) converted to `dst`, as the reference does."""
+    if src == dst:
+        return x
+    to = register_type(dst)
+    if dst == dt.bool_:
+        return b.fcmp_unordered("une", x, ir.Constant(x.type, 0.0)) if src.is_float else \
+            b.icmp_unsigned("!=", x, ir.Constant(x.type, 0))
+    if src == dt.bool_:
+        return b.uitofp(x, to) if dst.is_float else b.zext(x, to)
+    if src.is_int and dst.is_int:
+        return b.sext(x, to) if to.width > x.type.width else b.trunc(x, to) if to.width < x.type.width else x
+    if src.is_int:
+        return _round_float(b, b.sitofp(x, to), dst)
+    if dst.is_int:
+        return b.call(intrinsic(b.module, "llvm.fptosi.sat", to, [x.type], [to, x.type]), [x])
+    widened = b.fpext(x, to) if _width(to) > _width(x.type) else b.fptrunc(x, to) if _width(to) < _width(x.type) else x
+    return _round_float(b, widened, dst)
+
+
+def _width(t: ir.Type) -> int:
+    return {ir.HalfType: 16, ir.FloatType: 32, ir.DoubleType: 64}[type(t)]
+
+
+def _round_float(b: ir.IRBuilder, x: ir.Value, dtype: DType) -> ir.Value:
+    """Round a float32 register value to a 16-bit float's precision (still held as float32)."""
+    if dtype == dt.float16:
+        return b.fpext(b.fptrunc(x, ir.HalfType()), F32)
+    if dtype == dt.bfloat16:
+        from glue.codegen.types import I32, round_to_bf16_bits
+
+        bits = b.zext(round_to_bf16_bits(b, x), I32)
+        return b.bitcast(b.shl(bits, ir.Constant(I32, 16)), F32)
+    return x
+
+
+# --- elementwise primitives ----------------------------------------------------------------------
+
+def _is_float(dtypes) -> bool:
+    return dtypes[0].is_float
+
+
+def _arith(float_op: str, int_op: str):
+    def rule(b, args, dtypes, e):
+        out = getattr(b, float_op if _is_float(dtypes) else int_op)(*args)
+        return _round_float(b, out, e.dtype)
+    return rule
+
+
+def _int_div(b, x, y, zero_result, minus_one_result, op):
+    zero, minus_one = ir.Constant(x.type, 0), ir.Constant(x.type, -1)
+    y_zero, y_m1 = b.icmp_signed("==", y, zero), b.icmp_signed("==", y, minus_one)
+    safe = b.select(b.or_(y_zero, y_m1), ir.Constant(x.type, 1), y)
+    q = getattr(b, op)(x, safe)
+    return b.select(y_zero, zero_result(x), b.select(y_m1, minus_one_result(x), q))
+
+
+def _div(b, args, dtypes, e):
+    x, y = args
+    if _is_float(dtypes):
+        return _round_float(b, b.fdiv(x, y), e.dtype)
+    return _int_div(b, x, y, lambda x: ir.Constant(x.type, -1), lambda x: b.neg(x), "sdiv")
+
+
+def _rem(b, args, dtypes, e):
+    x, y = args
+    if _is_float(dtypes):
+        return _round_float(b, _fmod(b, x, y), e.dtype)
+    return _int_div(b, x, y, lambda x: x, lambda x: ir.Constant(x.type, 0), "srem")
+
+
+def _fmod(b, x, y):
+    """C fmod, exactly: x - trunc(x / y) * y is inexact, so use LLVM's frem."""
+    return b.frem(x, y)
+
+
+def _fcall(b, name, *args):
+    t = args[0].type
+    return b.call(intrinsic(b.module, name, t, [t] * len(args), [t]), list(args))
+
+
+def _suffix(t: ir.Type) -> str:
+    if isinstance(t, ir.VectorType):
+        return f"v{t.count}{_suffix(t.element)}"
+    if isinstance(t, ir.IntType):
+        return f"i{t.width}"
+    return {ir.HalfType: "f16", ir.FloatType: "f32", ir.DoubleType: "f64"}[type(t)]
+
+
+def intrinsic(module: ir.Module, name: str, ret: ir.Type, args: Sequence[ir.Type],
+              overloads: Sequence[ir.Type]) -> ir.Function:
+    """The declaration of an overloaded LLVM intrinsic, e.g. llvm.fptosi.sat.i32.f32."""
+    full = ".".join([name] + [_suffix(t) for t in overloads])
+    existing = module.globals.get(full)
+    return existing if existing is not None else ir.Function(module, ir.FunctionType(ret, args), full)
+
+
+def _maxmin(ordered: str, signed: str):
+    def rule(b, args, dtypes, e):
+        x, y = args
+        if _is_float(dtypes):
+            # NumPy: x when x >= y (resp. <=) or x is NaN, else y (so NaN in y propagates too).
+            keep_x = b.or_(b.fcmp_ordered(ordered, x, y), b.fcmp_unordered("uno", x, x))
+            return b.select(keep_x, x, y)
+        cmp = b.icmp_unsigned(ordered, x, y) if dtypes[0] == dt.bool_ else b.icmp_signed(ordered, x, y)
+        return b.select(cmp, x, y)
+    return rule
+
+
+def _compare(op: str):
+    def rule(b, args, dtypes, e):
+        x, y = args
+        if _is_float(dtypes):
+            return b.fcmp_unordered(op, x, y) if op == "!=" else b.fcmp_ordered(op, x, y)
+        return b.icmp_unsigned(op, x, y) if dtypes[0] == dt.bool_ else b.icmp_signed(op, x, y)
+    return rule
+
+
+def _neg(b, args, dtypes, e):
+    return b.fneg(args[0]) if _is_float(dtypes) else b.neg(args[0])
+
+
+def _abs(b, args, dtypes, e):
+    x = args[0]
+    if _is_float(dtypes):
+        return _fcall(b, "llvm.fabs", x)
+    return b.select(b.icmp_signed("<", x, ir.Constant(x.type, 0)), b.neg(x), x)
+
+
+def _sign(b, args, dtypes, e):
+    x = args[0]
+    zero = ir.Constant(x.type, 0.0 if _is_float(dtypes) else 0)
+    one, minus = ir.Constant(x.type, 1.0 if _is_float(dtypes) else 1), ir.Constant(x.type, -1.0 if _is_float(dtypes) else -1)
+    gt = b.fcmp_ordered(">", x, zero) if _is_float(dtypes) else b.icmp_signed(">", x, zero)
+    lt = b.fcmp_ordered("<", x, zero) if _is_float(dtypes) else b.icmp_signed("<", x, zero)
+    return b.select(gt, one, b.select(lt, minus, x))
+
+
+def _not(b, args, dtypes, e):
+    return b.not_(args[0])
+
+
+def _bitwise(op: str):
+    return lambda b, args, dtypes, e: getattr(b, op)(*args)
+
+
+def _select(b, args, dtypes, e):
+    return b.select(*args)
+
+
+def _convert(b, args, dtypes, e):
+    return convert(b, args[0], dtypes[0], e.dtype)
+
+
+def _rounding(intrinsic: str):
+    return lambda b, args, dtypes, e: _fcall(b, intrinsic, args[0])
+
+
+def _math(name: str):
+    def rule(b, args, dtypes, e):
+        return _round_float(b, mathlib.emit_unary(b, name, args[0]), e.dtype)
+    return rule
+
+
+def _pow(b, args, dtypes, e):
+    x, y = args
+    if _is_float(dtypes):
+        return _round_float(b, mathlib.emit_pow(b, x, y), e.dtype)
+    return _int_pow(b, x, y)
+
+
+def _int_pow(b, x, y):
+    """x**y for integers by square-and-multiply over every exponent bit; negative y as the
+    reference: 1 for x == 1, +-1 for x == -1, else 0."""
+    one = ir.Constant(x.type, 1)
+    result, base, exp = one, x, y
+    for _ in range(x.type.width - 1):
+        bit = b.trunc(exp, I1)
+        result = b.select(bit, b.mul(result, base), result)
+        base = b.mul(base, base)
+        exp = b.lshr(exp, one)
+    negative = b.icmp_signed("<", y, ir.Constant(x.type, 0))
+    odd = b.trunc(y, I1)
+    minus_one = b.select(odd, ir.Constant(x.type, -1), one)
+    neg_result = b.select(b.icmp_signed("==", x, one), one,
+                          b.select(b.icmp_signed("==", x, ir.Constant(x.type, -1)), minus_one, ir.Constant(x.type, 0)))
+    return b.select(negative, neg_result, result)
+
+
+OP_RULES: dict[str, Callable] = {
+    "add": _arith("fadd", "add"), "sub": _arith("fsub", "sub"), "mul": _arith("fmul", "mul"),
+    "div": _div, "rem": _rem, "pow": _pow, "max": _maxmin(">=", ">="), "min": _maxmin("<=", "<="),
+    "eq": _compare("=="), "ne": _compare("!="), "lt": _compare("<"), "le": _compare("<="),
+    "gt": _compare(">"), "ge": _compare(">="),
+    "and": _bitwise("and_"), "or": _bitwise("or_"), "xor": _bitwise("xor"), "not": _not,
+    "neg": _neg, "abs": _abs, "sign": _sign, "select": _select, "convert_element_type": _convert,
+    "floor": _rounding("llvm.floor"), "ceil": _rounding("llvm.ceil"), "round": _rounding("llvm.rint"),
+    **{name: _math(name) for name in mathlib.UNARY_FUNCTIONS},
+}

@@ -1,0 +1,103 @@
+"""Counted loops in LLVM IR, in the shape LLVM's loop passes expect.
+
+`loop` emits `for i in [lo, hi)` as a guarded, rotated loop (preheader, one header with the
+induction variable and the loop-carried values as phis, a latch that tests the next index),
+which LLVM recognises, vectorises and unrolls. Constant bounds need no guard.
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from llvmlite import ir
+
+from glue.codegen.types import I1, I64
+
+Body = Callable[[ir.IRBuilder, ir.Value, list[ir.Value]], Sequence[ir.Value]]
+
+
+def _const(v: ir.Value) -> int | None:
+    return v.constant if isinstance(v, ir.Constant) and isinstance(v.constant, int) else None
+
+
+def loop(b: ir.IRBuilder, lo: ir.Value | int, hi: ir.Value | int, body: Body,
+         carried: Sequence[ir.Value] = (), name: str = "i", vectorize: bool = True) -> list[ir.Value]:
+    """Run `body(b, i, values)` for i in [lo, hi), threading `carried` values through it (the
+    body returns their next values); the builder ends after the loop, and the result is the
+    carried values after the last iteration (the initial ones when the loop runs no times).
+    `vectorize=False` tells LLVM not to vectorise this loop (an outer loop whose inner loops
+    are the ones to vectorise)."""
+    lo = ir.Constant(I64, lo) if isinstance(lo, int) else lo
+    hi = ir.Constant(I64, hi) if isinstance(hi, int) else hi
+    first, last = _const(lo), _const(hi)
+    static = first is not None and last is not None
+    if static and first >= last:
+        return list(carried)
+    fn = b.function
+    pre = b.block
+    head = fn.append_basic_block(f"{name}.body")
+    done = fn.append_basic_block(f"{name}.done")
+    if static:
+        b.branch(head)
+    else:
+        b.cbranch(b.icmp_signed("<", lo, hi), head, done)
+    b.position_at_end(head)
+    i = b.phi(I64, name=name)
+    i.add_incoming(lo, pre)
+    phis = []
+    for v in carried:
+        phi = b.phi(v.type)
+        phi.add_incoming(v, pre)
+        phis.append(phi)
+    new = list(body(b, i, phis))
+    following = b.add(i, ir.Constant(I64, 1), flags=("nuw", "nsw"))
+    latch = b.block
+    i.add_incoming(following, latch)
+    for phi, v in zip(phis, new):
+        phi.add_incoming(v, latch)
+    branch = b.cbranch(b.icmp_signed("<", following, hi), head, done)
+    if not vectorize:
+        branch.set_metadata("llvm.loop", _no_vectorize(b.module))
+    b.position_at_end(done)
+    if static:
+        return new
+    out = []
+    for v, start in zip(new, carried):
+        phi = b.phi(v.type)
+        phi.add_incoming(start, pre)
+        phi.add_incoming(v, latch)
+        out.append(phi)
+    return out
+
+
+def _no_vectorize(module: ir.Module) -> ir.MDValue:
+    """A fresh loop ID (loop IDs refer to themselves and must be unique) disabling vectorisation."""
+    flag = module.add_metadata([ir.MetaDataString(module, "llvm.loop.vectorize.enable"), ir.Constant(I1, 0)])
+    unique = module.add_metadata([ir.MetaDataString(module, "glue.loop"), ir.Constant(I64, len(module.metadata))])
+    loop_id = module.add_metadata([flag, unique])
+    loop_id.operands = (loop_id,) + loop_id.operands
+    return loop_id
+
+
+def nest(b: ir.IRBuilder, extents: Sequence[int], body: Callable[[ir.IRBuilder, list[ir.Value], list[ir.Value]], Sequence[ir.Value]],
+         carried: Sequence[ir.Value] = (), name: str = "r") -> list[ir.Value]:
+    """Nested loops over [0, n) for each extent, outermost first; `body(b, indices, values)`."""
+    def level(k: int, outer: list[ir.Value], values: list[ir.Value]) -> list[ir.Value]:
+        if k == len(extents):
+            return list(body(b, outer, values))
+        return loop(b, 0, extents[k], lambda b, i, vs: level(k + 1, outer + [i], vs), values, f"{name}{k}")
+    return level(0, [], list(carried))
+
+
+def unflatten(b: ir.IRBuilder, flat: ir.Value, extents: Sequence[int]) -> list[ir.Value]:
+    """Row-major coordinates of a flat index over `extents` (division by constants only)."""
+    coords: list[ir.Value] = []
+    rest = flat
+    for k, n in reversed(list(enumerate(extents))):
+        if k == 0:
+            coords.append(rest)
+        elif n == 1:
+            coords.append(ir.Constant(I64, 0))
+        else:
+            coords.append(b.urem(rest, ir.Constant(I64, n)))
+            rest = b.udiv(rest, ir.Constant(I64, n))
+    return coords[::-1]

@@ -1,0 +1,59 @@
+"""`glue.stop_gradient`, and the traces transforms record functions in.
+
+The IR has no stop-gradient primitive, and none is needed: a transform (grad, vjp, jvp, vmap)
+traces the function it transforms into a trace of its own, registered here. Inside such a
+trace, `stop_gradient(x)` returns a fresh *constant input* of the trace whose value is marked
+`Stopped(x)`: "whatever x turns out to be". Derivatives never flow into constants, so the cut
+is exact, and every transform's interpreter resolves the constant to x's value when it reaches
+it (`Env.read`), re-applying `stop_gradient` in the context it emits into, so the cut survives
+nesting (vmap of grad, grad of grad, ...). In a `jit` trace, or outside any trace, nothing
+differentiates the value and `stop_gradient` is the identity; a jitted function called inside
+a transform is traced through, so its `stop_gradient` calls land in the transform's trace.
+"""
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from glue.errors import GlueError
+from glue.frontend.pytree import tree_map
+from glue.frontend.tracing import Trace, Tracer, current_trace, trace_flat
+from glue.ir import Atom, ClosedGraph, TensorType, Var
+
+_TRANSFORM_TRACES: "weakref.WeakSet[Trace]" = weakref.WeakSet()
+
+
+@dataclass(frozen=True, eq=False)
+class Stopped:
+    """The value of a constant that stands for `source` with its derivative cut."""
+
+    source: Atom
+
+
+def trace_for_transform(fn: Callable[..., Sequence[Any]], in_types: Sequence[TensorType],
+                        name: str) -> ClosedGraph:
+    """`trace_flat`, in a trace where `stop_gradient` records its cuts."""
+    def registered(*args: Any) -> Sequence[Any]:
+        _TRANSFORM_TRACES.add(current_trace())
+        return fn(*args)
+
+    return trace_flat(registered, in_types, name)
+
+
+def stop_gradient(x: Any) -> Any:
+    """`x` (a pytree of arrays) with no derivative: grad, vjp and jvp treat it as a constant."""
+    return tree_map(_stop_leaf, x)
+
+
+def _stop_leaf(x: Any) -> Any:
+    if not isinstance(x, Tracer) or x.trace not in _TRANSFORM_TRACES or not x.aval.dtype.is_float:
+        return x
+    trace = x.trace
+    if not trace.active:
+        raise GlueError(f"stop_gradient got a traced value of {x.aval} that escaped the trace of "
+                        f"{trace.name} it belongs to (stored in a global or closure?)")
+    var = Var(x.aval)
+    trace.constvars.append(var)
+    trace.consts.append(Stopped(trace.to_atom(x)))
+    return Tracer(trace, var)

@@ -1,0 +1,136 @@
+"""`glue.nn`: activations, the softmax family, normalisations and a loss (named as in `jax.nn`
+where it has the function).
+
+Each is a short composition of `glue.numpy` functions and IR primitives, written so that the
+scheduler sees its natural kernel: softmax, log_softmax, layer_norm, rms_norm and cross_entropy
+are a few reductions over the same rows of one input with elementwise work around them.
+Normalisations and the loss compute in float32 when given float16 / bfloat16.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import glue.numpy as gnp
+from glue.frontend.tracing import bind, type_of
+from glue.ir import dtypes as dt
+from glue.numpy import _fail
+
+
+def _floating(x: Any) -> Any:
+    """x, with integers and booleans turned into float32."""
+    x = gnp.asarray(x)
+    return x if type_of(x).dtype.is_float else gnp.astype(x, dt.DEFAULT_FLOAT)
+
+
+def _at_least_f32(x: Any) -> Any:
+    x = _floating(x)
+    return gnp.astype(x, dt.float32) if type_of(x).dtype.bits < 32 else x
+
+
+def relu(x: Any) -> Any:
+    return gnp.maximum(x, 0)
+
+
+def sigmoid(x: Any) -> Any:
+    return bind("logistic", _floating(x))
+
+
+def silu(x: Any) -> Any:
+    x = _floating(x)
+    return gnp.multiply(x, sigmoid(x))
+
+
+swish = silu
+
+
+def gelu(x: Any, approximate: bool = True) -> Any:
+    """x * Phi(x); `approximate` uses the tanh form (JAX's default), else the exact erf form."""
+    x = _floating(x)
+    if approximate:
+        inner = gnp.multiply(math.sqrt(2 / math.pi), gnp.add(x, gnp.multiply(0.044715, gnp.power(x, 3))))
+        return gnp.multiply(gnp.multiply(0.5, x), gnp.add(1, gnp.tanh(inner)))
+    cdf = gnp.add(1, bind("erf", gnp.multiply(x, 1 / math.sqrt(2))))
+    return gnp.multiply(gnp.multiply(0.5, x), cdf)
+
+
+def softplus(x: Any) -> Any:
+    return gnp.logaddexp(x, 0)
+
+
+def log_sigmoid(x: Any) -> Any:
+    return gnp.negative(softplus(gnp.negative(x)))
+
+
+def softmax(x: Any, axis: Any = -1) -> Any:
+    """exp(x) / sum(exp(x)) along `axis`, shifted by the maximum so nothing overflows."""
+    x = _floating(x)
+    unnormalized = gnp.exp(gnp.subtract(x, gnp.max(x, axis, keepdims=True)))
+    return gnp.true_divide(unnormalized, gnp.sum(unnormalized, axis, keepdims=True))
+
+
+def log_softmax(x: Any, axis: Any = -1) -> Any:
+    x = _floating(x)
+    shifted = gnp.subtract(x, gnp.max(x, axis, keepdims=True))
+    return gnp.subtract(shifted, gnp.log(gnp.sum(gnp.exp(shifted), axis, keepdims=True)))
+
+
+def logsumexp(x: Any, axis: Any = None, keepdims: bool = False) -> Any:
+    """log(sum(exp(x))) along `axis`, stable for large inputs and for all -inf rows."""
+    x = _floating(x)
+    peak = gnp.max(x, axis, keepdims=True)
+    peak = gnp.where(gnp.isfinite(peak), peak, 0)  # an all -inf (or +inf) row shifts by nothing
+    out = gnp.add(gnp.log(gnp.sum(gnp.exp(gnp.subtract(x, peak)), axis, keepdims=True)), peak)
+    return out if keepdims else gnp.squeeze(out, axis)
+
+
+def one_hot(x: Any, num_classes: int, *, dtype: Any = gnp.float32, axis: int = -1) -> Any:
+    """1 where the new `axis` equals the label, else 0; out-of-range labels give all zeros."""
+    x = gnp.asarray(x)
+    axis = gnp._axis("one_hot", x, axis, x.ndim + 1)
+    labels = gnp.expand_dims(x, axis)
+    shape = labels.shape[:axis] + (num_classes,) + labels.shape[axis + 1:]
+    index_dtype = gnp.to_dtype(labels.dtype)
+    classes = bind("iota", dtype=index_dtype if index_dtype.is_int else dt.DEFAULT_INT, shape=shape,
+                   dimension=axis)
+    return gnp.astype(gnp.equal(labels, classes), dtype)
+
+
+def layer_norm(x: Any, weight: Any = None, bias: Any = None, *, axis: Any = -1,
+               eps: float = 1e-5) -> Any:
+    """(x - mean) / sqrt(var + eps) * weight + bias over `axis`, in x's dtype."""
+    out_dtype = _floating(x).dtype
+    x = _at_least_f32(x)
+    centered = gnp.subtract(x, gnp.mean(x, axis, keepdims=True))
+    variance = gnp.mean(gnp.multiply(centered, centered), axis, keepdims=True)
+    y = gnp.multiply(centered, bind("rsqrt", gnp.add(variance, eps)))
+    y = y if weight is None else gnp.multiply(y, weight)
+    y = y if bias is None else gnp.add(y, bias)
+    return gnp.astype(y, out_dtype)
+
+
+def rms_norm(x: Any, weight: Any = None, *, axis: Any = -1, eps: float = 1e-6) -> Any:
+    """x / sqrt(mean(x^2) + eps) * weight over `axis`, in x's dtype."""
+    out_dtype = _floating(x).dtype
+    x = _at_least_f32(x)
+    y = gnp.multiply(x, bind("rsqrt", gnp.add(gnp.mean(gnp.multiply(x, x), axis, keepdims=True), eps)))
+    y = y if weight is None else gnp.multiply(y, weight)
+    return gnp.astype(y, out_dtype)
+
+
+def cross_entropy(logits: Any, labels: Any) -> Any:
+    """Mean over all rows of -log softmax(logits)[label]; `labels` are class indices with the
+    shape of logits without its last (class) axis. float32 (float64 for float64 logits).
+
+    The label's logit is picked by a select against an iota rather than a gather, so the three
+    row reductions (max, sum of exp, the pick) read the logits in one pass.
+    """
+    logits, labels = _at_least_f32(logits), gnp.asarray(labels)
+    if labels.shape != logits.shape[:-1] or not gnp.to_dtype(labels.dtype).is_int:
+        raise _fail("cross_entropy", "labels must be integers with the shape of logits minus its "
+                                     "last axis", logits, labels)
+    shifted = gnp.subtract(logits, gnp.max(logits, -1, keepdims=True))
+    log_total = gnp.log(gnp.sum(gnp.exp(shifted), -1))
+    classes = bind("iota", dtype=gnp.to_dtype(labels.dtype), shape=logits.shape, dimension=logits.ndim - 1)
+    picked = gnp.sum(gnp.where(gnp.equal(classes, gnp.expand_dims(labels, -1)), shifted, 0), -1)
+    return gnp.mean(gnp.subtract(log_total, picked))

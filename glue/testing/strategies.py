@@ -1,0 +1,584 @@
+"""Hypothesis strategies for testing glue and functions written with it.
+
+`shapes`, `dtypes` and `arrays` draw inputs (finite, of moderate magnitude, never all zeros;
+bfloat16 through ml_dtypes). `programs` draws random well-typed Graphs over every primitive of
+the IR, and `graph_inputs` draws inputs for one; the pair agrees with the float64 reference
+within tolerance by construction (see `glue.testing.numerics`), and shrinks to small programs.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
+from hypothesis import strategies as st
+
+from glue.errors import GlueError
+from glue.ir import PRIMITIVES, Eqn, Graph, Literal, TensorType, Var, infer_type, params_tuple
+from glue.ir import dtypes as dt
+from glue.ir.core import Atom
+from glue.ir.dtypes import DType
+from glue.testing.numerics import (FLOAT_BITS, FLOAT_MAX, INT_RANGE, Facts, derive, input_facts,
+                                   literal_facts, within_tolerance)
+
+# Shrinking moves toward the front of this order.
+_DTYPE_ORDER = (dt.float32, dt.int32, dt.bool_, dt.bfloat16, dt.float16, dt.int64, dt.float64)
+_KINDS = ("float", "int", "bool")
+_MAGNITUDE_LIMIT = 64.0  # no value grows past this: f16 cannot overflow, errors stay small
+_GRID_LITERALS = (0.5, 2.0, -1.0, 1.5, -0.25, 3.0)
+
+
+def shapes(min_rank: int = 0, max_rank: int = 3, min_side: int = 1,
+           max_side: int = 4) -> st.SearchStrategy[tuple[int, ...]]:
+    """Array shapes of `min_rank`..`max_rank` axes, each of `min_side`..`max_side` elements."""
+    return st.lists(st.integers(min_side, max_side), min_size=min_rank, max_size=max_rank).map(tuple)
+
+
+def dtypes(kinds: Iterable[str] = _KINDS) -> st.SearchStrategy[DType]:
+    """glue dtypes of the given kinds ("float", "int", "bool"); shrinks toward float32."""
+    kinds = set(kinds)
+    unknown = kinds - set(_KINDS)
+    if unknown:
+        raise GlueError(f"dtypes(kinds=...): unknown kinds {sorted(unknown)}; use {_KINDS}")
+    return st.sampled_from([d for d in _DTYPE_ORDER if d.kind in kinds])
+
+
+def elements(dtype: Any, exact: bool = False) -> st.SearchStrategy[Any]:
+    """Scalars for arrays of `dtype`: moderate and finite. With `exact`, floats are multiples of
+    1/8 in [-4, 4] and ints lie in [-2, 5] (what `graph_inputs` uses); otherwise floats also
+    take arbitrary values of that range (rounded to `dtype` later) and ints lie in [-8, 8]."""
+    dtype = dt.from_numpy(dtype)
+    if dtype == dt.bool_:
+        return st.booleans()
+    if dtype.is_int:
+        return st.integers(*INT_RANGE) if exact else st.integers(-8, 8)
+    k = int(FLOAT_MAX * 2 ** FLOAT_BITS)
+    grid = st.integers(-k, k).map(lambda i: i / 2 ** FLOAT_BITS)
+    if exact:
+        return grid
+    # No subnormals: targets that flush them to zero are not wrong.
+    anywhere = st.floats(-FLOAT_MAX, FLOAT_MAX, width=32).map(lambda v: 0.0 if abs(v) < 2 ** -10 else v)
+    return st.one_of(grid, anywhere)
+
+
+_elements_of = elements
+
+
+def arrays(dtype: Any, shape: Any, elements: st.SearchStrategy[Any] | None = None) -> st.SearchStrategy[np.ndarray]:
+    """NumPy arrays of `dtype` and `shape` (each a value or a strategy), never all zeros."""
+    @st.composite
+    def draw_array(draw) -> np.ndarray:
+        d = dt.from_numpy(draw(dtype) if isinstance(dtype, st.SearchStrategy) else dtype)
+        s = tuple(draw(shape) if isinstance(shape, st.SearchStrategy) else shape)
+        values = draw(st.lists(_elements_of(d) if elements is None else elements, min_size=math.prod(s), max_size=math.prod(s)))
+        array = np.array(values, dtype=np.float64 if d.is_float else d.numpy).astype(d.numpy).reshape(s)
+        if array.size and not array.any():
+            array.flat[0] = 1
+        return array
+
+    return draw_array()
+
+
+# --- random programs ------------------------------------------------------------------------
+
+class _Refused(Exception):
+    """The step would make an ill-typed, too large or ill-conditioned program; undo it."""
+
+
+class _TooLarge(_Refused):
+    """The result's magnitude bound passes `_MAGNITUDE_LIMIT`; taming operands may help."""
+
+
+@dataclass(frozen=True)
+class _Config:
+    dtypes: tuple[DType, ...]
+    primitives: frozenset[str]
+    max_eqns: int
+    max_rank: int
+    max_side: int
+    math_ulps: float
+    scale: float
+
+    @property
+    def max_size(self) -> int:
+        return self.max_side ** self.max_rank
+
+
+class _Builder:
+    """A program under construction: the values defined so far and what is known about them."""
+
+    def __init__(self, draw: Callable[[st.SearchStrategy[Any]], Any], cfg: _Config):
+        self.draw = draw
+        self.cfg = cfg
+        self.invars: list[Var] = []
+        self.eqns: list[Eqn] = []
+        self.values: list[Var] = []
+        self.facts: dict[int, Facts] = {}
+
+    def add_input(self, type_: TensorType) -> None:
+        var = Var(type_)
+        self.invars.append(var)
+        self.values.append(var)
+        self.facts[var.id] = input_facts(type_.dtype)
+
+    def facts_of(self, atom: Atom) -> Facts:
+        return literal_facts(atom.value) if isinstance(atom, Literal) else self.facts[atom.id]
+
+    def exact(self, atom: Atom) -> bool:
+        return self.facts_of(atom).exact
+
+    def op(self, primitive: str, *inputs: Atom, tame: Sequence[int] = (), **params: Any) -> Var:
+        """Append `primitive[params] inputs`; if the result could grow too large, retry once
+        with the operands at positions `tame` shrunk to magnitude 1."""
+        try:
+            return self._emit(primitive, inputs, params)
+        except _TooLarge:
+            if not tame:
+                raise
+            return self._emit(primitive, tuple(self.tame(a) if i in tame else a for i, a in enumerate(inputs)),
+                              params)
+
+    def _emit(self, primitive: str, inputs: tuple[Atom, ...], params: dict[str, Any]) -> Var:
+        types = tuple(a.type for a in inputs)
+        out = infer_type(primitive, types, params)
+        if out.size > self.cfg.max_size:
+            raise _Refused
+        facts = derive(primitive, [self.facts_of(a) for a in inputs], types, out, params, self.cfg.math_ulps)
+        if facts.mag > _MAGNITUDE_LIMIT:
+            raise _TooLarge
+        if not within_tolerance(facts, self.cfg.scale):
+            raise _Refused
+        var = Var(out)
+        self.eqns.append(Eqn(primitive, inputs, params_tuple(params), (var,)))
+        self.values.append(var)
+        self.facts[var.id] = facts
+        return var
+
+    def tame(self, x: Atom) -> Atom:
+        """`x` brought to magnitude <= 1 (floats through tanh, ints through `rem 2`)."""
+        if isinstance(x, Literal) or x.type.dtype == dt.bool_ or self.facts_of(x).mag <= 1:
+            return x
+        if x.type.dtype.is_float:
+            return self._emit("tanh", (x,), {})
+        return self._emit("rem", (x, Literal(2, TensorType((), x.type.dtype))), {})
+
+    def choose(self, candidates: Sequence[Any]) -> Any:
+        if not candidates:
+            raise _Refused
+        return candidates[self.draw(st.integers(0, len(candidates) - 1))]
+
+    def literal(self, dtype: DType, positive: bool = False) -> Literal:
+        if dtype == dt.bool_:
+            value: Any = self.draw(st.booleans())
+        elif dtype.is_int:
+            value = self.draw(st.integers(1 if positive else INT_RANGE[0], INT_RANGE[1]))
+        else:
+            value = self.draw(st.sampled_from(_GRID_LITERALS))
+            value = abs(value) if positive else value
+        return Literal(value, TensorType((), dtype))
+
+    def partner(self, x: Atom, ok: Callable[[Atom], bool] = lambda v: True) -> Atom:
+        """A second elementwise operand for `x`: a value of its dtype and shape, a rank-0
+        value of its dtype, or a literal (the last choice)."""
+        cands = [v for v in self.values if v.type.dtype == x.type.dtype and ok(v)
+                 and (v.type.shape == x.type.shape or v.type.ndim == 0 or x.type.ndim == 0)]
+        i = self.draw(st.integers(0, len(cands)))
+        return cands[i] if i < len(cands) else self.literal(x.type.dtype)
+
+    def new_shape(self, min_rank: int = 1) -> tuple[int, ...]:
+        return self.draw(shapes(min_rank, self.cfg.max_rank, 1, self.cfg.max_side))
+
+    def graph(self) -> Graph:
+        used = {a.id for e in self.eqns for a in e.inputs if isinstance(a, Var)}
+        sinks = tuple(e.outvars[0] for e in self.eqns if e.outvars[0].id not in used)
+        return Graph((), tuple(self.invars), tuple(self.eqns), sinks or (self.invars[0],))
+
+
+# Operand predicates: what a primitive's first operand must be.
+def _is_any(b: _Builder, v: Var) -> bool:
+    return True
+
+
+def _is_float(b: _Builder, v: Var) -> bool:
+    return v.type.dtype.is_float
+
+
+def _is_numeric(b: _Builder, v: Var) -> bool:
+    return v.type.dtype != dt.bool_
+
+
+def _is_exact(b: _Builder, v: Var) -> bool:
+    return b.exact(v)
+
+
+def _is_exact_float(b: _Builder, v: Var) -> bool:
+    return v.type.dtype.is_float and b.exact(v)
+
+
+def _is_exact_numeric(b: _Builder, v: Var) -> bool:
+    return v.type.dtype != dt.bool_ and b.exact(v)
+
+
+def _is_logical(b: _Builder, v: Var) -> bool:
+    return not v.type.dtype.is_float
+
+
+def _has_axes(b: _Builder, v: Var) -> bool:
+    return v.type.ndim >= 1
+
+
+def _both(*preds: Callable[[_Builder, Var], bool]) -> Callable[[_Builder, Var], bool]:
+    return lambda b, v: all(p(b, v) for p in preds)
+
+
+# Guards keep operands inside the domain where a primitive is defined and well conditioned.
+def _positive(b: _Builder, x: Atom) -> Atom:
+    """|x| + 0.5: for log, rsqrt, divisors and bases of pow."""
+    if isinstance(x, Literal):
+        return Literal(abs(x.value) + 0.5, x.type)
+    return b.op("add", b.op("abs", x), Literal(0.5, TensorType((), x.type.dtype)), tame=(0,))
+
+
+def _nonnegative(b: _Builder, x: Atom) -> Atom:
+    return b.op("abs", x)
+
+
+def _at_most(limit: float) -> Callable[[_Builder, Atom], Atom]:
+    def guard(b: _Builder, x: Atom) -> Atom:
+        return b.tame(x) if b.facts_of(x).mag > limit else x
+    return guard
+
+
+def _unary(primitive: str, guard: Callable[[_Builder, Atom], Atom] | None = None):
+    def build(b: _Builder, x: Var) -> Var:
+        return b.op(primitive, guard(b, x) if guard else x)
+    return build
+
+
+def _binary(primitive: str, exact: bool = False):
+    def build(b: _Builder, x: Var) -> Var:
+        y = b.partner(x, (lambda v: b.exact(v)) if exact else (lambda v: True))
+        return b.op(primitive, x, y, tame=(0, 1))
+    return build
+
+
+def _division(primitive: str):
+    """div and rem: float divisors are guarded away from zero; integer ones may be zero (defined)."""
+    def build(b: _Builder, x: Var) -> Var:
+        exact = primitive == "rem"
+        y = b.partner(x, lambda v: b.exact(v) or not exact)
+        if x.type.dtype.is_float:
+            y = _positive(b, y)
+        if exact and not b.exact(y):  # fmod jumps where a rounded divisor would cross a multiple
+            raise _Refused
+        return b.op(primitive, x, y, tame=(0,) if not exact else ())
+    return build
+
+
+def _pow(b: _Builder, x: Var) -> Var:
+    if x.type.dtype.is_float:
+        base = _positive(b, _at_most(4.0)(b, x))
+        exponent = _at_most(2.0)(b, b.partner(x))
+    else:
+        base = x
+        exponent = Literal(b.draw(st.integers(-1, 3)), TensorType((), x.type.dtype))
+    return b.op("pow", base, exponent, tame=(0,))
+
+
+def _select(b: _Builder, x: Var) -> Var:
+    y = b.partner(x)
+    shape = x.type.shape or y.type.shape
+
+    def fits(v: Atom) -> bool:
+        return v.type.shape in (shape, ())
+
+    preds = [v for v in b.values if v.type.dtype == dt.bool_ and fits(v)]
+    i = b.draw(st.integers(0, len(preds)))
+    if i < len(preds):
+        pred: Atom = preds[i]
+    else:
+        z = next((v for v in (x, y) if isinstance(v, Var) and b.exact(v) and v.type.dtype != dt.bool_), None)
+        pred = (b.op("gt", z, Literal(0, TensorType((), z.type.dtype)) if z.type.dtype.is_int
+                     else Literal(0.0, TensorType((), z.type.dtype)))
+                if z is not None else b.literal(dt.bool_))
+    return b.op("select", pred, x, y)
+
+
+def _convert(b: _Builder, x: Var) -> Var:
+    # Casting a rounded float to an integer or bool would magnify its rounding error.
+    exact = b.exact(x)
+    targets = [d for d in b.cfg.dtypes if d != x.type.dtype and (exact or d.is_float)]
+    return b.op("convert_element_type", x, new_dtype=b.choose(targets), tame=(0,))
+
+
+def _axes(b: _Builder, x: Var) -> tuple[int, ...]:
+    if not x.type.ndim:
+        return ()
+    return tuple(sorted(b.draw(st.sets(st.sampled_from(range(x.type.ndim)), min_size=1))))
+
+
+def _reduce(primitive: str):
+    def build(b: _Builder, x: Var) -> Var:
+        return b.op(primitive, x, axes=_axes(b, x), tame=(0,))
+    return build
+
+
+def _arg_reduce(primitive: str):
+    def build(b: _Builder, x: Var) -> Var:
+        index_dtype = b.choose([d for d in b.cfg.dtypes if d.is_int] or [dt.int32])
+        return b.op(primitive, x, axis=b.draw(st.integers(0, x.type.ndim - 1)), index_dtype=index_dtype)
+    return build
+
+
+def _broadcast_in_dim(b: _Builder, x: Var) -> Var:
+    have = x.type.shape
+    rank = b.draw(st.integers(len(have), max(len(have), b.cfg.max_rank)))
+    dims = tuple(sorted(b.draw(st.permutations(range(rank)))[:len(have)]))
+    side = st.integers(1, b.cfg.max_side)
+    shape = [b.draw(side) for _ in range(rank)]
+    for n, d in zip(have, dims):
+        shape[d] = n if n != 1 else shape[d]
+    return b.op("broadcast_in_dim", x, shape=tuple(shape), dims=dims)
+
+
+def _reshape(b: _Builder, x: Var) -> Var:
+    factors, n = [], x.type.size
+    for p in range(2, n + 1):
+        while n % p == 0:
+            factors.append(p)
+            n //= p
+    rank = b.draw(st.integers(1 if factors else 0, b.cfg.max_rank))
+    shape = [1] * rank
+    for p in factors:
+        shape[b.draw(st.integers(0, rank - 1))] *= p
+    return b.op("reshape", x, shape=tuple(shape))
+
+
+def _transpose(b: _Builder, x: Var) -> Var:
+    return b.op("transpose", x, permutation=tuple(b.draw(st.permutations(range(x.type.ndim)))))
+
+
+def _slice(b: _Builder, x: Var) -> Var:
+    start, limit, strides = [], [], []
+    for n in x.type.shape:
+        lo = b.draw(st.integers(0, n - 1))
+        start.append(lo)
+        limit.append(b.draw(st.integers(lo + 1, n)))
+        strides.append(b.draw(st.integers(1, 3)))
+    return b.op("slice", x, start=tuple(start), limit=tuple(limit), strides=tuple(strides))
+
+
+def _pad(b: _Builder, x: Var) -> Var:
+    pads = st.lists(st.integers(0, 2), min_size=x.type.ndim, max_size=x.type.ndim).map(tuple)
+    return b.op("pad", x, low=b.draw(pads), high=b.draw(pads), value=b.literal(x.type.dtype).value)
+
+
+def _concatenate(b: _Builder, x: Var) -> Var:
+    d = b.draw(st.integers(0, x.type.ndim - 1))
+    same = [v for v in b.values if v.type.dtype == x.type.dtype and v.type.ndim == x.type.ndim
+            and all(m == n for i, (m, n) in enumerate(zip(v.type.shape, x.type.shape)) if i != d)]
+    others = [b.choose(same) for _ in range(b.draw(st.integers(1, 2)))]
+    return b.op("concatenate", x, *others, dimension=d)
+
+
+def _iota(b: _Builder, _: None) -> Var:
+    known = [v.type.shape for v in b.values if v.type.ndim]
+    shape = b.draw(st.one_of(st.sampled_from(known), shapes(1, b.cfg.max_rank, 1, b.cfg.max_side))
+                   if known else shapes(1, b.cfg.max_rank, 1, b.cfg.max_side))
+    dtype = b.choose([d for d in b.cfg.dtypes if d != dt.bool_])
+    return b.op("iota", dtype=dtype, shape=shape, dimension=b.draw(st.integers(0, len(shape) - 1)))
+
+
+def _dot_general(b: _Builder, x: Var) -> Var:
+    xs = x.type.shape
+    y = b.choose([v for v in b.values if v.type.dtype == x.type.dtype and set(v.type.shape) & set(xs)])
+    ys = y.type.shape
+    pairs = [(i, j) for i in range(len(xs)) for j in range(len(ys)) if xs[i] == ys[j]]
+    lc, rc, lb, rb = [], [], [], []
+    for i, j in b.draw(st.lists(st.sampled_from(pairs), unique=True)):
+        if i not in lc + lb and j not in rc + rb:
+            target_l, target_r = (lb, rb) if b.draw(st.booleans()) else (lc, rc)
+            target_l.append(i)
+            target_r.append(j)
+    for i, j in pairs:  # contract more until the result's rank fits
+        if len(xs) + len(ys) - 2 * len(lc) - len(lb) <= b.cfg.max_rank:
+            break
+        if i not in lc + lb and j not in rc + rb:
+            lc.append(i)
+            rc.append(j)
+    if len(xs) + len(ys) - 2 * len(lc) - len(lb) > b.cfg.max_rank:
+        raise _Refused
+    numbers = ((tuple(lc), tuple(rc)), (tuple(lb), tuple(rb)))
+    return b.op("dot_general", x, y, dimension_numbers=numbers, tame=(0, 1))
+
+
+def _index(b: _Builder, x: Var) -> tuple[Atom, int, int]:
+    """An index operand for gather/scatter_add into `x`: a literal, an integer value of a
+    fitting shape, or an iota; indices out of range are allowed (gather clamps, scatter drops)."""
+    axis = b.draw(st.integers(0, x.type.ndim - 1))
+    batch = b.draw(st.integers(0, axis))
+    prefix = x.type.shape[:batch]
+    room = b.cfg.max_rank - x.type.ndim + 1  # index axes the result has room for
+    cands = [v for v in b.values if v.type.dtype.is_int and v.type.shape[:batch] == prefix
+             and 0 <= v.type.ndim - batch <= room]
+    options = (["literal"] if batch == 0 else []) + cands + ["iota"]
+    choice = b.choose(options)
+    if choice == "literal":
+        return Literal(b.draw(st.integers(-1, x.type.shape[axis])), TensorType((), dt.int32)), axis, batch
+    if choice != "iota":
+        return choice, axis, batch
+    extra = tuple(b.draw(st.lists(st.integers(1, b.cfg.max_side), min_size=0 if batch else 1,
+                                  max_size=max(room, 0 if batch else 1))))
+    shape = prefix + extra
+    dtype = b.choose([d for d in b.cfg.dtypes if d.is_int] or [dt.int32])
+    iota = b.op("iota", dtype=dtype, shape=shape, dimension=b.draw(st.integers(0, len(shape) - 1)))
+    return iota, axis, batch
+
+
+def _gather(b: _Builder, x: Var) -> Var:
+    idx, axis, batch = _index(b, x)
+    return b.op("gather", x, idx, axis=axis, batch_dims=batch)
+
+
+def _scatter_add(b: _Builder, x: Var) -> Var:
+    idx, axis, batch = _index(b, x)
+    want = infer_type("gather", (x.type, idx.type), {"axis": axis, "batch_dims": batch})
+    cands = [v for v in b.values if v.type == want]
+    i = b.draw(st.integers(0, len(cands)))
+    updates = cands[i] if i < len(cands) else b.op("gather", x, idx, axis=axis, batch_dims=batch)
+    return b.op("scatter_add", x, idx, updates, axis=axis, batch_dims=batch, tame=(0, 2))
+
+
+@dataclass(frozen=True)
+class _OpSpec:
+    operand: Callable[[_Builder, Var], bool] | None  # None: takes no operand (iota)
+    build: Callable[[_Builder, Any], Var]
+
+
+_bounded_exp = _at_most(4.0)
+_OPS: dict[str, _OpSpec] = {
+    "add": _OpSpec(_is_numeric, _binary("add")),
+    "neg": _OpSpec(_is_numeric, _unary("neg")),
+    "mul": _OpSpec(_is_numeric, _binary("mul")),
+    "sub": _OpSpec(_is_numeric, _binary("sub")),
+    "abs": _OpSpec(_is_numeric, _unary("abs")),
+    "exp": _OpSpec(_is_float, _unary("exp", _bounded_exp)),
+    "exp2": _OpSpec(_is_float, _unary("exp2", _bounded_exp)),
+    "expm1": _OpSpec(_is_float, _unary("expm1", _bounded_exp)),
+    "log": _OpSpec(_is_float, _unary("log", _positive)),
+    "log2": _OpSpec(_is_float, _unary("log2", _positive)),
+    "log1p": _OpSpec(_is_float, _unary("log1p", _nonnegative)),
+    "sqrt": _OpSpec(_is_float, _unary("sqrt", _nonnegative)),
+    "rsqrt": _OpSpec(_is_float, _unary("rsqrt", _positive)),
+    "tanh": _OpSpec(_is_float, _unary("tanh")),
+    "logistic": _OpSpec(_is_float, _unary("logistic")),
+    "sin": _OpSpec(_is_float, _unary("sin")),
+    "cos": _OpSpec(_is_float, _unary("cos")),
+    "erf": _OpSpec(_is_float, _unary("erf")),
+    "floor": _OpSpec(_is_exact_float, _unary("floor")),
+    "ceil": _OpSpec(_is_exact_float, _unary("ceil")),
+    "round": _OpSpec(_is_exact_float, _unary("round")),
+    "sign": _OpSpec(_is_exact_numeric, _unary("sign")),
+    "not": _OpSpec(_is_logical, _unary("not")),
+    "div": _OpSpec(_is_numeric, _division("div")),
+    "rem": _OpSpec(_is_exact_numeric, _division("rem")),
+    "pow": _OpSpec(_is_numeric, _pow),
+    "max": _OpSpec(_is_any, _binary("max")),
+    "min": _OpSpec(_is_any, _binary("min")),
+    "and": _OpSpec(_is_logical, _binary("and")),
+    "or": _OpSpec(_is_logical, _binary("or")),
+    "xor": _OpSpec(_is_logical, _binary("xor")),
+    **{c: _OpSpec(_is_exact, _binary(c, exact=True)) for c in ("eq", "ne", "lt", "le", "gt", "ge")},
+    "select": _OpSpec(_is_any, _select),
+    "convert_element_type": _OpSpec(_is_any, _convert),
+    "reduce_sum": _OpSpec(_is_numeric, _reduce("reduce_sum")),
+    "reduce_prod": _OpSpec(_is_numeric, _reduce("reduce_prod")),
+    "reduce_max": _OpSpec(_is_any, _reduce("reduce_max")),
+    "reduce_min": _OpSpec(_is_any, _reduce("reduce_min")),
+    "argmax": _OpSpec(_both(_is_exact, _has_axes), _arg_reduce("argmax")),
+    "argmin": _OpSpec(_both(_is_exact, _has_axes), _arg_reduce("argmin")),
+    "broadcast_in_dim": _OpSpec(_is_any, _broadcast_in_dim),
+    "reshape": _OpSpec(_is_any, _reshape),
+    "transpose": _OpSpec(lambda b, v: v.type.ndim >= 2, _transpose),
+    "slice": _OpSpec(_has_axes, _slice),
+    "pad": _OpSpec(_has_axes, _pad),
+    "concatenate": _OpSpec(_has_axes, _concatenate),
+    "iota": _OpSpec(None, _iota),
+    "dot_general": _OpSpec(_both(_is_numeric, _has_axes), _dot_general),
+    "gather": _OpSpec(_has_axes, _gather),
+    "scatter_add": _OpSpec(_both(_is_numeric, _has_axes), _scatter_add),
+}
+
+
+def _step(b: _Builder) -> None:
+    """Append one randomly chosen operation (with its guards) to the program, or nothing."""
+    usable = [(name, spec) for name, spec in _OPS.items() if name in b.cfg.primitives
+              and (spec.operand is None or any(spec.operand(b, v) for v in b.values))]
+    if not usable:
+        return
+    name, spec = b.draw(st.sampled_from(usable))
+    operand = None if spec.operand is None else b.choose([v for v in b.values if spec.operand(b, v)])
+    n_eqns, n_values = len(b.eqns), len(b.values)
+    try:
+        spec.build(b, operand)
+        if len(b.eqns) > b.cfg.max_eqns:
+            raise _Refused
+    except _Refused:
+        del b.eqns[n_eqns:], b.values[n_values:]
+
+
+def programs(*, min_inputs: int = 1, max_inputs: int = 3, max_eqns: int = 8,
+             dtypes: Sequence[Any] = (dt.float32, dt.int32, dt.bool_), primitives: Iterable[str] | None = None,
+             max_rank: int = 3, max_side: int = 4, math_ulps: float = 4.0,
+             scale: float = 1.0) -> st.SearchStrategy[Graph]:
+    """Random well-typed Graphs: DAGs of up to `max_eqns` equations over `primitives` (default:
+    all) on `min_inputs`..`max_inputs` inputs of `dtypes`; every unused result is an output.
+
+    Run them on inputs from `graph_inputs`: then no domain error occurs (log, sqrt, rsqrt, pow and
+    float division see operands guarded into their domains, exp sees bounded ones), nothing
+    overflows, and every output of a native evaluation agrees with a float64 one within
+    `scale` times its tolerance (`glue.testing.check.tolerance_dtypes`), assuming library math
+    functions err by at most `math_ulps` units in the last place. Guards add abs, add, tanh and
+    rem equations beyond `primitives`; comparisons and argmax yield bool / integer values
+    whatever `dtypes` says.
+    """
+    if min_inputs < 1:
+        raise GlueError(f"programs(min_inputs={min_inputs}): a program needs at least one input")
+    chosen = frozenset(PRIMITIVES if primitives is None else primitives)
+    unknown = chosen - set(_OPS)
+    if unknown:
+        raise GlueError(f"programs(primitives=...): unknown primitives {sorted(unknown)}")
+    order = {d: i for i, d in enumerate(_DTYPE_ORDER)}
+    cfg = _Config(tuple(sorted({dt.from_numpy(d) for d in dtypes}, key=order.__getitem__)), chosen,
+                  max_eqns, max_rank, max_side, math_ulps, scale)
+
+    @st.composite
+    def draw_program(draw) -> Graph:
+        b = _Builder(draw, cfg)
+        first = TensorType(draw(shapes(0, max_rank, 1, max_side)),
+                           next((d for d in cfg.dtypes if d.is_float), cfg.dtypes[0]))
+        for _ in range(draw(st.integers(min_inputs, max_inputs))):
+            b.add_input(first if not draw(st.booleans()) else
+                        TensorType(draw(shapes(0, max_rank, 1, max_side)), draw(st.sampled_from(cfg.dtypes))))
+        # One "go on?" choice before each step lets the shrinker delete any step on its own.
+        _step(b)
+        while len(b.eqns) < max_eqns and draw(st.integers(0, 19)):
+            _step(b)
+        return b.graph()
+
+    return draw_program()
+
+
+def graph_inputs(graph: Graph) -> st.SearchStrategy[list[np.ndarray]]:
+    """Values for `graph`'s constvars then invars, drawn as `programs` assumes (exact grids)."""
+    parts = [arrays(v.type.dtype, v.type.shape, elements(v.type.dtype, exact=True))
+             for v in graph.constvars + graph.invars]
+    return st.tuples(*parts).map(list)
+
+
+@st.composite
+def programs_and_inputs(draw, **kwargs: Any) -> tuple[Graph, list[np.ndarray]]:
+    """A program from `programs(**kwargs)` with inputs from `graph_inputs`."""
+    graph = draw(programs(**kwargs))
+    return graph, draw(graph_inputs(graph))
