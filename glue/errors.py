@@ -10,6 +10,7 @@ import os
 import sys
 
 _GLUE_DIR = os.path.dirname(os.path.abspath(__file__))
+_DEMO = os.path.join(_GLUE_DIR, "__main__.py")
 
 
 class GlueError(Exception):
@@ -41,11 +42,14 @@ class BackendError(GlueError, RuntimeError):
 
 
 def user_frame_location() -> str | None:
-    """`file:line` of the innermost stack frame outside the glue package (the user's code)."""
+    """`file:line` of the innermost stack frame outside the glue package (the user's code;
+    glue's own demo, `python -m glue`, counts as user code)."""
     frame = sys._getframe(1)
     while frame is not None:
-        path = os.path.abspath(frame.f_code.co_filename)
-        if not path.startswith(_GLUE_DIR + os.sep) and not path.startswith("<frozen"):
+        name = frame.f_code.co_filename
+        path = os.path.abspath(name)
+        inside = path.startswith(_GLUE_DIR + os.sep) and path != _DEMO
+        if not inside and not name.startswith("<frozen"):
             return f"{_short_path(path)}:{frame.f_lineno}"
         frame = frame.f_back
     return None

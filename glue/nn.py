@@ -4,10 +4,12 @@ where it has the function).
 Each is a short composition of `glue.numpy` functions and IR primitives, written so that the
 scheduler sees its natural kernel: softmax, log_softmax, layer_norm, rms_norm and cross_entropy
 are a few reductions over the same rows of one input with elementwise work around them.
-Normalisations and the loss compute in float32 when given float16 / bfloat16.
+Given float16 / bfloat16, the row functions compute in float32 and return the input's dtype
+(a cast the scheduler folds into the kernel); the loss returns float32.
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -26,6 +28,15 @@ def _floating(x: Any) -> Any:
 def _at_least_f32(x: Any) -> Any:
     x = _floating(x)
     return gnp.astype(x, dt.float32) if type_of(x).dtype.bits < 32 else x
+
+
+def _computed_in_f32(fn):
+    """`fn` run on x in float32 when x is narrower, its result cast back to x's dtype."""
+    @functools.wraps(fn)
+    def wrapped(x: Any, *args: Any, **kwargs: Any) -> Any:
+        x = _floating(x)
+        return gnp.astype(fn(_at_least_f32(x), *args, **kwargs), type_of(x).dtype)
+    return wrapped
 
 
 def relu(x: Any) -> Any:
@@ -62,22 +73,22 @@ def log_sigmoid(x: Any) -> Any:
     return gnp.negative(softplus(gnp.negative(x)))
 
 
+@_computed_in_f32
 def softmax(x: Any, axis: Any = -1) -> Any:
     """exp(x) / sum(exp(x)) along `axis`, shifted by the maximum so nothing overflows."""
-    x = _floating(x)
     unnormalized = gnp.exp(gnp.subtract(x, gnp.max(x, axis, keepdims=True)))
     return gnp.true_divide(unnormalized, gnp.sum(unnormalized, axis, keepdims=True))
 
 
+@_computed_in_f32
 def log_softmax(x: Any, axis: Any = -1) -> Any:
-    x = _floating(x)
     shifted = gnp.subtract(x, gnp.max(x, axis, keepdims=True))
     return gnp.subtract(shifted, gnp.log(gnp.sum(gnp.exp(shifted), axis, keepdims=True)))
 
 
+@_computed_in_f32
 def logsumexp(x: Any, axis: Any = None, keepdims: bool = False) -> Any:
     """log(sum(exp(x))) along `axis`, stable for large inputs and for all -inf rows."""
-    x = _floating(x)
     peak = gnp.max(x, axis, keepdims=True)
     peak = gnp.where(gnp.isfinite(peak), peak, 0)  # an all -inf (or +inf) row shifts by nothing
     out = gnp.add(gnp.log(gnp.sum(gnp.exp(gnp.subtract(x, peak)), axis, keepdims=True)), peak)
@@ -96,26 +107,22 @@ def one_hot(x: Any, num_classes: int, *, dtype: Any = gnp.float32, axis: int = -
     return gnp.astype(gnp.equal(labels, classes), dtype)
 
 
+@_computed_in_f32
 def layer_norm(x: Any, weight: Any = None, bias: Any = None, *, axis: Any = -1,
                eps: float = 1e-5) -> Any:
-    """(x - mean) / sqrt(var + eps) * weight + bias over `axis`, in x's dtype."""
-    out_dtype = _floating(x).dtype
-    x = _at_least_f32(x)
+    """(x - mean) / sqrt(var + eps) * weight + bias over `axis`."""
     centered = gnp.subtract(x, gnp.mean(x, axis, keepdims=True))
     variance = gnp.mean(gnp.multiply(centered, centered), axis, keepdims=True)
     y = gnp.multiply(centered, bind("rsqrt", gnp.add(variance, eps)))
     y = y if weight is None else gnp.multiply(y, weight)
-    y = y if bias is None else gnp.add(y, bias)
-    return gnp.astype(y, out_dtype)
+    return y if bias is None else gnp.add(y, bias)
 
 
+@_computed_in_f32
 def rms_norm(x: Any, weight: Any = None, *, axis: Any = -1, eps: float = 1e-6) -> Any:
-    """x / sqrt(mean(x^2) + eps) * weight over `axis`, in x's dtype."""
-    out_dtype = _floating(x).dtype
-    x = _at_least_f32(x)
+    """x / sqrt(mean(x^2) + eps) * weight over `axis`."""
     y = gnp.multiply(x, bind("rsqrt", gnp.add(gnp.mean(gnp.multiply(x, x), axis, keepdims=True), eps)))
-    y = y if weight is None else gnp.multiply(y, weight)
-    return gnp.astype(y, out_dtype)
+    return y if weight is None else gnp.multiply(y, weight)
 
 
 def cross_entropy(logits: Any, labels: Any) -> Any:
@@ -125,10 +132,11 @@ def cross_entropy(logits: Any, labels: Any) -> Any:
     The label's logit is picked by a select against an iota rather than a gather, so the three
     row reductions (max, sum of exp, the pick) read the logits in one pass.
     """
-    logits, labels = _at_least_f32(logits), gnp.asarray(labels)
+    logits, labels = gnp.asarray(logits), gnp.asarray(labels)
     if labels.shape != logits.shape[:-1] or not gnp.to_dtype(labels.dtype).is_int:
         raise _fail("cross_entropy", "labels must be integers with the shape of logits minus its "
                                      "last axis", logits, labels)
+    logits = _at_least_f32(logits)
     shifted = gnp.subtract(logits, gnp.max(logits, -1, keepdims=True))
     log_total = gnp.log(gnp.sum(gnp.exp(shifted), -1))
     classes = bind("iota", dtype=gnp.to_dtype(labels.dtype), shape=logits.shape, dimension=logits.ndim - 1)

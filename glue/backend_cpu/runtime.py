@@ -11,7 +11,6 @@ Small kernels run inline, since waking a thread costs about 10 µs.
 from __future__ import annotations
 
 import ctypes
-import os
 import threading
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -20,7 +19,7 @@ import numpy as np
 
 from glue.backend_cpu.kernels import KernelFunction
 from glue.backend_cpu.program import Program
-from glue.backend_cpu.target import LoadedCode
+from glue.backend_cpu.target import LoadedCode, thread_count
 from glue.errors import BackendError
 from glue.frontend.array import Array
 
@@ -30,17 +29,6 @@ PARALLEL_THRESHOLD = 150_000
 ALIGN = 64
 
 _ENTRY = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p)
-
-
-def thread_count() -> int:
-    """Threads a kernel is split over: GLUE_CPU_THREADS, else the cores this process may use."""
-    chosen = os.environ.get("GLUE_CPU_THREADS")
-    if chosen:
-        return max(1, int(chosen))
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
 
 
 class _Worker:

@@ -9,6 +9,7 @@ LLVM's global state is not thread-safe, so every call into it holds `_lock`.
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
 from dataclasses import dataclass
 from functools import lru_cache
@@ -125,3 +126,14 @@ class LoadedCode:
         if not address:
             raise BackendError(f"cpu: compiled code lacks the function {name!r}")
         return ctypes.CFUNCTYPE(restype, *argtypes)(address)
+
+
+def thread_count() -> int:
+    """Threads a kernel is split over: GLUE_CPU_THREADS, else the cores this process may use."""
+    chosen = os.environ.get("GLUE_CPU_THREADS")
+    if chosen:
+        return max(1, int(chosen))
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1

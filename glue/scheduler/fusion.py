@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from glue.ir import Graph, Var
 from glue.ir.printer import graph_var_names
 from glue.scheduler.kernel_ir import Kernel
-from glue.scheduler.lowering import EXPENSIVE, REDUCTIONS, FusionRefused, lower_group
+from glue.scheduler.lowering import EXPENSIVE, LAYOUT, REDUCTIONS, FusionRefused, lower_group
 
 _NEVER_COPIED = EXPENSIVE | set(REDUCTIONS) | {"dot_general", "scatter_add", "gather"}
 
@@ -77,12 +77,16 @@ class _Fuser:
         self.refusals: list[Refusal] = []
 
     def outputs(self, gid: int, members: set[int]) -> list[Var]:
+        """What kernel `gid` writes: its values that the program returns or that a consumer in
+        another kernel, which does not compute them itself, reads."""
         outs = []
         for i in sorted(members):
             v = self.eqns[i].outvars[0]
             if self.home.get(v.id) != gid:
                 continue
-            if v.id in self.external or any(c not in members for c in self.consumers.get(v.id, [])):
+            if v.id in self.external or any(
+                    c not in members if g == gid else i not in self.groups[g]
+                    for c in self.consumers.get(v.id, []) for g in self.groups_of.get(c, {gid})):
                 outs.append(v)
         return outs
 
@@ -110,7 +114,7 @@ class _Fuser:
     def _check_prologue(self, i: int, members: set[int]) -> None:
         """Only cheap work may feed a contraction: its operands are re-read for every tile."""
         dots = [j for j in members if self.eqns[j].primitive == "dot_general"]
-        if not dots or self.eqns[i].primitive not in _NEVER_COPIED | {"div", "rem"}:
+        if not dots or self.eqns[i].primitive in LAYOUT:
             return
         frontier, seen = [i], {i}
         while frontier:
@@ -132,7 +136,51 @@ class _Fuser:
     def run(self) -> Fusion:
         for i in reversed(range(len(self.eqns))):
             self.place(i)
+        self.merge_siblings()
         return self.finish()
+
+    def merge_siblings(self) -> None:
+        """Merge kernels over the same domain that read a common input or one another's output
+        (several reductions over the same rows, say): the data is read once, one launch saved."""
+        domains = {g: self._domain(g) for g in self.groups}
+        for a in sorted(self.groups, key=lambda g: min(self.groups[g])):
+            for b in sorted(self.groups, key=lambda g: min(self.groups[g])):
+                if a == b or a not in self.groups or b not in self.groups or domains[a] != domains[b]:
+                    continue
+                if self._related(a, b) and not self._path_through_others(a, b) and \
+                        not self._path_through_others(b, a):
+                    self._try_merge(a, b)
+
+    def _domain(self, gid: int) -> tuple:
+        k = self.lower(gid, self.groups[gid])
+        return k.kind, k.parallel, k.reduce
+
+    def _related(self, a: int, b: int) -> bool:
+        def reads(g):
+            return {x.id for j in self.groups[g] for x in self.eqns[j].inputs if isinstance(x, Var)}
+        return bool(reads(a) & reads(b)) or a in self.reads_from(b) or b in self.reads_from(a)
+
+    def _path_through_others(self, a: int, b: int) -> bool:
+        """Whether `a` depends on `b` through a third kernel (merging would make a cycle)."""
+        return any(b in self.ancestors(x) for x in self.reads_from(a) - {b})
+
+    def _try_merge(self, a: int, b: int) -> None:
+        members = self.groups[a] | self.groups[b]
+        saved = dict(self.home)
+        for vid, g in self.home.items():
+            if g == b:
+                self.home[vid] = a
+        try:
+            self.lower(a, members)
+        except FusionRefused:
+            self.home = saved
+            return
+        self.groups[a] = members
+        del self.groups[b]
+        for gids in self.groups_of.values():
+            if b in gids:
+                gids.discard(b)
+                gids.add(a)
 
     def place(self, i: int) -> None:
         v = self.eqns[i].outvars[0]
@@ -144,15 +192,43 @@ class _Fuser:
             if not self.try_join(i, gid, as_home=True):
                 self.new_group(i)
             return
+        readers = set(users)
         if users and self.eqns[i].primitive not in _NEVER_COPIED:
-            joined = [gid for gid in sorted(users) if self.try_join(i, gid, as_home=False)]
-            if len(joined) == len(users) and v.id not in self.external:
+            readers -= {gid for gid in sorted(users) if self.try_join(i, gid, as_home=False)}
+            if not readers and v.id not in self.external:
                 return
-        elif users:
-            anchor = min(self.consumers[v.id])
-            self.refusals.append(Refusal(i, anchor, f"used by {len(users)} kernels and too "
-                                                    "expensive to recompute in each"))
+        if users and self.join_one_as_home(i, users, readers):
+            return
         self.new_group(i)
+
+    def join_one_as_home(self, i: int, users: set[int], readers: set[int]) -> bool:
+        """Compute the value in one consumer kernel, which also writes it for the others.
+
+        That kernel must not itself depend on a kernel that reads the value (a cycle)."""
+        for gid in sorted(users, key=lambda g: min(self.groups[g])):
+            others = readers - {gid}
+            if others & self.ancestors(gid):
+                continue
+            if self.try_join(i, gid, as_home=True):
+                return True
+        return False
+
+    def reads_from(self, gid: int) -> set[int]:
+        """The kernels whose outputs kernel `gid` reads (values it does not compute itself)."""
+        members = self.groups[gid]
+        computed = {self.eqns[j].outvars[0].id for j in members}
+        return {self.home[a.id] for j in members for a in self.eqns[j].inputs
+                if isinstance(a, Var) and a.id not in computed and a.id in self.home}
+
+    def ancestors(self, gid: int) -> set[int]:
+        """The kernels `gid` reads from, directly or through others."""
+        seen: set[int] = set()
+        frontier = [gid]
+        while frontier:
+            for home in self.reads_from(frontier.pop()) - seen:
+                seen.add(home)
+                frontier.append(home)
+        return seen
 
     def finish(self) -> Fusion:
         order = self._topological([gid for gid in self.groups])
@@ -164,12 +240,7 @@ class _Fuser:
 
     def _topological(self, gids: list[int]) -> list[int]:
         """Kernels in an order where each runs after the kernels whose outputs it reads."""
-        deps = {g: set() for g in gids}
-        for g in gids:
-            for i in self.groups[g]:
-                for a in self.eqns[i].inputs:
-                    if isinstance(a, Var) and a.id in self.home and self.home[a.id] != g:
-                        deps[g].add(self.home[a.id])
+        deps = {g: self.reads_from(g) for g in gids}
         order, done = [], set()
         # Group ids grow from the outputs backwards; visiting producers-first in ascending
         # first-equation order keeps the kernel order close to the program's.

@@ -300,6 +300,8 @@ def _add_reduction(lw: _Lowerer, eqn: Eqn) -> None:
 
 def lower_group(eqns: Sequence[Eqn], outputs: Sequence[Var], name: str) -> Kernel:
     """The Kernel computing `outputs` from the equations `eqns` (in topological order)."""
+    scattered = {e.outvars[0].id for e in eqns if e.primitive == "scatter_add"}
+    outputs = sorted(outputs, key=lambda v: v.id not in scattered)  # a scatter writes output 0
     domain = _domain(eqns, outputs)
     lw = _Lowerer(eqns, domain)
     for eqn in eqns:
@@ -311,6 +313,8 @@ def lower_group(eqns: Sequence[Eqn], outputs: Sequence[Var], name: str) -> Kerne
     for slot, var in enumerate(outputs):
         producer = lw.defined.get(var.id)
         if producer is not None and producer.primitive == "scatter_add":
+            if not isinstance(producer.inputs[0], Var) or producer.inputs[0].id in lw.defined:
+                raise FusionRefused("the array a scatter_add adds into must come from memory")
             stores.append(_scatter_store(lw, producer, slot))
             init = lw.input(producer.inputs[0])
             continue

@@ -83,13 +83,15 @@ def _index_loads(index: Index, out: list[Load]) -> None:
 
 def reads_only_where_written(kernel: Kernel, input_slot: int, output_slot: int) -> bool:
     """True when the kernel reads input `input_slot` only at the points it writes output
-    `output_slot`, so both may share memory."""
+    `output_slot`, so both may share memory. A row kernel qualifies too: it finishes reading a
+    row for its reductions before it writes that row, and no other row reads it."""
     stores = [s for s in kernel.stores if s.output == output_slot]
-    if kernel.kind != "pointwise" or len(stores) != 1 or stores[0].mode != "set":
+    if kernel.kind not in ("pointwise", "reduction") or len(stores) != 1 or stores[0].mode != "set" \
+            or stores[0].level != "element":
         return False
     loads: list[Load] = []
-    for s in kernel.stores:
-        _loads(s.value, loads)
+    for value in [r.value for r in kernel.reductions] + [s.value for s in kernel.stores]:
+        _loads(value, loads)
     mine = [ld for ld in loads if ld.input == input_slot]
     return all(ld.index == stores[0].index and not ld.mask for ld in mine)
 
@@ -112,7 +114,7 @@ def plan_memory(graph: Graph, kernels: Sequence[Kernel], donated: Sequence[int] 
     donors = {graph.invars[i].id: len(graph.constvars) + i for i in donated}
     for j, vid in enumerate(output_ids):
         donor = next((d for d, slot in donors.items() if args[slot].type.nbytes == types[vid].nbytes
-                      and last_use.get(d, -1) < produced[vid]), None)
+                      and _free_by(d, vid, kernels, last_use, produced[vid])), None)
         if donor is not None:
             placements[vid] = Placement("donated", donors.pop(donor), types[vid])
         else:
@@ -125,6 +127,18 @@ def plan_memory(graph: Graph, kernels: Sequence[Kernel], donated: Sequence[int] 
         sum(types[v].nbytes for v in output_ids if placements[v].kind == "output"),
         sum(v.type.nbytes for v in args) + sum(v.type.nbytes for e in graph.eqns for v in e.outvars),
         lifetimes)
+
+
+def _free_by(donor: int, vid: int, kernels: Sequence[Kernel], last_use: dict[int, int], k: int) -> bool:
+    """Whether the donated argument `donor` is dead when kernel `k` writes `vid`: read only by
+    earlier kernels, or by kernel k itself only where it writes `vid`."""
+    last = last_use.get(donor, -1)
+    if last < k:
+        return True
+    kernel = kernels[k]
+    slots = [i for i, b in enumerate(kernel.inputs) if b.value_id == donor]
+    out = next(o for o, b in enumerate(kernel.outputs) if b.value_id == vid)
+    return last == k and all(reads_only_where_written(kernel, i, out) for i in slots)
 
 
 def _in_place_pairs(kernels: Sequence[Kernel], intermediates: list[int],

@@ -7,12 +7,13 @@ within tolerance by construction (see `glue.testing.numerics`), and shrinks to s
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
-from hypothesis import strategies as st
+from hypothesis import assume, strategies as st
 
 from glue.errors import GlueError
 from glue.ir import PRIMITIVES, Eqn, Graph, Literal, TensorType, Var, infer_type, params_tuple
@@ -27,6 +28,9 @@ _DTYPE_ORDER = (dt.float32, dt.int32, dt.bool_, dt.bfloat16, dt.float16, dt.int6
 _KINDS = ("float", "int", "bool")
 _MAGNITUDE_LIMIT = 64.0  # no value grows past this: f16 cannot overflow, errors stay small
 _GRID_LITERALS = (0.5, 2.0, -1.0, 1.5, -0.25, 3.0)
+# Equations `programs` adds around the primitives it is asked for: domain guards (abs, add),
+# magnitude taming (tanh, rem), a select's predicate (gt), and indices (iota, gather).
+HELPER_PRIMITIVES = frozenset({"abs", "add", "tanh", "rem", "gt", "iota", "gather"})
 
 
 def shapes(min_rank: int = 0, max_rank: int = 3, min_side: int = 1,
@@ -65,15 +69,19 @@ def elements(dtype: Any, exact: bool = False) -> st.SearchStrategy[Any]:
 _elements_of = elements
 
 
-def arrays(dtype: Any, shape: Any, elements: st.SearchStrategy[Any] | None = None) -> st.SearchStrategy[np.ndarray]:
-    """NumPy arrays of `dtype` and `shape` (each a value or a strategy), never all zeros."""
+def arrays(dtype: Any, shape: Any, elements: st.SearchStrategy[Any] | None = None,
+           exact: bool = False) -> st.SearchStrategy[np.ndarray]:
+    """NumPy arrays of `dtype` and `shape` (each a value or a strategy), never all zeros; the
+    elements are `elements`, or by default those of `glue.testing.elements(dtype, exact)`."""
     @st.composite
     def draw_array(draw) -> np.ndarray:
         d = dt.from_numpy(draw(dtype) if isinstance(dtype, st.SearchStrategy) else dtype)
         s = tuple(draw(shape) if isinstance(shape, st.SearchStrategy) else shape)
-        values = draw(st.lists(_elements_of(d) if elements is None else elements, min_size=math.prod(s), max_size=math.prod(s)))
+        each = _elements_of(d, exact) if elements is None else elements
+        values = draw(st.lists(each, min_size=math.prod(s), max_size=math.prod(s)))
         array = np.array(values, dtype=np.float64 if d.is_float else d.numpy).astype(d.numpy).reshape(s)
         if array.size and not array.any():
+            assume(elements is None)  # custom elements: draw again rather than invent a value
             array.flat[0] = 1
         return array
 
@@ -81,6 +89,14 @@ def arrays(dtype: Any, shape: Any, elements: st.SearchStrategy[Any] | None = Non
 
 
 # --- random programs ------------------------------------------------------------------------
+
+_integers = functools.lru_cache(maxsize=None)(st.integers)  # building strategies costs more than drawing
+
+
+@functools.lru_cache(maxsize=None)
+def _permutations(n: int) -> st.SearchStrategy[list[int]]:
+    return st.permutations(range(n))
+
 
 class _Refused(Exception):
     """The step would make an ill-typed, too large or ill-conditioned program; undo it."""
@@ -163,19 +179,21 @@ class _Builder:
             return self._emit("tanh", (x,), {})
         return self._emit("rem", (x, Literal(2, TensorType((), x.type.dtype))), {})
 
+    def integer(self, lo: int, hi: int) -> int:
+        return self.draw(_integers(lo, hi))
+
     def choose(self, candidates: Sequence[Any]) -> Any:
         if not candidates:
             raise _Refused
-        return candidates[self.draw(st.integers(0, len(candidates) - 1))]
+        return candidates[self.integer(0, len(candidates) - 1)]
 
-    def literal(self, dtype: DType, positive: bool = False) -> Literal:
+    def literal(self, dtype: DType) -> Literal:
         if dtype == dt.bool_:
-            value: Any = self.draw(st.booleans())
+            value: Any = bool(self.integer(0, 1))
         elif dtype.is_int:
-            value = self.draw(st.integers(1 if positive else INT_RANGE[0], INT_RANGE[1]))
+            value = self.integer(*INT_RANGE)
         else:
-            value = self.draw(st.sampled_from(_GRID_LITERALS))
-            value = abs(value) if positive else value
+            value = self.choose(_GRID_LITERALS)
         return Literal(value, TensorType((), dtype))
 
     def partner(self, x: Atom, ok: Callable[[Atom], bool] = lambda v: True) -> Atom:
@@ -183,11 +201,8 @@ class _Builder:
         value of its dtype, or a literal (the last choice)."""
         cands = [v for v in self.values if v.type.dtype == x.type.dtype and ok(v)
                  and (v.type.shape == x.type.shape or v.type.ndim == 0 or x.type.ndim == 0)]
-        i = self.draw(st.integers(0, len(cands)))
+        i = self.integer(0, len(cands))
         return cands[i] if i < len(cands) else self.literal(x.type.dtype)
-
-    def new_shape(self, min_rank: int = 1) -> tuple[int, ...]:
-        return self.draw(shapes(min_rank, self.cfg.max_rank, 1, self.cfg.max_side))
 
     def graph(self) -> Graph:
         used = {a.id for e in self.eqns for a in e.inputs if isinstance(a, Var)}
@@ -266,13 +281,13 @@ def _binary(primitive: str, exact: bool = False):
 def _division(primitive: str):
     """div and rem: float divisors are guarded away from zero; integer ones may be zero (defined)."""
     def build(b: _Builder, x: Var) -> Var:
-        exact = primitive == "rem"
-        y = b.partner(x, lambda v: b.exact(v) or not exact)
+        is_rem = primitive == "rem"
+        y = b.partner(x, lambda v: b.exact(v) or not is_rem)
         if x.type.dtype.is_float:
             y = _positive(b, y)
-        if exact and not b.exact(y):  # fmod jumps where a rounded divisor would cross a multiple
+        if is_rem and not b.exact(y):  # fmod jumps where a rounded divisor would cross a multiple
             raise _Refused
-        return b.op(primitive, x, y, tame=(0,) if not exact else ())
+        return b.op(primitive, x, y, tame=() if is_rem else (0,))
     return build
 
 
@@ -282,7 +297,7 @@ def _pow(b: _Builder, x: Var) -> Var:
         exponent = _at_most(2.0)(b, b.partner(x))
     else:
         base = x
-        exponent = Literal(b.draw(st.integers(-1, 3)), TensorType((), x.type.dtype))
+        exponent = Literal(b.integer(-1, 3), TensorType((), x.type.dtype))
     return b.op("pow", base, exponent, tame=(0,))
 
 
@@ -294,14 +309,13 @@ def _select(b: _Builder, x: Var) -> Var:
         return v.type.shape in (shape, ())
 
     preds = [v for v in b.values if v.type.dtype == dt.bool_ and fits(v)]
-    i = b.draw(st.integers(0, len(preds)))
+    i = b.integer(0, len(preds))
     if i < len(preds):
         pred: Atom = preds[i]
     else:
         z = next((v for v in (x, y) if isinstance(v, Var) and b.exact(v) and v.type.dtype != dt.bool_), None)
-        pred = (b.op("gt", z, Literal(0, TensorType((), z.type.dtype)) if z.type.dtype.is_int
-                     else Literal(0.0, TensorType((), z.type.dtype)))
-                if z is not None else b.literal(dt.bool_))
+        zero = None if z is None else Literal(0 if z.type.dtype.is_int else 0.0, TensorType((), z.type.dtype))
+        pred = b.literal(dt.bool_) if z is None else b.op("gt", z, zero)
     return b.op("select", pred, x, y)
 
 
@@ -309,7 +323,7 @@ def _convert(b: _Builder, x: Var) -> Var:
     # Casting a rounded float to an integer or bool would magnify its rounding error.
     exact = b.exact(x)
     targets = [d for d in b.cfg.dtypes if d != x.type.dtype and (exact or d.is_float)]
-    return b.op("convert_element_type", x, new_dtype=b.choose(targets), tame=(0,))
+    return b.op("convert_element_type", x, new_dtype=b.choose(targets))
 
 
 def _axes(b: _Builder, x: Var) -> tuple[int, ...]:
@@ -327,16 +341,15 @@ def _reduce(primitive: str):
 def _arg_reduce(primitive: str):
     def build(b: _Builder, x: Var) -> Var:
         index_dtype = b.choose([d for d in b.cfg.dtypes if d.is_int] or [dt.int32])
-        return b.op(primitive, x, axis=b.draw(st.integers(0, x.type.ndim - 1)), index_dtype=index_dtype)
+        return b.op(primitive, x, axis=b.integer(0, x.type.ndim - 1), index_dtype=index_dtype)
     return build
 
 
 def _broadcast_in_dim(b: _Builder, x: Var) -> Var:
     have = x.type.shape
-    rank = b.draw(st.integers(len(have), max(len(have), b.cfg.max_rank)))
-    dims = tuple(sorted(b.draw(st.permutations(range(rank)))[:len(have)]))
-    side = st.integers(1, b.cfg.max_side)
-    shape = [b.draw(side) for _ in range(rank)]
+    rank = b.integer(len(have), max(len(have), b.cfg.max_rank))
+    dims = tuple(sorted(b.draw(_permutations(rank))[:len(have)]))
+    shape = [b.integer(1, b.cfg.max_side) for _ in range(rank)]
     for n, d in zip(have, dims):
         shape[d] = n if n != 1 else shape[d]
     return b.op("broadcast_in_dim", x, shape=tuple(shape), dims=dims)
@@ -348,24 +361,24 @@ def _reshape(b: _Builder, x: Var) -> Var:
         while n % p == 0:
             factors.append(p)
             n //= p
-    rank = b.draw(st.integers(1 if factors else 0, b.cfg.max_rank))
+    rank = b.integer(1 if factors else 0, b.cfg.max_rank)
     shape = [1] * rank
     for p in factors:
-        shape[b.draw(st.integers(0, rank - 1))] *= p
+        shape[b.integer(0, rank - 1)] *= p
     return b.op("reshape", x, shape=tuple(shape))
 
 
 def _transpose(b: _Builder, x: Var) -> Var:
-    return b.op("transpose", x, permutation=tuple(b.draw(st.permutations(range(x.type.ndim)))))
+    return b.op("transpose", x, permutation=tuple(b.draw(_permutations(x.type.ndim))))
 
 
 def _slice(b: _Builder, x: Var) -> Var:
     start, limit, strides = [], [], []
     for n in x.type.shape:
-        lo = b.draw(st.integers(0, n - 1))
+        lo = b.integer(0, n - 1)
         start.append(lo)
-        limit.append(b.draw(st.integers(lo + 1, n)))
-        strides.append(b.draw(st.integers(1, 3)))
+        limit.append(b.integer(lo + 1, n))
+        strides.append(b.integer(1, 3))
     return b.op("slice", x, start=tuple(start), limit=tuple(limit), strides=tuple(strides))
 
 
@@ -375,10 +388,10 @@ def _pad(b: _Builder, x: Var) -> Var:
 
 
 def _concatenate(b: _Builder, x: Var) -> Var:
-    d = b.draw(st.integers(0, x.type.ndim - 1))
+    d = b.integer(0, x.type.ndim - 1)
     same = [v for v in b.values if v.type.dtype == x.type.dtype and v.type.ndim == x.type.ndim
             and all(m == n for i, (m, n) in enumerate(zip(v.type.shape, x.type.shape)) if i != d)]
-    others = [b.choose(same) for _ in range(b.draw(st.integers(1, 2)))]
+    others = [b.choose(same) for _ in range(b.integer(1, 2))]
     return b.op("concatenate", x, *others, dimension=d)
 
 
@@ -387,7 +400,7 @@ def _iota(b: _Builder, _: None) -> Var:
     shape = b.draw(st.one_of(st.sampled_from(known), shapes(1, b.cfg.max_rank, 1, b.cfg.max_side))
                    if known else shapes(1, b.cfg.max_rank, 1, b.cfg.max_side))
     dtype = b.choose([d for d in b.cfg.dtypes if d != dt.bool_])
-    return b.op("iota", dtype=dtype, shape=shape, dimension=b.draw(st.integers(0, len(shape) - 1)))
+    return b.op("iota", dtype=dtype, shape=shape, dimension=b.integer(0, len(shape) - 1))
 
 
 def _dot_general(b: _Builder, x: Var) -> Var:
@@ -398,7 +411,7 @@ def _dot_general(b: _Builder, x: Var) -> Var:
     lc, rc, lb, rb = [], [], [], []
     for i, j in b.draw(st.lists(st.sampled_from(pairs), unique=True)):
         if i not in lc + lb and j not in rc + rb:
-            target_l, target_r = (lb, rb) if b.draw(st.booleans()) else (lc, rc)
+            target_l, target_r = (lb, rb) if b.integer(0, 1) else (lc, rc)
             target_l.append(i)
             target_r.append(j)
     for i, j in pairs:  # contract more until the result's rank fits
@@ -416,8 +429,8 @@ def _dot_general(b: _Builder, x: Var) -> Var:
 def _index(b: _Builder, x: Var) -> tuple[Atom, int, int]:
     """An index operand for gather/scatter_add into `x`: a literal, an integer value of a
     fitting shape, or an iota; indices out of range are allowed (gather clamps, scatter drops)."""
-    axis = b.draw(st.integers(0, x.type.ndim - 1))
-    batch = b.draw(st.integers(0, axis))
+    axis = b.integer(0, x.type.ndim - 1)
+    batch = b.integer(0, axis)
     prefix = x.type.shape[:batch]
     room = b.cfg.max_rank - x.type.ndim + 1  # index axes the result has room for
     cands = [v for v in b.values if v.type.dtype.is_int and v.type.shape[:batch] == prefix
@@ -425,14 +438,14 @@ def _index(b: _Builder, x: Var) -> tuple[Atom, int, int]:
     options = (["literal"] if batch == 0 else []) + cands + ["iota"]
     choice = b.choose(options)
     if choice == "literal":
-        return Literal(b.draw(st.integers(-1, x.type.shape[axis])), TensorType((), dt.int32)), axis, batch
+        return Literal(b.integer(-1, x.type.shape[axis]), TensorType((), dt.int32)), axis, batch
     if choice != "iota":
         return choice, axis, batch
     extra = tuple(b.draw(st.lists(st.integers(1, b.cfg.max_side), min_size=0 if batch else 1,
                                   max_size=max(room, 0 if batch else 1))))
     shape = prefix + extra
     dtype = b.choose([d for d in b.cfg.dtypes if d.is_int] or [dt.int32])
-    iota = b.op("iota", dtype=dtype, shape=shape, dimension=b.draw(st.integers(0, len(shape) - 1)))
+    iota = b.op("iota", dtype=dtype, shape=shape, dimension=b.integer(0, len(shape) - 1))
     return iota, axis, batch
 
 
@@ -445,7 +458,7 @@ def _scatter_add(b: _Builder, x: Var) -> Var:
     idx, axis, batch = _index(b, x)
     want = infer_type("gather", (x.type, idx.type), {"axis": axis, "batch_dims": batch})
     cands = [v for v in b.values if v.type == want]
-    i = b.draw(st.integers(0, len(cands)))
+    i = b.integer(0, len(cands))
     updates = cands[i] if i < len(cands) else b.op("gather", x, idx, axis=axis, batch_dims=batch)
     return b.op("scatter_add", x, idx, updates, axis=axis, batch_dims=batch, tame=(0, 2))
 
@@ -517,7 +530,7 @@ def _step(b: _Builder) -> None:
               and (spec.operand is None or any(spec.operand(b, v) for v in b.values))]
     if not usable:
         return
-    name, spec = b.draw(st.sampled_from(usable))
+    name, spec = b.choose(usable)
     operand = None if spec.operand is None else b.choose([v for v in b.values if spec.operand(b, v)])
     n_eqns, n_values = len(b.eqns), len(b.values)
     try:
@@ -530,7 +543,7 @@ def _step(b: _Builder) -> None:
 
 def programs(*, min_inputs: int = 1, max_inputs: int = 3, max_eqns: int = 8,
              dtypes: Sequence[Any] = (dt.float32, dt.int32, dt.bool_), primitives: Iterable[str] | None = None,
-             max_rank: int = 3, max_side: int = 4, math_ulps: float = 4.0,
+             max_rank: int = 3, max_side: int = 4, math_ulps: float = 2.0,
              scale: float = 1.0) -> st.SearchStrategy[Graph]:
     """Random well-typed Graphs: DAGs of up to `max_eqns` equations over `primitives` (default:
     all) on `min_inputs`..`max_inputs` inputs of `dtypes`; every unused result is an output.
@@ -539,9 +552,10 @@ def programs(*, min_inputs: int = 1, max_inputs: int = 3, max_eqns: int = 8,
     float division see operands guarded into their domains, exp sees bounded ones), nothing
     overflows, and every output of a native evaluation agrees with a float64 one within
     `scale` times its tolerance (`glue.testing.check.tolerance_dtypes`), assuming library math
-    functions err by at most `math_ulps` units in the last place. Guards add abs, add, tanh and
-    rem equations beyond `primitives`; comparisons and argmax yield bool / integer values
-    whatever `dtypes` says.
+    functions err by at most `math_ulps` units in the last place. Equations of
+    `HELPER_PRIMITIVES` may appear beyond `primitives`; comparisons and argmax yield bool and
+    integer values whatever `dtypes` says. Shapes have at most `max_rank` axes and
+    `max_side ** max_rank` elements.
     """
     if min_inputs < 1:
         raise GlueError(f"programs(min_inputs={min_inputs}): a program needs at least one input")
@@ -563,7 +577,7 @@ def programs(*, min_inputs: int = 1, max_inputs: int = 3, max_eqns: int = 8,
                         TensorType(draw(shapes(0, max_rank, 1, max_side)), draw(st.sampled_from(cfg.dtypes))))
         # One "go on?" choice before each step lets the shrinker delete any step on its own.
         _step(b)
-        while len(b.eqns) < max_eqns and draw(st.integers(0, 19)):
+        while len(b.eqns) < max_eqns and draw(_integers(0, 19)):
             _step(b)
         return b.graph()
 
@@ -572,8 +586,7 @@ def programs(*, min_inputs: int = 1, max_inputs: int = 3, max_eqns: int = 8,
 
 def graph_inputs(graph: Graph) -> st.SearchStrategy[list[np.ndarray]]:
     """Values for `graph`'s constvars then invars, drawn as `programs` assumes (exact grids)."""
-    parts = [arrays(v.type.dtype, v.type.shape, elements(v.type.dtype, exact=True))
-             for v in graph.constvars + graph.invars]
+    parts = [arrays(v.type.dtype, v.type.shape, exact=True) for v in graph.constvars + graph.invars]
     return st.tuples(*parts).map(list)
 
 

@@ -3,7 +3,7 @@
 Each function is compiled into a loop `void f(T* in, T* out, i64 n)` (pow reads two inputs),
 optimised at O3 for the host CPU and run through MCJIT on NumPy arrays. References are NumPy's
 float64 results (math.erf for erf); float32 results must be within 2 ulp of the reference
-rounded to float32, float64 results within a relative error of 1e-14.
+rounded to float32, float64 results within a relative error of 2e-15.
 """
 import ctypes
 import math
@@ -22,7 +22,9 @@ from llvmlite import ir
 from glue.codegen import mathlib
 
 F32_ULPS = 2
-F64_RELATIVE = 1e-14
+# The library's float64 error is below 1.5 ulp (3.3e-16); the margin is for the reference,
+# since NumPy's SIMD float64 functions may themselves be a few ulps off.
+F64_RELATIVE = 2e-15
 SIN_COS_RANGE = {np.float32: 1e5, np.float64: 1e9}
 DTYPES = (np.float32, np.float64)
 IR_TYPES = {np.float32: ir.FloatType(), np.float64: ir.DoubleType()}
@@ -44,24 +46,35 @@ REFERENCES = {
 
 # ---- compiling and running --------------------------------------------------------------
 
-def _add_loop(module, name, ty, arity, emit):
-    """`void name(ptr in_0, ..., ptr out, i64 n)`: out[i] = emit(in_0[i], ...) for i < n."""
+def _elementwise_function(module, name, ty, arity):
+    """`void name(ptr in_0, ..., ptr out, i64 n)` with blocks entry, body and done."""
     ptr, i64 = ir.PointerType(), ir.IntType(64)
     fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [ptr] * (arity + 1) + [i64]), name)
     for arg in fn.args[:-1]:
         arg.add_attribute("noalias")
-    entry, body, done = (fn.append_basic_block(label) for label in ("entry", "body", "done"))
+    return fn, [fn.append_basic_block(label) for label in ("entry", "body", "done")]
+
+
+def _compute_element(b, fn, ty, arity, emit, i):
+    """out[i] = emit(in_0[i], ...)."""
+    # NumPy guarantees element alignment only, also for the explicit-vector loops.
+    scalar = ty.element if isinstance(ty, ir.VectorType) else ty
+    align = 4 if isinstance(scalar, ir.FloatType) else 8
+    xs = [b.load(b.gep(p, [i], source_etype=ty), typ=ty, align=align) for p in fn.args[:arity]]
+    b.store(emit(b, *xs), b.gep(fn.args[arity], [i], source_etype=ty), align=align)
+
+
+def _add_loop(module, name, ty, arity, emit):
+    """A host loop: out[i] = emit(in_0[i], ...) for i < n."""
+    fn, (entry, body, done) = _elementwise_function(module, name, ty, arity)
+    i64 = ir.IntType(64)
     b = ir.IRBuilder(entry)
     n = fn.args[-1]
     b.cbranch(b.icmp_signed(">", n, i64(0)), body, done)
     b.position_at_end(body)
     i = b.phi(i64)
     i.add_incoming(i64(0), entry)
-    # NumPy guarantees element alignment only, also for the explicit-vector loops.
-    scalar = ty.element if isinstance(ty, ir.VectorType) else ty
-    align = 4 if isinstance(scalar, ir.FloatType) else 8
-    xs = [b.load(b.gep(p, [i], source_etype=ty), typ=ty, align=align) for p in fn.args[:arity]]
-    b.store(emit(b, *xs), b.gep(fn.args[arity], [i], source_etype=ty), align=align)
+    _compute_element(b, fn, ty, arity, emit, i)
     following = b.add(i, i64(1))
     i.add_incoming(following, body)
     b.cbranch(b.icmp_signed("<", following, n), body, done)
@@ -89,10 +102,9 @@ class Compiled:
     def __init__(self):
         llvm.initialize_native_target()
         llvm.initialize_native_asmprinter()
-        features = llvm.get_host_cpu_features()
-        self.features = features
-        self.tm = llvm.Target.from_default_triple().create_target_machine(
-            cpu=llvm.get_host_cpu_name(), features=features.flatten(), opt=3)
+        self.features = llvm.get_host_cpu_features()
+        tm = llvm.Target.from_default_triple().create_target_machine(
+            cpu=llvm.get_host_cpu_name(), features=self.features.flatten(), opt=3)
         module = ir.Module("mathlib_test")
         for name in FUNCTIONS:
             arity = 2 if name == "pow" else 1
@@ -102,22 +114,23 @@ class Compiled:
                 _add_loop(module, _symbol(name, dtype, True), ir.VectorType(ty, LANES[dtype]),
                           arity, _emitter(name))
         mod = llvm.parse_assembly(str(module))
-        mod.triple = self.tm.triple
-        mod.data_layout = str(self.tm.target_data)
+        mod.triple = tm.triple
+        mod.data_layout = str(tm.target_data)
         mod.verify()
         tuning = llvm.create_pipeline_tuning_options(speed_level=3)
         tuning.slp_vectorization = True
-        passes = llvm.create_pass_builder(self.tm, tuning)
+        passes = llvm.create_pass_builder(tm, tuning)
         passes.getModulePassManager().run(mod, passes)
         self.declarations = [f.name for f in mod.functions if f.is_declaration]
-        self.asm = self.tm.emit_assembly(mod)
-        self.engine = llvm.create_mcjit_compiler(mod, self.tm)
+        self.asm = tm.emit_assembly(mod)
+        self.engine = llvm.create_mcjit_compiler(mod, tm)
         self.engine.finalize_object()
 
     def __call__(self, name, *inputs, vector=False):
         dtype = inputs[0].dtype.type
         inputs = [np.ascontiguousarray(a, dtype=dtype) for a in np.broadcast_arrays(*inputs)]
         out = np.empty_like(inputs[0])
+        assert not vector or out.size % LANES[dtype] == 0
         count = out.size // LANES[dtype] if vector else out.size
         address = self.engine.get_function_address(_symbol(name, dtype, vector))
         fn = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * (len(inputs) + 1), ctypes.c_int64)(address)
@@ -176,7 +189,6 @@ def _check(jit, name, *inputs, mask=None):
     assert err[worst] <= limit, (
         f"{name}({', '.join(repr(a.flat[worst]) for a in inputs)}) = {got.flat[worst]!r}, "
         f"reference {want.flat[worst]!r}: error {err[worst]:.3g} > {limit}")
-    return err.max()
 
 
 # ---- inputs -------------------------------------------------------------------------------
@@ -261,6 +273,14 @@ def test_sweep(jit, name, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "f64"])
+@pytest.mark.parametrize("name", ["sin", "cos"])
+def test_sin_cos_stay_bounded_beyond_their_range(jit, name, dtype):
+    x = _positive_patterns(dtype, SWEEP // 4)
+    x = x[x > SIN_COS_RANGE[dtype]]
+    assert np.all(np.abs(jit(name, np.concatenate([x, -x]))) <= 1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "f64"])
 def test_pow_sweep(jit, dtype):
     _check(jit, "pow", *_pow_inputs(dtype))
 
@@ -287,12 +307,7 @@ def test_pow_random_floats(jit, dtype):
         x = data.draw(_float_arrays(dtype))
         y = data.draw(hnp.arrays(dtype, x.shape,
                                  elements=st.floats(width=np.dtype(dtype).itemsize * 8)))
-        with np.errstate(all="ignore"):
-            moderate = np.abs(y * np.log(np.abs(x.astype(np.float64)))) < 700
-        # Huge |y log x| lands within a few ulps of overflow or underflow; those are covered
-        # by the special-value table, so compare the rest.
-        _check(jit, "pow", x, y, mask=moderate | ~np.isfinite(x) | ~np.isfinite(y)
-               | (x == 0) | (np.abs(x) == 1) | (y == 0))
+        _check(jit, "pow", x, y)
     check()
 
 
@@ -403,20 +418,36 @@ def test_loops_vectorise(jit, name):
     assert re.search(rf"vfmadd\w+ps\s+%{register}", asm), asm[:2000]
 
 
+def _special_register(module, register):
+    name = f"llvm.nvvm.read.ptx.sreg.{register}"
+    return module.globals.get(name) or ir.Function(module, ir.FunctionType(ir.IntType(32), []),
+                                                   name)
+
+
+def _add_kernel(module, name, ty, arity, emit):
+    """A CUDA kernel: thread i < n computes out[i] = emit(in_0[i], ...)."""
+    fn, (entry, body, done) = _elementwise_function(module, name, ty, arity)
+    # LLVM 22 marks kernels by calling convention (it still upgrades !nvvm.annotations).
+    fn.calling_convention = "ptx_kernel"
+    b = ir.IRBuilder(entry)
+    block, size, thread = (b.call(_special_register(module, register), [])
+                           for register in ("ctaid.x", "ntid.x", "tid.x"))
+    i = b.zext(b.add(b.mul(block, size), thread), ir.IntType(64))
+    b.cbranch(b.icmp_signed("<", i, fn.args[-1]), body, done)
+    b.position_at_end(body)
+    _compute_element(b, fn, ty, arity, emit, i)
+    b.branch(done)
+    b.position_at_end(done)
+    b.ret_void()
+
+
 def _ptx_module():
     module = ir.Module("mathlib_ptx")
     module.triple = "nvptx64-nvidia-cuda"
     for name in FUNCTIONS:
-        arity = 2 if name == "pow" else 1
         for dtype in DTYPES:
-            ty = IR_TYPES[dtype]
-            fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [ir.PointerType()] * (arity + 1)),
-                             _symbol(name, dtype))
-            fn.calling_convention = "ptx_kernel"
-            b = ir.IRBuilder(fn.append_basic_block())
-            xs = [b.load(p, typ=ty) for p in fn.args[:arity]]
-            b.store(_emitter(name)(b, *xs), fn.args[arity])
-            b.ret_void()
+            _add_kernel(module, _symbol(name, dtype), IR_TYPES[dtype], 2 if name == "pow" else 1,
+                        _emitter(name))
     return module
 
 
@@ -448,3 +479,59 @@ def test_ptxas_accepts(ptx, tmp_path):
     result = subprocess.run([ptxas, "-arch=sm_90", str(source), "-o", str(tmp_path / "out.cubin")],
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+def _checked(result):
+    """The values of a cuda.bindings call, which returns (CUresult, *values)."""
+    from cuda.bindings import driver
+    assert result[0] == driver.CUresult.CUDA_SUCCESS, result
+    return result[1] if len(result) == 2 else result[1:]
+
+
+def _cuda_driver():
+    """cuda.bindings' driver with device 0's primary context current, or a skip."""
+    try:
+        from cuda.bindings import driver
+        (status,) = driver.cuInit(0)
+    except Exception as exc:  # ImportError, or cuda.pathfinder's DynamicLibNotFoundError
+        pytest.skip(f"no CUDA driver: {exc}")
+    if status != driver.CUresult.CUDA_SUCCESS:
+        pytest.skip(f"no usable CUDA device: {status}")
+    device = _checked(driver.cuDeviceGet(0))
+    _checked(driver.cuCtxSetCurrent(_checked(driver.cuDevicePrimaryCtxRetain(device))))
+    return driver
+
+
+def _run_kernel(driver, module, symbol, inputs):
+    kernel = _checked(driver.cuModuleGetFunction(module, symbol.encode()))
+    out = np.empty_like(inputs[0])
+    buffers = [_checked(driver.cuMemAlloc(a.nbytes)) for a in (*inputs, out)]
+    try:
+        for a, buffer in zip(inputs, buffers):
+            _checked(driver.cuMemcpyHtoD(buffer, a.ctypes.data, a.nbytes))
+        args = [ctypes.c_uint64(int(buffer)) for buffer in buffers] + [ctypes.c_int64(out.size)]
+        pointers = (ctypes.c_void_p * len(args))(*map(ctypes.addressof, args))
+        _checked(driver.cuLaunchKernel(kernel, -(-out.size // 256), 1, 1, 256, 1, 1, 0, 0,
+                                       ctypes.addressof(pointers), 0))
+        _checked(driver.cuMemcpyDtoH(out.ctypes.data, buffers[-1], out.nbytes))
+    finally:
+        for buffer in buffers:
+            _checked(driver.cuMemFree(buffer))
+    return out
+
+
+@pytest.mark.cuda
+def test_gpu_matches_host_bitwise(jit, ptx):
+    """Both targets run the same IEEE operations, so the results agree to the last bit."""
+    driver = _cuda_driver()
+    module = _checked(driver.cuModuleLoadData(ptx.encode() + b"\0"))
+    for name in FUNCTIONS:
+        for dtype in DTYPES:
+            inputs = _pow_inputs(dtype) if name == "pow" else (_sweep_inputs(name, dtype),)
+            got = _run_kernel(driver, module, _symbol(name, dtype), inputs)
+            want = jit(name, *inputs)
+            unsigned = f"u{got.itemsize}"
+            same = (got.view(unsigned) == want.view(unsigned)) | (np.isnan(got) & np.isnan(want))
+            bad = np.flatnonzero(~same)[:5]
+            assert not bad.size, f"{_symbol(name, dtype)}: inputs {[a[bad] for a in inputs]} " \
+                                 f"gpu {got[bad]} host {want[bad]}"

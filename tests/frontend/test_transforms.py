@@ -151,6 +151,8 @@ def test_vmap_in_axes_and_out_axes_pytrees():
     np.testing.assert_allclose(np.asarray(out["w"]), p["w"])
     broadcast = glue.vmap(lambda x, y: y * 2.0, in_axes=(0, None), out_axes=1)(np.zeros(4), np.ones(3))
     np.testing.assert_allclose(np.asarray(broadcast), 2 * np.ones((3, 4)))
+    scaled = glue.vmap(lambda x, s: x * s, in_axes=(0, None))(np.ones((2, 3), np.float16), 3.0)
+    assert scaled.dtype == np.float16  # an unmapped Python scalar stays weakly typed
 
 
 def test_vmap_maps_keyword_arguments_along_axis_0_and_keeps_shared_tables_unbatched():

@@ -210,6 +210,21 @@ def test_defaults_and_float_functions():
     assert gnp.float32(2.0) == 2.0 and gnp.bfloat16(1.0) == 1.0
 
 
+@pytest.mark.parametrize("target", [np.int32, np.float16, BF16, np.bool_, np.float64])
+@given(x=arrays(shapes(), np.float32, -100, 100))
+def test_astype(target, x):
+    check(lambda a: gnp.astype(a, target), lambda a: a.astype(np.float32).astype(target), x, dtype=target)
+    check(lambda a: a.astype(target), lambda a: a.astype(np.float32).astype(target), gnp.asarray(x),
+          dtype=target)
+
+
+def test_asarray_of_values_and_tracers():
+    check(lambda a, b: gnp.asarray([a, b, a]), lambda a, b: np.stack([a, b, a]),
+          np.ones(2, np.float32), np.zeros(2, np.float32), dtype=np.float32)
+    assert isinstance(gnp.asarray(np.ones(3)), glue.Array) and gnp.asarray(np.ones(3)).dtype == np.float64
+    assert gnp.asarray(2.5, gnp.float16).dtype == np.float16
+
+
 # --- reductions -----------------------------------------------------------------------------
 
 @st.composite

@@ -1,20 +1,14 @@
 """The user-facing strategies: shapes, dtypes, arrays and random programs (their parameters,
 their coverage of the IR, and how they shrink)."""
-import collections
-
 import ml_dtypes
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, find, given, settings, strategies as st
+from hypothesis import find, given, settings, strategies as st
 
 from glue import GlueError
 from glue.ir import PRIMITIVES, Var, verify
 from glue.ir import dtypes as dt
-from glue.testing import arrays, dtypes, graph_inputs, programs, shapes
-
-# Equations the generator adds around the primitives it was asked for: domain guards (abs, add),
-# magnitude taming (tanh, rem), and helpers (gt for a select's predicate, iota and gather for indices).
-HELPERS = {"abs", "add", "tanh", "rem", "gt", "iota", "gather"}
+from glue.testing import HELPER_PRIMITIVES, arrays, dtypes, graph_inputs, programs, shapes
 
 
 @given(shapes(min_rank=1, max_rank=3, min_side=2, max_side=5))
@@ -67,17 +61,22 @@ def test_every_result_is_used_or_returned(graph):
 
 @given(programs(primitives={"mul", "exp", "log"}, dtypes=(dt.float16,)))
 def test_programs_use_only_the_chosen_primitives_and_dtypes(graph):
-    assert {e.primitive for e in graph.eqns} <= {"mul", "exp", "log"} | HELPERS
+    assert {e.primitive for e in graph.eqns} <= {"mul", "exp", "log"} | HELPER_PRIMITIVES
     assert all(a.type.dtype == dt.float16 for e in graph.eqns for a in e.inputs + e.outvars)
 
 
-@settings(max_examples=1, deadline=None, suppress_health_check=list(HealthCheck))
-@given(st.data())
-def test_programs_cover_every_primitive(data):
-    seen = collections.Counter()
-    for _ in range(400):
-        seen.update(e.primitive for e in data.draw(programs(dtypes=dt.ALL_DTYPES)).eqns)
-    assert set(PRIMITIVES) - set(seen) == set()
+@pytest.mark.parametrize("primitive", sorted(PRIMITIVES))
+def test_programs_cover_every_primitive(primitive):
+    seen = []
+
+    @settings(max_examples=8, derandomize=True, database=None, deadline=None)
+    @given(programs(primitives={primitive}, dtypes=dt.ALL_DTYPES))
+    def collect(graph):
+        assert {e.primitive for e in graph.eqns} <= {primitive} | HELPER_PRIMITIVES
+        seen.extend(e for e in graph.eqns if e.primitive == primitive)
+
+    collect()
+    assert seen
 
 
 @given(st.data())
@@ -93,17 +92,12 @@ def _minimal(condition):
 
 def test_shrinks_to_one_equation():
     graph = _minimal(lambda g: any(e.primitive == "dot_general" for e in g.eqns))
-    assert [e.primitive for e in graph.eqns] == ["dot_general"] and len(graph.invars) == 1
+    assert [e.primitive for e in graph.eqns] == ["dot_general"]
 
 
 def test_shrinks_to_a_minimal_guarded_equation():
     graph = _minimal(lambda g: any(e.primitive == "log" for e in g.eqns))
     assert [e.primitive for e in graph.eqns] == ["abs", "add", "log"]
-
-
-def test_shrinks_away_unrelated_equations():
-    graph = _minimal(lambda g: len({e.primitive for e in g.eqns} & {"gather", "exp"}) == 2)
-    assert sorted(e.primitive for e in graph.eqns) == ["exp", "gather"]
 
 
 @pytest.mark.parametrize("kwargs, fragment", [

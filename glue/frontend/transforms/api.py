@@ -224,18 +224,9 @@ def vmap(fun: Callable, in_axes: Any = 0, out_axes: Any = 0) -> Callable:
 
     @functools.wraps(fun)
     def batched(*args: Any, **kwargs: Any) -> Any:
-        prefix = tuple(in_axes) if isinstance(in_axes, list) else in_axes
-        if isinstance(prefix, tuple) and len(prefix) != len(args):
-            raise TransformError(f"{label}: in_axes has {len(prefix)} entries but the function was "
-                                 f"called with {len(args)} positional argument(s) {_where()}")
-        leaves, tree = tree_flatten((args, kwargs))
-        paths = leaf_paths(tree.children[0], "args") + leaf_paths(tree.children[1], "kwargs")
-        axes = _prefix_axes(prefix, tree.children[0], "in_axes", label, "") + \
-            _prefix_axes(0, tree.children[1], "in_axes", label, "")
-        axes = [_normal_axis(a, type_of(x).ndim, f"in_axes for {p} ({type_of(x)})", label)
-                for a, x, p in zip(axes, leaves, paths)]
+        leaves, tree, axes = _in_axes(args, kwargs, in_axes, label)
         mapped = [i for i, a in enumerate(axes) if a is not None]
-        size = _batch_size([(paths[i], leaves[i], axes[i]) for i in mapped], label)
+        size = _batch_size(tree, leaves, axes, label)
 
         def call(*xs: Any) -> Any:
             full = list(leaves)
@@ -250,9 +241,10 @@ def vmap(fun: Callable, in_axes: Any = 0, out_axes: Any = 0) -> Callable:
             example_types.append(TensorType(t.shape[:axes[i]] + t.shape[axes[i] + 1:], t.dtype))
         closed, out_tree = _trace(call, example_types, label)
         outs, dims = batch_graph(closed, [leaves[i] for i in mapped], [axes[i] for i in mapped], size)
+        targets = _prefix_axes(out_axes, out_tree, "out_axes", label, "")
         placed = []
-        for out, d, to, t, path in zip(outs, dims, _prefix_axes(out_axes, out_tree, "out_axes", label, ""),
-                                       closed.graph.out_types, leaf_paths(out_tree, "output")):
+        for out, d, to, t, path in zip(outs, dims, targets, closed.graph.out_types,
+                                       leaf_paths(out_tree, "output")):
             if to is None and d is not None:
                 raise TransformError(f"{label}: out_axes is None for {path}, but it varies along the "
                                      f"mapped axis {_where()}")
@@ -261,6 +253,24 @@ def vmap(fun: Callable, in_axes: Any = 0, out_axes: Any = 0) -> Callable:
         return _outputs(out_tree, placed)
 
     return batched
+
+
+def _in_axes(args: tuple, kwargs: dict, in_axes: Any, label: str) -> tuple[list[Any], PyTreeDef, list[Any]]:
+    """The leaves of (args, kwargs), their structure, and each leaf's mapped axis (or None)."""
+    prefix = tuple(in_axes) if isinstance(in_axes, list) else in_axes
+    if isinstance(prefix, tuple) and len(prefix) != len(args):
+        raise TransformError(f"{label}: in_axes has {len(prefix)} entries but the function was "
+                             f"called with {len(args)} positional argument(s) {_where()}")
+    leaves, tree = tree_flatten((args, kwargs))
+    axes = _prefix_axes(prefix, tree.children[0], "in_axes", label, "") + \
+        _prefix_axes(0, tree.children[1], "in_axes", label, "")
+    axes = [None if a is None else _normal_axis(a, type_of(x).ndim, f"in_axes for {p} ({type_of(x)})", label)
+            for a, x, p in zip(axes, leaves, _arg_paths(tree))]
+    return leaves, tree, axes
+
+
+def _arg_paths(tree: PyTreeDef) -> list[str]:
+    return leaf_paths(tree.children[0], "args") + leaf_paths(tree.children[1], "kwargs")
 
 
 def _prefix_axes(prefix: Any, tree: PyTreeDef, what: str, label: str, path: str) -> list[Any]:
@@ -288,12 +298,13 @@ def _normal_axis(axis: int | None, ndim: int, what: str, label: str) -> int | No
     return int(axis) % ndim
 
 
-def _batch_size(mapped: Sequence[tuple[str, Any, int]], label: str) -> int:
+def _batch_size(tree: PyTreeDef, leaves: Sequence[Any], axes: Sequence[int | None], label: str) -> int:
+    mapped = [(p, type_of(x), a) for p, x, a in zip(_arg_paths(tree), leaves, axes) if a is not None]
     if not mapped:
         raise TransformError(f"{label}: in_axes maps no argument; at least one must be mapped "
                              f"(not None) {_where()}")
-    sizes = {type_of(x).shape[a] for _, x, a in mapped}
+    sizes = {t.shape[a] for _, t, a in mapped}
     if len(sizes) > 1:
-        shown = "; ".join(f"{p} ({type_of(x)}) axis {a} has size {type_of(x).shape[a]}" for p, x, a in mapped)
+        shown = "; ".join(f"{p} ({t}) axis {a} has size {t.shape[a]}" for p, t, a in mapped)
         raise TransformError(f"{label}: the mapped axes have different sizes: {shown} {_where()}")
     return sizes.pop()

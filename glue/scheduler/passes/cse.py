@@ -20,7 +20,7 @@ def _frozen(value: Any) -> Hashable:
 
 def _atom_key(atom: Atom) -> Hashable:
     if isinstance(atom, Literal):
-        return "literal", atom.value
+        return "literal", atom.type, _frozen(atom.value)
     return "var", atom.id
 
 

@@ -1,0 +1,334 @@
+"""`python -m benchmarks cuda`: glue's cuda backend against torch eager, torch.compile and jax.jit
+on the glue workloads of `../shared/anchors/peers_gpu.py` (bias+gelu, rmsnorm, layernorm, softmax
+on 8192x4096 in f32 and bf16; cross-entropy 4096x32000 f32), with a 1 GiB device copy as the
+bandwidth ceiling, all in one process on one GPU.
+
+Per workload and peer:
+- per call: host wall clock from the call to its result being ready (median of ITERS calls);
+- kernel: device time per call, from CUDA events around BURST back-to-back calls (glue, torch) or
+  the wall clock of such a burst (jax, which has no events), divided by BURST;
+- GB/s: the workload's bytes (inputs read once, output written once, as the anchors count them)
+  over the kernel time, and that as a percentage of the copy ceiling;
+- host: for glue, the host time until a call returns with its work queued (no waiting).
+The table is printed and appended to benchmarks/RESULTS.md (or --results) with date, machine and
+command. Inputs live on the device before timing; glue's output is checked against NumPy.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import statistics
+import sys
+import time
+from typing import Any, Callable
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+import ml_dtypes  # noqa: E402
+import numpy as np  # noqa: E402
+
+import glue  # noqa: E402
+import glue.nn as nn  # noqa: E402
+import glue.numpy as gnp  # noqa: E402
+from glue.backend_cuda.executor import device_put  # noqa: E402
+from glue.backend_cuda.runtime import DeviceBuffer, Event, driver, get_context  # noqa: E402
+
+ITERS, BURST, WARMUP = 50, 20, 5
+R, C = 8192, 4096
+BF16 = np.dtype(ml_dtypes.bfloat16)
+
+
+# --- the workloads, in glue and for the peers ----------------------------------------------------
+
+def bias_gelu(x, b):
+    return nn.gelu(x + b)
+
+
+def rmsnorm(x, w):
+    return x * (1 / gnp.sqrt((x * x).mean(-1, keepdims=True) + 1e-6)) * w
+
+
+def layernorm(x, w, b):
+    m = x.mean(-1, keepdims=True)
+    v = ((x - m) ** 2).mean(-1, keepdims=True)
+    return (x - m) * (1 / gnp.sqrt(v + 1e-5)) * w + b
+
+
+def softmax(x):
+    e = gnp.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def xent(logits, onehot):
+    m = logits.max(-1, keepdims=True)
+    lse = gnp.log(gnp.exp(logits - m).sum(-1, keepdims=True)) + m
+    return ((lse - logits) * onehot).sum(-1).mean()
+
+
+def numpy_reference(name: str, args: list[np.ndarray]) -> np.ndarray:
+    a = [x.astype(np.float64) for x in args]
+    if name == "bias+gelu":
+        z = a[0] + a[1]
+        return 0.5 * z * (1 + np.tanh(np.sqrt(2 / np.pi) * (z + 0.044715 * z ** 3)))
+    if name == "rmsnorm":
+        return a[0] / np.sqrt((a[0] ** 2).mean(-1, keepdims=True) + 1e-6) * a[1]
+    if name == "layernorm":
+        m = a[0].mean(-1, keepdims=True)
+        return (a[0] - m) / np.sqrt(((a[0] - m) ** 2).mean(-1, keepdims=True) + 1e-5) * a[1] + a[2]
+    if name == "softmax":
+        e = np.exp(a[0] - a[0].max(-1, keepdims=True))
+        return e / e.sum(-1, keepdims=True)
+    m = a[0].max(-1, keepdims=True)
+    lse = np.log(np.exp(a[0] - m).sum(-1, keepdims=True)) + m
+    return np.asarray(((lse - a[0]) * a[1]).sum(-1).mean())
+
+
+def torch_fns() -> dict[str, Callable]:
+    import torch
+    import torch.nn.functional as F
+
+    def t_xent(logits, onehot):
+        m = logits.amax(-1, keepdim=True)
+        lse = torch.log(torch.exp(logits - m).sum(-1, keepdim=True)) + m
+        return ((lse - logits) * onehot).sum(-1).mean()
+
+    def t_layernorm(x, w, b):
+        m = x.mean(-1, keepdim=True)
+        v = ((x - m) ** 2).mean(-1, keepdim=True)
+        return (x - m) * torch.rsqrt(v + 1e-5) * w + b
+
+    def t_softmax(x):
+        e = torch.exp(x - x.amax(-1, keepdim=True))
+        return e / e.sum(-1, keepdim=True)
+
+    return {"bias+gelu": lambda x, b: F.gelu(x + b, approximate="tanh"),
+            "rmsnorm": lambda x, w: x * torch.rsqrt((x * x).mean(-1, keepdim=True) + 1e-6) * w,
+            "layernorm": t_layernorm, "softmax": t_softmax, "xent": t_xent}
+
+
+def jax_fns() -> dict[str, Callable]:
+    import jax
+    import jax.numpy as jnp
+
+    def j_xent(logits, onehot):
+        m = logits.max(-1, keepdims=True)
+        lse = jnp.log(jnp.exp(logits - m).sum(-1, keepdims=True)) + m
+        return ((lse - logits) * onehot).sum(-1).mean()
+
+    def j_layernorm(x, w, b):
+        m = x.mean(-1, keepdims=True)
+        v = ((x - m) ** 2).mean(-1, keepdims=True)
+        return (x - m) * jax.lax.rsqrt(v + 1e-5) * w + b
+
+    def j_softmax(x):
+        e = jnp.exp(x - x.max(-1, keepdims=True))
+        return e / e.sum(-1, keepdims=True)
+
+    return {"bias+gelu": lambda x, b: jax.nn.gelu(x + b, approximate=True),
+            "rmsnorm": lambda x, w: x * jax.lax.rsqrt((x * x).mean(-1, keepdims=True) + 1e-6) * w,
+            "layernorm": j_layernorm, "softmax": j_softmax, "xent": j_xent}
+
+
+GLUE_FNS = {"bias+gelu": bias_gelu, "rmsnorm": rmsnorm, "layernorm": layernorm, "softmax": softmax, "xent": xent}
+
+
+def workloads() -> list[tuple[str, str, list[tuple[int, ...]], Any, int]]:
+    """(name, label, input shapes, dtype, bytes moved)."""
+    out = []
+    for dtype, size in ((np.float32, 4), (BF16, 2)):
+        tag = "f32" if dtype == np.float32 else "bf16"
+        for name, shapes in (("bias+gelu", [(R, C), (C,)]), ("rmsnorm", [(R, C), (C,)]),
+                             ("layernorm", [(R, C), (C,), (C,)]), ("softmax", [(R, C)])):
+            out.append((name, f"{name} {R}x{C} {tag}", shapes, dtype, 2 * R * C * size))
+    out.append(("xent", "xent 4096x32000 f32", [(4096, 32000), (4096, 32000)], np.float32, 2 * 4096 * 32000 * 4))
+    return out
+
+
+# --- timing -------------------------------------------------------------------------------------
+
+def median_us(fn: Callable[[], Any], iters: int = ITERS) -> float:
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e6
+
+
+def glue_times(f: Callable, args: list, nbytes: int) -> dict[str, float]:
+    stream = get_context().stream
+    for _ in range(WARMUP):
+        f(*args).block_until_ready()
+    per_call = median_us(lambda: f(*args).block_until_ready())
+    bursts = []
+    for _ in range(5):
+        start, end = Event(stream.ctx, timing=True), Event(stream.ctx, timing=True)
+        start.record(stream)
+        for _ in range(BURST):
+            out = f(*args)
+        end.record(stream)
+        end.synchronize()
+        bursts.append(start.elapsed_ms(end) * 1e3 / BURST)
+    del out
+    host = []
+    for _ in range(ITERS):
+        t0 = time.perf_counter()
+        out = f(*args)
+        host.append(time.perf_counter() - t0)
+        out.block_until_ready()
+    return {"per_call": per_call, "kernel": statistics.median(bursts), "host": statistics.median(host) * 1e6}
+
+
+def torch_times(fn: Callable, args: list) -> dict[str, float]:
+    import torch
+
+    for _ in range(WARMUP):
+        fn(*args)
+    torch.cuda.synchronize()
+
+    def call():
+        fn(*args)
+        torch.cuda.synchronize()
+
+    per_call = median_us(call)
+    bursts = []
+    for _ in range(5):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        for _ in range(BURST):
+            fn(*args)
+        e.record()
+        e.synchronize()
+        bursts.append(s.elapsed_time(e) * 1e3 / BURST)
+    return {"per_call": per_call, "kernel": statistics.median(bursts)}
+
+
+def jax_times(fn: Callable, args: list) -> dict[str, float]:
+    import jax
+
+    for _ in range(WARMUP):
+        jax.block_until_ready(fn(*args))
+    per_call = median_us(lambda: jax.block_until_ready(fn(*args)))
+    bursts = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(BURST):
+            out = fn(*args)
+        jax.block_until_ready(out)
+        bursts.append((time.perf_counter() - t0) * 1e6 / BURST)
+    return {"per_call": per_call, "kernel": statistics.median(bursts)}
+
+
+def copy_ceiling_us() -> float:
+    """A 1 GiB device-to-device copy through the driver, timed with events (median of 10)."""
+    ctx = get_context()
+    stream = ctx.stream
+    n = 1 << 30
+    src, dst = DeviceBuffer((n // 4,), np.float32, stream), DeviceBuffer((n // 4,), np.float32, stream)
+    copy = driver.load().cuMemcpyDtoDAsync
+    times = []
+    for i in range(13):
+        s, e = Event(ctx, timing=True), Event(ctx, timing=True)
+        s.record(stream)
+        driver.check(copy(dst.ptr, src.ptr, n, stream.handle), "cuMemcpyDtoDAsync")
+        e.record(stream)
+        e.synchronize()
+        if i >= 3:
+            times.append(s.elapsed_ms(e) * 1e3)
+    return statistics.median(times)
+
+
+# --- the run ------------------------------------------------------------------------------------
+
+def run(peers: set[str], only: str | None) -> tuple[list[dict], float]:
+    rows: list[dict] = []
+    copy_us = copy_ceiling_us()
+    ceiling = 2 * (1 << 30) / copy_us / 1e3
+    rows.append({"workload": "copy 1GiB", "peer": "cuMemcpyDtoD", "per_call": copy_us, "kernel": copy_us,
+                 "GB/s": ceiling})
+    print(f"copy ceiling: {copy_us:.1f} us, {ceiling:.0f} GB/s", flush=True)
+    tfns = jfns = None
+    if peers & {"torch", "torch.compile"}:
+        import torch
+
+        tfns = torch_fns()
+    if "jax" in peers:
+        import jax
+        import jax.numpy as jnp
+
+        jfns = jax_fns()
+    rng = np.random.default_rng(0)
+    for name, label, shapes, dtype, nbytes in workloads():
+        if only and only not in label:
+            continue
+        host = [rng.standard_normal(s, dtype=np.float32).astype(dtype) for s in shapes]
+        f = glue.jit(GLUE_FNS[name], backend="cuda")
+        dargs = [device_put(a) for a in host]
+        got = np.asarray(f(*dargs)).astype(np.float64)
+        want = numpy_reference(name, host)
+        err = float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30))
+        kernels = next(iter(f._compiled.values())).kernels  # the program the calls run
+        t = glue_times(f, dargs, nbytes)
+        rows.append({"workload": label, "peer": "glue", **t, "GB/s": nbytes / t["kernel"] / 1e3, "rel_err": err,
+                     "kernels": "; ".join(f"{k.strategy}" for k in kernels)})
+        print(rows[-1], flush=True)
+        del dargs
+        if tfns is not None:
+            tdt = torch.float32 if dtype == np.float32 else torch.bfloat16
+            targs = [torch.from_numpy(a.astype(np.float32)).to("cuda").to(tdt) for a in host]
+            variants = [(p, fn) for p, fn in (("torch eager", tfns[name]), ("torch.compile", None)) if
+                        (p == "torch eager" and "torch" in peers) or (p == "torch.compile" and "torch.compile" in peers)]
+            for peer, fn in variants:
+                fn = fn or torch.compile(tfns[name])
+                t = torch_times(fn, targs)
+                rows.append({"workload": label, "peer": peer, **t, "GB/s": nbytes / t["kernel"] / 1e3})
+                print(rows[-1], flush=True)
+            del targs
+            torch.cuda.empty_cache()
+        if jfns is not None:
+            jdt = jnp.float32 if dtype == np.float32 else jnp.bfloat16
+            jargs = [jnp.asarray(a.astype(np.float32)).astype(jdt) for a in host]
+            t = jax_times(jax.jit(jfns[name]), jargs)
+            rows.append({"workload": label, "peer": "jax.jit", **t, "GB/s": nbytes / t["kernel"] / 1e3})
+            print(rows[-1], flush=True)
+            del jargs
+    return rows, ceiling
+
+
+def table(rows: list[dict], ceiling: float) -> str:
+    head = "| workload | peer | per call us | kernel us | GB/s | % of copy | glue host us | rel err |\n" \
+           "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"
+    lines = [head]
+    for r in rows:
+        host = f"{r['host']:.1f}" if "host" in r else ""
+        err = f"{r['rel_err']:.1e}" if "rel_err" in r else ""
+        lines.append(f"| {r['workload']} | {r['peer']} | {r['per_call']:.1f} | {r['kernel']:.1f} | "
+                     f"{r['GB/s']:.0f} | {100 * r['GB/s'] / ceiling:.0f}% | {host} | {err} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks cuda", description=__doc__.split("\n")[0])
+    parser.add_argument("--results", default=os.path.join(os.path.dirname(__file__), "RESULTS.md"),
+                        help="markdown file the table is appended to")
+    parser.add_argument("--peers", default="torch,torch.compile,jax",
+                        help="comma-separated peers: torch, torch.compile, jax (or none)")
+    parser.add_argument("--only", default=None, help="run the workloads whose label contains this")
+    args = parser.parse_args(argv)
+    peers = set(p for p in args.peers.split(",") if p and p != "none")
+    rows, ceiling = run(peers, args.only)
+    text = table(rows, ceiling)
+    print(text)
+    glue_rows = [r for r in rows if r["peer"] == "glue"]
+    kernels = "\n".join(f"- {r['workload']}: {r['kernels']}" for r in glue_rows)
+    device = glue.devices()[0]
+    stamp = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
+    with open(args.results, "a") as f:
+        f.write(f"\n## cuda, {stamp}\n\nMachine: {device} (driver {driver.version()}). Command: "
+                f"`python -m benchmarks cuda {' '.join(argv if argv is not None else sys.argv[2:])}`\n\n"
+                f"{text}\n\nglue kernels:\n{kernels}\n")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,106 @@
+"""Kernel IR -> LLVM IR for the NVPTX target: one module per program, one kernel per Kernel.
+
+`build_program(plan)` maps each kernel onto the GPU by its class (`pointwise.py`, `rows.py`,
+`contraction.py`, `data.py`; `common.py` holds what they share) and records how to launch it:
+grid, block, and the memory place of each pointer parameter. Kernel symbols carry the program
+name, the kernel's position and the ops it fuses; each kernel declares its block size as its
+launch bound (`.maxntid`), which lets ptxas budget registers for exactly that many threads.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from llvmlite import ir
+
+from glue.backend_cuda.codegen.common import KernelEmitter, Launch, Place
+from glue.backend_cuda.codegen.contraction import emit_contraction
+from glue.backend_cuda.codegen.data import emit_data
+from glue.backend_cuda.codegen.pointwise import emit_pointwise
+from glue.backend_cuda.codegen.rows import emit_rows
+from glue.ir import Literal, TensorType
+from glue.scheduler.memory import Placement
+from glue.scheduler.plan import Plan
+
+
+@dataclass(frozen=True)
+class Result:
+    """How graph output i is produced: kind is output | argument (a donated argument's buffer,
+    or a copy of an argument that is itself an output when `copy`) | literal."""
+
+    kind: str
+    slot: int
+    type: TensorType
+    value: Any = None
+    copy: bool = False
+
+
+@dataclass
+class CudaProgram:
+    plan: Plan
+    llvm_ir: str
+    launches: list[Launch]
+    arg_types: list[TensorType]
+    output_types: list[TensorType]
+    results: list[Result]
+
+    @property
+    def arena_bytes(self) -> int:
+        return self.plan.memory.arena_bytes
+
+
+_EMIT = {"pointwise": emit_pointwise, "data": emit_data, "reduction": emit_rows}
+
+
+def _place(p: Placement) -> Place:
+    if p.kind == "arena":
+        return Place("arena", 0, p.slot)
+    return Place("output" if p.kind == "output" else "argument", p.slot)
+
+
+def _symbol(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_]", "_", text)
+
+
+def _launch_bounds(llvm_ir: str, launches: list[Launch]) -> str:
+    """Declare each kernel's block size (`.maxntid`); llvmlite cannot attach string attributes."""
+    for launch in launches:
+        header = re.compile(rf'^(define ptx_kernel void @"{launch.symbol}"\(.*\))$', re.M)
+        llvm_ir = header.sub(lambda m: f'{m.group(1)} "nvvm.maxntid"="{launch.block}"', llvm_ir, count=1)
+    return llvm_ir
+
+
+def build_program(plan: Plan, name: str = "fn") -> CudaProgram:
+    """One LLVM module with a kernel per plan kernel, and how to launch each."""
+    graph, placements = plan.graph, plan.memory.placements
+    module = ir.Module(name=_symbol(name))
+    launches = []
+    for i, kernel in enumerate(plan.kernels):
+        inputs = [_place(placements[b.value_id]) for b in kernel.inputs]
+        outputs = [_place(placements[b.value_id]) for b in kernel.outputs]
+        symbol = f"glue_{_symbol(name)}_{i}_{_symbol(kernel.name)}"[:120]
+        ke = KernelEmitter(module, kernel, symbol, inputs, outputs)
+        shape = emit_contraction(ke) if kernel.kind == "contraction" else None
+        if shape is None:
+            shape = _EMIT.get(kernel.kind, emit_rows)(ke)
+        grid, block, strategy = shape
+        copy = None
+        if kernel.init is not None and inputs[kernel.init] != outputs[0]:
+            copy = (outputs[0], inputs[kernel.init], kernel.outputs[0].type.nbytes)
+        launches.append(Launch(symbol, kernel, grid, block, ke.places, strategy, copy))
+    args = list(graph.constvars) + list(graph.invars)
+    outputs = sorted((p for p in placements.values() if p.kind == "output"), key=lambda p: p.slot)
+    results = []
+    for a in graph.outvars:
+        if isinstance(a, Literal):
+            results.append(Result("literal", -1, a.type, a.value))
+            continue
+        p = placements[a.id]
+        results.append(Result("output" if p.kind == "output" else "argument", p.slot, a.type,
+                              copy=p.kind == "argument"))
+    return CudaProgram(plan, _launch_bounds(str(module), launches), launches, [v.type for v in args],
+                       [p.type for p in outputs], results)
+
+
+__all__ = ["CudaProgram", "Launch", "Place", "Result", "build_program"]

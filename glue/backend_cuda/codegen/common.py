@@ -1,0 +1,416 @@
+"""What every NVPTX kernel is built from: the kernel function and its buffer parameters, thread
+and block indices, shared memory, barriers, warp shuffles, block-wide reductions, and groups of
+lanes that load and store 16 bytes at a time.
+
+A kernel gets one `ptr addrspace(1)` parameter per distinct buffer location it touches (an
+output written in place over an input is one parameter), each `noalias` and 16-byte aligned:
+every buffer comes from the caching allocator or the arena, both 256-byte aligned. Where a value
+lives is a `Place`; the executor turns places into device addresses at each call.
+
+Vector access: a `LaneGroup` evaluates one expression at `width` domain points that differ only
+in the vector dim `v` (lanes 0..width-1). Loads and stores whose flat offset moves by exactly one
+element per lane, with every other term a multiple of `width`, become one vector access of the
+whole group (16 bytes for f32 x4 or bf16 x8); every other access stays per lane.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+from llvmlite import ir
+
+from glue.backend_cuda.codegen.fastmath import GpuEmitter
+from glue.codegen import reductions
+from glue.codegen.expr import ExprEmitter, convert, strides
+from glue.codegen.scope import Analysis, children, hoist
+from glue.codegen.types import I1, I8, I32, I64, from_memory, memory_type, to_memory
+from glue.ir import dtypes as dt
+from glue.ir.dtypes import DType
+from glue.scheduler.kernel_ir import Dim, Expr, Index, Kernel, Load, Reduction, Store
+
+PTR1 = ir.PointerType(addrspace=1)
+PTR3 = ir.PointerType(addrspace=3)
+VOID = ir.VoidType()
+WARP = 32
+VECTOR_BYTES = 16
+MAX_LANES = 8
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where a kernel operand's memory starts: kind is argument | output | arena | workspace;
+    `slot` is the argument or output position; `offset` is in bytes."""
+
+    kind: str
+    slot: int = 0
+    offset: int = 0
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One kernel launch of a program: a 1-d grid of `grid` blocks of `block` threads, one pointer
+    argument per place in `params`; `copy` = (destination, source, bytes) is copied first."""
+
+    symbol: str
+    kernel: Kernel
+    grid: int
+    block: int
+    params: tuple[Place, ...]
+    strategy: str
+    copy: tuple[Place, Place, int] | None = None
+
+
+def flat_index(index: Sequence[Index], shape: Sequence[int]) -> Index:
+    """The element offset of `index` in a row-major buffer of `shape`, as an index expression."""
+    flat = Index()
+    for i, s in zip(index, strides(shape)):
+        flat = flat + i * s
+    return flat
+
+
+def moves_with(flat: Index, v: int, analysis: Analysis) -> bool:
+    """Whether `flat` advances by exactly one element per step of domain dim `v`, with `v`
+    nowhere else in it (not inside a division, clamp or data-dependent index)."""
+    if dict(flat.terms).get(Dim(v)) != 1:
+        return False
+    return all(atom == Dim(v) or v not in analysis.index_uses(Index.of(atom)).dims for atom, _ in flat.terms)
+
+
+def aligned_to(flat: Index, v: int, width: int) -> bool:
+    """Whether every part of `flat` other than dim `v` is a multiple of `width` elements."""
+    return flat.const % width == 0 and all(c % width == 0 for atom, c in flat.terms if atom != Dim(v))
+
+
+def when(b: ir.IRBuilder, condition: ir.Value | None):
+    """`b.if_then(condition)`, or no branch at all when the condition is None (always true)."""
+    return contextlib.nullcontext() if condition is None else b.if_then(condition)
+
+
+def pow2_at_least(n: int) -> int:
+    return 1 << max(0, math.ceil(math.log2(max(n, 1))))
+
+
+class KernelEmitter:
+    """One kernel function being emitted into a module."""
+
+    def __init__(self, module: ir.Module, kernel: Kernel, symbol: str, inputs: Sequence[Place],
+                 outputs: Sequence[Place]):
+        self.module = module
+        self.kernel = kernel
+        self.symbol = symbol
+        self.places = tuple(dict.fromkeys(list(inputs) + list(outputs)))
+        self.fn = ir.Function(module, ir.FunctionType(VOID, [PTR1] * len(self.places)), symbol)
+        self.fn.calling_convention = "ptx_kernel"
+        for arg in self.fn.args:
+            arg.add_attribute("noalias")
+            arg.attributes.align = VECTOR_BYTES
+        self.in_ptrs = [self.fn.args[self.places.index(p)] for p in inputs]
+        self.out_ptrs = [self.fn.args[self.places.index(p)] for p in outputs]
+        self.b = ir.IRBuilder(self.fn.append_basic_block("entry"))
+        self.shapes = [buf.type.shape for buf in kernel.inputs]
+        self.analysis = Analysis()
+        self._shared = 0
+
+    # --- indices -----------------------------------------------------------------------------
+    def sreg(self, name: str) -> ir.Value:
+        full = f"llvm.nvvm.read.ptx.sreg.{name}"
+        fn = self.module.globals.get(full) or ir.Function(self.module, ir.FunctionType(I32, []), full)
+        return self.b.zext(self.b.call(fn, []), I64)
+
+    def thread_index(self) -> ir.Value:
+        return self.sreg("tid.x")
+
+    def block_index(self) -> ir.Value:
+        return self.sreg("ctaid.x")
+
+    # --- memory ------------------------------------------------------------------------------
+    def load(self, slot: int, offset: ir.Value, dtype: DType) -> ir.Value:
+        ty = memory_type(dtype)
+        at = self.b.gep(self.in_ptrs[slot], [offset], inbounds=True, source_etype=ty)
+        return from_memory(self.b, self.b.load(at, typ=ty), dtype)
+
+    def emitter(self, dims: Sequence[ir.Value | None], outer: ExprEmitter | None = None) -> GpuEmitter:
+        em = GpuEmitter(self.b, dims, self.shapes, self.load)
+        if outer is not None:
+            em.memo = dict(outer.memo)
+            em.rows = outer.rows
+        return em
+
+    def output_address(self, em: ExprEmitter, store: Store) -> ir.Value:
+        buf = self.kernel.outputs[store.output]
+        offset = em.offset(store.index, buf.type.shape)
+        return self.b.gep(self.out_ptrs[store.output], [offset], inbounds=True,
+                          source_etype=memory_type(buf.type.dtype))
+
+    def store(self, em: GpuEmitter, store: Store) -> None:
+        """A plain (mode "set") store of one point."""
+        dtype = self.kernel.outputs[store.output].type.dtype
+        value = convert(self.b, em.stored(store.value), store.value.dtype, dtype)
+        self.b.store(to_memory(self.b, value, dtype), self.output_address(em, store))
+
+    def shared(self, ty: ir.Type, count: int) -> ir.Value:
+        """A fresh shared-memory array of `count` elements of `ty`."""
+        array = ir.ArrayType(ty, max(count, 1))
+        g = ir.GlobalVariable(self.module, array, f"{self.symbol}_smem{self._shared}", addrspace=3)
+        self._shared += 1
+        g.linkage = "internal"
+        g.initializer = ir.Constant(array, ir.Undefined)
+        g.align = VECTOR_BYTES
+        # llvmlite types globals with typed pointers; as an opaque `ptr addrspace(3)` GEPs on it
+        # take an element type and print as LLVM 22 expects.
+        g.type = PTR3
+        return g
+
+    def shared_at(self, array: ir.Value, index: ir.Value, ty: ir.Type) -> ir.Value:
+        return self.b.gep(array, [index], inbounds=True, source_etype=ty)
+
+    def barrier(self) -> None:
+        name = "llvm.nvvm.barrier0"
+        fn = self.module.globals.get(name) or ir.Function(self.module, ir.FunctionType(VOID, []), name)
+        self.b.call(fn, [])
+
+    # --- warps and blocks --------------------------------------------------------------------
+    def shuffle_xor(self, value: ir.Value, lane_mask: int) -> ir.Value:
+        """The `value` of the lane whose index differs from ours in `lane_mask` (all 32 lanes
+        take part)."""
+        b, ty = self.b, value.type
+        if isinstance(ty, (ir.DoubleType, ir.IntType)) and getattr(ty, "width", 64) == 64:
+            bits = b.bitcast(value, I64) if isinstance(ty, ir.DoubleType) else value
+            lo = self._shfl(b.trunc(bits, I32), lane_mask)
+            hi = self._shfl(b.trunc(b.lshr(bits, ir.Constant(I64, 32)), I32), lane_mask)
+            joined = b.or_(b.zext(lo, I64), b.shl(b.zext(hi, I64), ir.Constant(I64, 32)))
+            return b.bitcast(joined, ty) if isinstance(ty, ir.DoubleType) else joined
+        if isinstance(ty, ir.FloatType):
+            return b.bitcast(self._shfl(b.bitcast(value, I32), lane_mask), ty)
+        if ty.width < 32:
+            return b.trunc(self._shfl(b.zext(value, I32), lane_mask), ty)
+        return self._shfl(value, lane_mask)
+
+    def _shfl(self, value: ir.Value, lane_mask: int) -> ir.Value:
+        name = "llvm.nvvm.shfl.sync.bfly.i32"
+        fn = self.module.globals.get(name) or ir.Function(
+            self.module, ir.FunctionType(I32, [I32, I32, I32, I32]), name)
+        return self.b.call(fn, [ir.Constant(I32, -1), value, ir.Constant(I32, lane_mask), ir.Constant(I32, 31)])
+
+    def group_reduce(self, partials: list[Partial], group: int, groups_per_block: int,
+                     lane: ir.Value, member: ir.Value) -> list[Partial]:
+        """Combine per-thread partial results over each group of `group` consecutive threads (a
+        power of two): warp butterflies, then, for groups wider than a warp, one value per warp
+        through shared memory. `lane` is the thread's index in its group, `member` its group's
+        index in the block. Every thread of a group gets the same result: each combine is
+        commutative and the cross-warp fold runs in warp order in every thread."""
+        mask = 1
+        while mask < min(group, WARP):
+            others = [p.shuffled(self, mask) for p in partials]
+            partials = [p.combine(self.b, o) for p, o in zip(partials, others)]
+            mask *= 2
+        if group <= WARP:
+            return partials
+        warps = group // WARP
+        b = self.b
+        arrays = [[self.shared(_stored_type(v.type), groups_per_block * warps) for v in p.values]
+                  for p in partials]
+        first_lane = b.icmp_unsigned("==", b.and_(lane, ir.Constant(I64, WARP - 1)), ir.Constant(I64, 0))
+        slot = b.add(b.mul(member, ir.Constant(I64, warps)), b.udiv(lane, ir.Constant(I64, WARP)))
+        with b.if_then(first_lane):
+            for p, arrs in zip(partials, arrays):
+                for v, arr in zip(p.values, arrs):
+                    ty = _stored_type(v.type)
+                    b.store(_to_stored(b, v), self.shared_at(arr, slot, ty))
+        self.barrier()
+        base = b.mul(member, ir.Constant(I64, warps))
+        out = []
+        for p, arrs in zip(partials, arrays):
+            def read(w: int) -> list[ir.Value]:
+                at = b.add(base, ir.Constant(I64, w))
+                return [_from_stored(b, b.load(self.shared_at(arr, at, _stored_type(v.type)),
+                                               typ=_stored_type(v.type)), v.type)
+                        for v, arr in zip(p.values, arrs)]
+            acc = p.with_values(read(0))
+            for w in range(1, warps):
+                acc = acc.combine(b, p.with_values(read(w)))
+            out.append(acc)
+        return out
+
+
+def _stored_type(ty: ir.Type) -> ir.Type:
+    return I8 if ty == I1 else ty
+
+
+def _to_stored(b: ir.IRBuilder, v: ir.Value) -> ir.Value:
+    return b.zext(v, I8) if v.type == I1 else v
+
+
+def _from_stored(b: ir.IRBuilder, v: ir.Value, ty: ir.Type) -> ir.Value:
+    return b.trunc(v, I1) if ty == I1 else v
+
+
+@dataclass(frozen=True)
+class Partial:
+    """A reduction's running result in one thread: its value, and for arg-reductions the
+    position of that value."""
+
+    reduction: Reduction
+    values: tuple[ir.Value, ...]
+
+    @staticmethod
+    def start(r: Reduction) -> "Partial":
+        init = reductions.identity(r.op, r.value.dtype)
+        return Partial(r, (init, ir.Constant(I64, 0)) if r.op.startswith("arg") else (init,))
+
+    def with_values(self, values: Sequence[ir.Value]) -> "Partial":
+        return Partial(self.reduction, tuple(values))
+
+    def add(self, b: ir.IRBuilder, value: ir.Value, position: ir.Value, valid: ir.Value | None) -> "Partial":
+        """Fold in the next element (positions arrive in increasing order); `valid` false skips it."""
+        r = self.reduction
+        if r.op.startswith("arg"):
+            best, at = self.values
+            wins = reductions.better(b, r.op, value, best, r.value.dtype)
+            if valid is not None:
+                wins = b.and_(valid, wins)
+            return self.with_values((b.select(wins, value, best), b.select(wins, position, at)))
+        if valid is not None:
+            value = b.select(valid, value, reductions.identity(r.op, r.value.dtype))
+        return self.with_values((reductions.combine(b, r.op, self.values[0], value, r.dtype),))
+
+    def combine(self, b: ir.IRBuilder, other: "Partial") -> "Partial":
+        """Merge two partials of disjoint element sets; symmetric, so the result is the same
+        whichever side a thread holds (arg ties go to the lower position)."""
+        r = self.reduction
+        if not r.op.startswith("arg"):
+            return self.with_values((reductions.combine(b, r.op, self.values[0], other.values[0], r.dtype),))
+        (v, p), (w, q) = self.values, other.values
+        dtype = r.value.dtype
+        theirs = b.or_(reductions.better(b, r.op, w, v, dtype),
+                       b.and_(b.not_(reductions.better(b, r.op, v, w, dtype)), b.icmp_signed("<", q, p)))
+        return self.with_values((b.select(theirs, w, v), b.select(theirs, q, p)))
+
+    def shuffled(self, ke: KernelEmitter, mask: int) -> "Partial":
+        return self.with_values(tuple(ke.shuffle_xor(v, mask) for v in self.values))
+
+    def result(self, b: ir.IRBuilder) -> ir.Value:
+        """The row value: the folded value, or for arg-reductions the position in its dtype."""
+        if self.reduction.op.startswith("arg"):
+            return convert(b, self.values[1], dt.int64, self.reduction.dtype)
+        return self.values[0]
+
+
+# --- vector access ------------------------------------------------------------------------------
+
+class Vectorization:
+    """Which loads and stores of a kernel move along domain dim `v` contiguously, and the lane
+    count that makes them 16 bytes wide."""
+
+    def __init__(self, kernel: Kernel, analysis: Analysis, v: int | None, extent: int):
+        self.kernel, self.v = kernel, v
+        loads = [e for e in reachable(kernel, analysis) if isinstance(e, Load) and not e.mask]
+        flat_loads = {ld: flat_index(ld.index, kernel.inputs[ld.input].type.shape) for ld in loads}
+        flat_stores = {s: flat_index(s.index, kernel.outputs[s.output].type.shape) for s in kernel.stores
+                       if s.mode == "set" and s.level == "element"}
+        if v is None:
+            self.width, self.loads, self.stores = 1, frozenset(), frozenset()
+            return
+        movers = {ld: f for ld, f in flat_loads.items() if moves_with(f, v, analysis)}
+        store_movers = {s: f for s, f in flat_stores.items() if moves_with(f, v, analysis)}
+        sizes = [ld.dtype.itemsize for ld in movers] + \
+                [kernel.outputs[s.output].type.dtype.itemsize for s in store_movers]
+        width = min(MAX_LANES, VECTOR_BYTES // min(sizes)) if sizes else 1
+        while width > 1 and extent % width:
+            width //= 2
+        self.width = width
+        self.loads = frozenset(ld for ld, f in movers.items() if width > 1 and aligned_to(f, v, width))
+        self.stores = frozenset(s for s, f in store_movers.items() if width > 1 and aligned_to(f, v, width))
+
+
+def reachable(kernel: Kernel, analysis: Analysis) -> list[Expr]:
+    """Every expression the kernel's reductions and stores compute from, each once."""
+    seen: dict[Expr, None] = {}
+    stack = [r.value for r in kernel.reductions] + [s.value for s in kernel.stores]
+    while stack:
+        e = stack.pop()
+        if e in seen:
+            continue
+        seen[e] = None
+        stack.extend(children(e))
+    return list(seen)
+
+
+def _loads_under(exprs: Iterable[Expr], found: set[Expr]) -> list[Load]:
+    out, stack = [], list(exprs)
+    while stack:
+        e = stack.pop()
+        if e in found:
+            continue
+        found.add(e)
+        if isinstance(e, Load):
+            out.append(e)
+        stack.extend(children(e))
+    return out
+
+
+class LaneGroup:
+    """`width` emitters for points that differ only in the vector dim, lane l at offset l."""
+
+    def __init__(self, ke: KernelEmitter, vec: Vectorization, dims: Sequence[ir.Value],
+                 outer: ExprEmitter | None = None):
+        self.ke, self.vec = ke, vec
+        b = ke.b
+        self.emitters = []
+        for lane in range(vec.width):
+            lane_dims = list(dims)
+            if lane:
+                lane_dims[vec.v] = b.add(dims[vec.v], ir.Constant(I64, lane))
+            self.emitters.append(ke.emitter(lane_dims, outer))
+        self._visited: set[Expr] = set()
+
+    @property
+    def width(self) -> int:
+        return self.vec.width
+
+    def share_invariant(self, exprs: Sequence[Expr]) -> None:
+        """Compute once, in lane 0, the parts of `exprs` that do not vary along the vector dim."""
+        if self.width == 1:
+            return
+        first = self.emitters[0]
+        before = set(first.memo)
+        hoist(first, exprs, self.ke.analysis, frozenset((self.vec.v,)))
+        shared = {e: first.memo[e] for e in first.memo if e not in before}
+        for em in self.emitters[1:]:
+            em.memo.update(shared)
+
+    def preload(self, exprs: Sequence[Expr]) -> None:
+        """Issue the vector loads `exprs` need (those not loaded by this group yet)."""
+        if self.width == 1:
+            return
+        b, first = self.ke.b, self.emitters[0]
+        for ld in _loads_under(exprs, self._visited):
+            if ld not in self.vec.loads or ld in self.emitters[1].memo:
+                continue
+            mem = memory_type(ld.dtype)
+            offset = first.offset(ld.index, self.ke.shapes[ld.input])
+            at = b.gep(self.ke.in_ptrs[ld.input], [offset], inbounds=True, source_etype=mem)
+            vector = b.load(at, typ=ir.VectorType(mem, self.width),
+                            align=min(VECTOR_BYTES, self.width * ld.dtype.itemsize))
+            for lane, em in enumerate(self.emitters):
+                em.memo[ld] = from_memory(b, b.extract_element(vector, ir.Constant(I32, lane)), ld.dtype)
+
+    def values(self, e: Expr) -> list[ir.Value]:
+        return [em.value(e) for em in self.emitters]
+
+    def store(self, store: Store) -> None:
+        ke, b = self.ke, self.ke.b
+        if store not in self.vec.stores:
+            for em in self.emitters:
+                ke.store(em, store)
+            return
+        dtype = ke.kernel.outputs[store.output].type.dtype
+        mem = memory_type(dtype)
+        vector = ir.Constant(ir.VectorType(mem, self.width), ir.Undefined)
+        for lane, em in enumerate(self.emitters):
+            value = to_memory(b, convert(b, em.stored(store.value), store.value.dtype, dtype), dtype)
+            vector = b.insert_element(vector, value, ir.Constant(I32, lane))
+        address = ke.output_address(self.emitters[0], store)
+        b.store(vector, address, align=min(VECTOR_BYTES, self.width * dtype.itemsize))

@@ -1,0 +1,149 @@
+"""Contractions on the GPU: a shared-memory tiled kernel with the fused epilogue (no tensor cores
+yet).
+
+The kernel's one reduction folds `A * B` over the contracting dims, where A (the lhs with its
+cast prologue) does not use the rhs's free dims and B does not use the lhs's. The output's
+parallel dims split into M (used by A only), N (used by B only) and batch dims (the rest). A
+block computes a TM x TN tile of one batch: each step of the loop over K stages a TM x TK tile
+of A and a TK x TN tile of B in shared memory (operands already converted to the accumulator
+type), then every thread accumulates its RM x RN outputs, which sit SM = TM / RM rows and
+SN = TN / RN columns apart so that a warp reads consecutive shared-memory words. The epilogue
+(bias, activation, cast, residual: the kernel's row-level stores) runs on the accumulators.
+"""
+from __future__ import annotations
+
+import math
+
+from llvmlite import ir
+
+from glue.backend_cuda.codegen.common import KernelEmitter, pow2_at_least, when
+from glue.codegen import reductions
+from glue.codegen.loops import loop, unflatten
+from glue.codegen.types import I64, register_type
+from glue.scheduler.kernel_ir import Expr, Op
+
+TILE = 64
+TK = 16
+MICRO = 4
+MIN_THREADS = 64
+
+
+def split_operands(ke: KernelEmitter) -> tuple[Expr, Expr, list[int], list[int], list[int]] | None:
+    """(A, B, M dims, N dims, batch dims) of a contraction, or None if its reduction is not a
+    product of two operands that each miss the other's free dims."""
+    k = ke.kernel
+    if len(k.reductions) != 1 or k.reductions[0].op != "sum":
+        return None
+    value = k.reductions[0].value
+    if not (isinstance(value, Op) and value.primitive == "mul" and len(value.args) == 2):
+        return None
+    a, b = value.args
+    used_a, used_b = ke.analysis.uses(a), ke.analysis.uses(b)
+    if used_a.rows or used_b.rows:
+        return None
+    p = range(len(k.parallel))
+    m = [d for d in p if d in used_a.dims and d not in used_b.dims]
+    n = [d for d in p if d in used_b.dims and d not in used_a.dims]
+    return a, b, m, n, [d for d in p if d not in m and d not in n]
+
+
+def emit_contraction(ke: KernelEmitter) -> tuple[int, int, str] | None:
+    """Emit the tiled kernel; None when the kernel does not have a contraction's shape."""
+    split = split_operands(ke)
+    if split is None:
+        return None
+    a_expr, b_expr, m_dims, n_dims, batch_dims = split
+    k, b = ke.kernel, ke.b
+    extent = lambda dims: math.prod(k.parallel[d] for d in dims)  # noqa: E731
+    m_size, n_size, batches, depth = extent(m_dims), extent(n_dims), extent(batch_dims), math.prod(k.reduce)
+    tm, tn = min(TILE, pow2_at_least(m_size)), min(TILE, pow2_at_least(n_size))
+    rm, rn = min(MICRO, tm), min(MICRO, tn)
+    while (tm // rm) * (tn // rn) < MIN_THREADS and (rm > 1 or rn > 1):
+        if rn >= rm:
+            rn //= 2
+        else:
+            rm //= 2
+    sm, sn = tm // rm, tn // rn
+    threads = sm * sn
+    tiles_m, tiles_n = -(-m_size // tm), -(-n_size // tn)
+    reduction = k.reductions[0]
+    acc_type = register_type(reduction.dtype)
+    a_tile = ke.shared(acc_type, TK * (tm + 1))
+    b_tile = ke.shared(acc_type, TK * tn)
+    c = lambda v: ir.Constant(I64, v)  # noqa: E731
+
+    batch, tile_m, tile_n = unflatten(b, ke.block_index(), [batches, tiles_m, tiles_n])
+    tid = ke.thread_index()
+    tx, ty = b.urem(tid, c(sn)), b.udiv(tid, c(sn))
+    m0, n0 = b.mul(tile_m, c(tm)), b.mul(tile_n, c(tn))
+    batch_coords = unflatten(b, batch, [k.parallel[d] for d in batch_dims]) if batch_dims else []
+
+    def point(m: ir.Value | None, n: ir.Value | None, kk: ir.Value | None) -> list[ir.Value | None]:
+        dims: list[ir.Value | None] = [c(0)] * k.rank
+        for d, v in zip(batch_dims, batch_coords):
+            dims[d] = v
+        for group, flat in ((m_dims, m), (n_dims, n)):
+            if group and flat is not None:
+                for d, v in zip(group, unflatten(b, flat, [k.parallel[d] for d in group])):
+                    dims[d] = v
+        if kk is not None:
+            dims[len(k.parallel):] = unflatten(b, kk, k.reduce)
+        return dims
+
+    def stage(tile: ir.Value, expr: Expr, k0: ir.Value, size: int, is_a: bool) -> None:
+        """Evaluate an operand on its tile into shared memory: A's tile is TM x TK with K
+        fastest (the lhs's usual layout), B's TK x TN with N fastest; out-of-range points are 0."""
+        count = TK * (tm if is_a else tn)
+        for q in range(-(-count // threads)):
+            e = b.add(tid, c(q * threads))
+            in_tile = b.icmp_unsigned("<", e, c(count))
+            if is_a:
+                kk, i = b.urem(e, c(TK)), b.udiv(e, c(TK))
+                slot = b.add(b.mul(kk, c(tm + 1)), i)
+            else:
+                i, kk = b.urem(e, c(tn)), b.udiv(e, c(tn))
+                slot = b.add(b.mul(kk, c(tn)), i)
+            outer = b.add(m0 if is_a else n0, i)
+            kidx = b.add(k0, kk)
+            ok = b.and_(b.icmp_unsigned("<", outer, c(size)), b.icmp_unsigned("<", kidx, c(depth)))
+            ok = b.and_(ok, in_tile)
+            outer = b.select(ok, outer, c(0))
+            kidx = b.select(ok, kidx, c(0))
+            em = ke.emitter(point(outer, None, kidx) if is_a else point(None, outer, kidx))
+            value = b.select(ok, em.value(expr), reductions.identity("sum", reduction.dtype))
+            with when(b, in_tile if count % threads else None):
+                b.store(value, ke.shared_at(tile, slot, acc_type))
+
+    def step(b: ir.IRBuilder, kstep: ir.Value, accs: list[ir.Value]):
+        k0 = b.mul(kstep, c(TK))
+        stage(a_tile, a_expr, k0, m_size, True)
+        stage(b_tile, b_expr, k0, n_size, False)
+        ke.barrier()
+        accs = list(accs)
+        for kk in range(TK):
+            a_vals = [b.load(ke.shared_at(a_tile, b.add(ty, c(kk * (tm + 1) + i * sm)), acc_type), typ=acc_type)
+                      for i in range(rm)]
+            b_vals = [b.load(ke.shared_at(b_tile, b.add(tx, c(kk * tn + j * sn)), acc_type), typ=acc_type)
+                      for j in range(rn)]
+            for i in range(rm):
+                for j in range(rn):
+                    product = b.fmul(a_vals[i], b_vals[j]) if reduction.dtype.is_float else b.mul(a_vals[i], b_vals[j])
+                    accs[i * rn + j] = reductions.combine(b, "sum", accs[i * rn + j], product, reduction.dtype)
+        ke.barrier()
+        return accs
+
+    zero = reductions.identity("sum", reduction.dtype)
+    accs = loop(b, 0, -(-depth // TK), step, [zero] * (rm * rn), name="kstep", vectorize=False)
+    for i in range(rm):
+        for j in range(rn):
+            m = b.add(m0, b.add(ty, c(i * sm)))
+            n = b.add(n0, b.add(tx, c(j * sn)))
+            ok = b.and_(b.icmp_unsigned("<", m, c(m_size)), b.icmp_unsigned("<", n, c(n_size)))
+            with b.if_then(ok):
+                dims = point(m, n, None)[:len(k.parallel)] + [None] * len(k.reduce)
+                em = ke.emitter(dims)
+                em.rows = [accs[i * rn + j]]
+                for s in k.stores:
+                    ke.store(em, s)
+    b.ret_void()
+    return batches * tiles_m * tiles_n, threads, f"tiled {tm}x{tn}x{TK} micro {rm}x{rn}"

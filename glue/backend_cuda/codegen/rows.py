@@ -1,0 +1,185 @@
+"""Row reductions on the GPU: a group of `T` threads (a power of two, up to a block) per row.
+
+Each thread takes the row's 16-byte vector groups `lane, lane + T, lane + 2T, ...` (so a warp
+reads consecutive memory), folds them into per-thread partials, and the group combines those
+with warp shuffles and, past one warp, shared memory (`KernelEmitter.group_reduce`). Reductions
+run in levels: a level folds the reductions that only use row values of earlier levels
+(softmax: the max, then the sum of exponentials); row-level work between levels is computed
+once per thread, not once per element.
+
+- registers: when a thread's share of the row is at most `HOLD` elements, its element values
+  are emitted once, straight-line, and stay in registers across every level and the final
+  stores: one pass over memory however many reductions there are (softmax, layernorm,
+  cross-entropy). Rows shorter than a warp share warps: `256 / T` rows per block.
+- looping: longer rows are read once per level and once more for the element stores, in chunks
+  of `UNROLL` groups per thread.
+
+Out-of-range groups of a ragged last chunk read group 0 (always in bounds) and are left out of
+the folds and the stores, so no load is ever out of bounds and no branch splits a warp before a
+shuffle.
+"""
+from __future__ import annotations
+
+import math
+
+from llvmlite import ir
+
+from glue.backend_cuda.codegen.common import (KernelEmitter, LaneGroup, Partial, Vectorization, pow2_at_least,
+                                             when)
+from glue.codegen.loops import loop, unflatten
+from glue.codegen.scope import Analysis, hoist
+from glue.codegen.types import I64
+from glue.scheduler.kernel_ir import Kernel
+
+HOLD = 32            # elements a thread may keep in registers
+TARGET = 16          # elements per thread the register variant aims for
+UNROLL = 4           # vector groups per thread per iteration of the looping variant
+MAX_THREADS = 1024
+BLOCK = 256
+
+
+def reduction_levels(kernel: Kernel, analysis: Analysis) -> list[list[int]]:
+    """Reductions grouped by dependency depth: a level uses only row values of earlier ones."""
+    depth: dict[int, int] = {}
+    for i, r in enumerate(kernel.reductions):
+        depth[i] = 1 + max((depth[j] for j in analysis.uses(r.value).rows), default=-1)
+    return [[i for i in depth if depth[i] == d] for d in sorted(set(depth.values()))]
+
+
+class _RowEmitter:
+    def __init__(self, ke: KernelEmitter):
+        self.ke, self.b, self.k = ke, ke.b, ke.kernel
+        k = self.k
+        self.rows = math.prod(k.parallel)
+        self.vec = Vectorization(k, ke.analysis, k.rank - 1 if k.reduce else None, k.reduce[-1] if k.reduce else 1)
+        self.width = self.vec.width
+        self.groups = math.prod(k.reduce) // self.width
+        per_thread = max(1, TARGET // self.width)
+        self.threads = min(MAX_THREADS, pow2_at_least(-(-self.groups // per_thread)))
+        self.slots = -(-self.groups // self.threads)
+        self.looping = self.slots * self.width > HOLD
+        self.rows_per_block = max(1, BLOCK // self.threads)
+        self.reduce_dims = frozenset(range(len(k.parallel), k.rank))
+
+    def build(self) -> tuple[int, int, str]:
+        k, b, ke = self.k, self.b, self.ke
+        T, B = self.threads, self.rows_per_block
+        tid = ke.thread_index()
+        self.lane = b.and_(tid, ir.Constant(I64, T - 1))
+        self.member = b.lshr(tid, ir.Constant(I64, T.bit_length() - 1))
+        row = b.add(b.mul(ke.block_index(), ir.Constant(I64, B)), self.member)
+        self.row_ok = None
+        if self.rows % B:
+            self.row_ok = b.icmp_unsigned("<", row, ir.Constant(I64, self.rows))
+            row = b.select(self.row_ok, row, ir.Constant(I64, 0))
+        self.coords = unflatten(b, row, k.parallel) if k.parallel else []
+        self.outer = ke.emitter(self.coords + [None] * len(k.reduce))
+        self.outer.rows = [None] * len(k.reductions)
+        slots = [] if self.looping else [self.slot(ir.Constant(I64, s * T), s * T + T <= self.groups)
+                                         for s in range(self.slots)]
+        for level in reduction_levels(k, ke.analysis):
+            exprs = [k.reductions[i].value for i in level]
+            hoist(self.outer, exprs, ke.analysis, self.reduce_dims, frozenset(level))
+            partials = [Partial.start(k.reductions[i]) for i in level]
+            if self.looping:
+                partials = self.fold_looping(exprs, partials)
+            else:
+                for lanes, valid, first in slots:
+                    partials = self.fold(lanes, valid, first, exprs, partials)
+            partials = ke.group_reduce(partials, T, B, self.lane, self.member)
+            for i, p in zip(level, partials):
+                self.outer.rows[i] = p.result(b)
+        self.element_stores(slots)
+        row_stores = [s for s in k.stores if s.level == "row"]
+        if row_stores:
+            first_lane = b.icmp_unsigned("==", self.lane, ir.Constant(I64, 0))
+            with when(b, self.both(first_lane, self.row_ok)):
+                for s in row_stores:
+                    ke.store(self.outer, s)
+        b.ret_void()
+        variant = f"looping x{UNROLL}" if self.looping else f"registers {self.slots * self.width}/thread"
+        return -(-self.rows // B), T * B, f"rows {variant} T={T} x{self.width}"
+
+    def both(self, a: ir.Value | None, c: ir.Value | None) -> ir.Value | None:
+        """The conjunction of two optional conditions (None: always true)."""
+        if a is None or c is None:
+            return c if a is None else a
+        return self.b.and_(a, c)
+
+    def slot(self, base: ir.Value, always_valid: bool) -> tuple[LaneGroup, ir.Value | None, ir.Value]:
+        """The vector group `base + lane` of this thread's row: its lanes, whether it lies in the
+        row (None when it always does) and its first element's position in the row."""
+        b = self.b
+        group = b.add(base, self.lane)
+        valid = None
+        if not always_valid:
+            valid = b.icmp_unsigned("<", group, ir.Constant(I64, self.groups))
+            group = b.select(valid, group, ir.Constant(I64, 0))
+        first = b.mul(group, ir.Constant(I64, self.width))
+        lanes = LaneGroup(self.ke, self.vec, self.coords + unflatten(b, first, self.k.reduce), self.outer)
+        return lanes, valid, first
+
+    def refresh(self, lanes: LaneGroup) -> None:
+        """Give a group's emitters the row values and row-level work computed since it began."""
+        for em in lanes.emitters:
+            em.memo.update(self.outer.memo)
+
+    def fold(self, lanes: LaneGroup, valid, first, exprs, partials: list[Partial]) -> list[Partial]:
+        b = self.b
+        self.refresh(lanes)
+        lanes.preload(exprs)
+        for lane, em in enumerate(lanes.emitters):
+            position = b.add(first, ir.Constant(I64, lane)) if lane else first
+            partials = [p.add(b, em.value(p.reduction.value), position, valid) for p in partials]
+        return partials
+
+    def chunks(self, body, carried):
+        per_chunk = self.threads * UNROLL
+        return loop(self.b, 0, -(-self.groups // per_chunk), body, carried, name="chunk", vectorize=False)
+
+    def fold_looping(self, exprs, partials: list[Partial]) -> list[Partial]:
+        shapes = [len(p.values) for p in partials]
+
+        def body(b: ir.IRBuilder, c: ir.Value, values: list[ir.Value]):
+            it = iter(values)
+            current = [p.with_values([next(it) for _ in range(n)]) for p, n in zip(partials, shapes)]
+            base = b.mul(c, ir.Constant(I64, self.threads * UNROLL))
+            for u in range(UNROLL):
+                lanes, valid, first = self.slot(b.add(base, ir.Constant(I64, u * self.threads)), False)
+                current = self.fold(lanes, valid, first, exprs, current)
+            return [v for p in current for v in p.values]
+
+        out = iter(self.chunks(body, [v for p in partials for v in p.values]))
+        return [p.with_values([next(out) for _ in range(n)]) for p, n in zip(partials, shapes)]
+
+    def element_stores(self, slots) -> None:
+        stores = [s for s in self.k.stores if s.level == "element"]
+        if not stores:
+            return
+        values = [s.value for s in stores]
+
+        def emit(lanes: LaneGroup, valid: ir.Value | None) -> None:
+            with when(self.b, self.both(valid, self.row_ok)):
+                self.refresh(lanes)
+                lanes.preload(values)
+                for s in stores:
+                    lanes.store(s)
+
+        if not self.looping:
+            for lanes, valid, _ in slots:
+                emit(lanes, valid)
+            return
+
+        def body(b: ir.IRBuilder, c: ir.Value, _):
+            base = b.mul(c, ir.Constant(I64, self.threads * UNROLL))
+            for u in range(UNROLL):
+                lanes, valid, _ = self.slot(b.add(base, ir.Constant(I64, u * self.threads)), False)
+                emit(lanes, valid)
+            return []
+
+        self.chunks(body, [])
+
+
+def emit_rows(ke: KernelEmitter) -> tuple[int, int, str]:
+    """Emit a row-reduction kernel; returns (grid, block, strategy)."""
+    return _RowEmitter(ke).build()

@@ -1,0 +1,57 @@
+"""Random programs on the cpu backend against the float64 NumPy reference.
+
+Programs and inputs come from `glue.testing` (well-typed DAGs over every primitive, inputs on
+exact grids, so results agree within each dtype's tolerance by construction); the examples run
+through the whole pipeline: passes, fusion, memory plan, LLVM code generation, JIT, runtime.
+Each example compiles a fresh module (about 0.1 s), so the counts here set this file's time.
+"""
+import contextlib
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from glue.backend_cpu import matmul
+from glue.ir import dtypes as dt
+from glue.testing import check_graph, graph_inputs, programs
+
+ALL_DTYPES = (dt.float32, dt.int32, dt.bool_, dt.float16, dt.bfloat16, dt.int64, dt.float64)
+# At least this many examples even under the quick `ci` profile; more under `thorough`.
+EXAMPLES = max(250, settings.default.max_examples)
+
+
+@contextlib.contextmanager
+def _blocked_contractions_always():
+    """Send every contraction through the packed, register-blocked path, however small."""
+    saved = matmul.MIN_WORK
+    matmul.MIN_WORK = 0
+    try:
+        yield
+    finally:
+        matmul.MIN_WORK = saved
+
+
+@st.composite
+def _programs_with_inputs(draw, **kwargs):
+    graph = draw(programs(**kwargs))
+    return graph, draw(graph_inputs(graph))
+
+
+@settings(max_examples=EXAMPLES)
+@given(_programs_with_inputs(dtypes=ALL_DTYPES, max_eqns=10))
+def test_random_programs_match_the_reference(case):
+    check_graph(*case, backends=["cpu"])
+
+
+@settings(max_examples=EXAMPLES // 5)
+@given(_programs_with_inputs(dtypes=(dt.float32, dt.int32, dt.bfloat16), max_eqns=8, max_rank=2, max_side=19))
+def test_random_programs_on_rows_longer_than_a_vector(case):
+    check_graph(*case, backends=["cpu"])
+
+
+@settings(max_examples=EXAMPLES // 5)
+@given(_programs_with_inputs(dtypes=(dt.float32, dt.float16, dt.float64), max_eqns=6, max_side=12,
+                             primitives=("dot_general", "add", "mul", "tanh", "convert_element_type",
+                                         "broadcast_in_dim", "transpose", "reduce_sum")))
+def test_random_contractions_through_the_blocked_path(case):
+    with _blocked_contractions_always():
+        check_graph(*case, backends=["cpu"])

@@ -1,0 +1,209 @@
+"""Runs the cuda backend's kernels on the host CPU, for testing code generation without a GPU.
+
+The NVPTX module glue generates is retargeted to the host (address spaces dropped, kernels made
+plain functions) and JIT-compiled with llvmlite; the few NVVM intrinsics it calls become C
+functions: thread and block indices read thread-local variables, `barrier0` is a pthread
+barrier over the block, and a warp shuffle publishes every thread's value and reads its
+partner's between two barriers (glue only shuffles where the whole block does). Each block runs
+as `block` POSIX threads, blocks one after another, so shared-memory globals are per block.
+Needs a C compiler (`cc`); tests skip without one.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from functools import lru_cache
+from typing import Any, Sequence
+
+import llvmlite.binding as llvm
+import numpy as np
+
+from glue.backend_cuda.codegen import CudaProgram
+
+_RUNTIME = r"""
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+static __thread int32_t tid, ctaid;
+static int32_t ntid, nctaid;
+static pthread_barrier_t barrier;
+static int64_t *slots;
+
+int32_t emu_tid(void) { return tid; }
+int32_t emu_ctaid(void) { return ctaid; }
+int32_t emu_ntid(void) { return ntid; }
+int32_t emu_nctaid(void) { return nctaid; }
+void emu_barrier(void) { pthread_barrier_wait(&barrier); }
+int32_t emu_shfl(int32_t mask, int32_t value, int32_t lane_mask, int32_t clamp) {
+    slots[tid] = value;
+    pthread_barrier_wait(&barrier);
+    int32_t other = (tid & ~31) | ((tid & 31) ^ lane_mask);
+    int32_t result = other < ntid ? (int32_t)slots[other] : value;
+    pthread_barrier_wait(&barrier);
+    return result;
+}
+
+float emu_ex2(float x) { return exp2f(x); }
+float emu_lg2(float x) { return log2f(x); }
+float emu_sqrt(float x) { return sqrtf(x); }
+float emu_rsqrt(float x) { return 1.0f / sqrtf(x); }
+
+typedef struct { void *fn; int nparams; void **params; int32_t block; int32_t thread; } job;
+
+static void *run(void *arg) {
+    job *j = (job *)arg;
+    tid = j->thread; ctaid = j->block;
+    void **p = j->params;
+    switch (j->nparams) {
+#define CALL(n, ...) case n: ((void (*)())j->fn)(__VA_ARGS__); break;
+    CALL(0)
+    CALL(1, p[0]) CALL(2, p[0], p[1]) CALL(3, p[0], p[1], p[2]) CALL(4, p[0], p[1], p[2], p[3])
+    CALL(5, p[0], p[1], p[2], p[3], p[4]) CALL(6, p[0], p[1], p[2], p[3], p[4], p[5])
+    CALL(7, p[0], p[1], p[2], p[3], p[4], p[5], p[6])
+    CALL(8, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7])
+    CALL(9, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8])
+    CALL(10, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9])
+    CALL(11, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], p[10])
+    CALL(12, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], p[10], p[11])
+    default: abort();
+    }
+    return 0;
+}
+
+int emu_launch(void *fn, int nparams, void **params, int32_t grid, int32_t block) {
+    pthread_t *threads = malloc(sizeof(pthread_t) * block);
+    job *jobs = malloc(sizeof(job) * block);
+    slots = malloc(sizeof(int64_t) * block);
+    ntid = block; nctaid = grid;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setstacksize(&attr, 1 << 20);
+    for (int32_t b = 0; b < grid; b++) {
+        pthread_barrier_init(&barrier, 0, block);
+        for (int32_t t = 0; t < block; t++) {
+            jobs[t] = (job){fn, nparams, params, b, t};
+            if (pthread_create(&threads[t], &attr, run, &jobs[t])) return -1;
+        }
+        for (int32_t t = 0; t < block; t++) pthread_join(threads[t], 0);
+        pthread_barrier_destroy(&barrier);
+    }
+    free(threads); free(jobs); free(slots);
+    return 0;
+}
+"""
+
+_INTRINSICS = {
+    "llvm.nvvm.read.ptx.sreg.tid.x": "emu_tid", "llvm.nvvm.read.ptx.sreg.ctaid.x": "emu_ctaid",
+    "llvm.nvvm.read.ptx.sreg.ntid.x": "emu_ntid", "llvm.nvvm.read.ptx.sreg.nctaid.x": "emu_nctaid",
+    "llvm.nvvm.barrier0": "emu_barrier", "llvm.nvvm.shfl.sync.bfly.i32": "emu_shfl",
+    "llvm.nvvm.ex2.approx.f": "emu_ex2", "llvm.nvvm.lg2.approx.f": "emu_lg2",
+    "llvm.nvvm.sqrt.approx.f": "emu_sqrt", "llvm.nvvm.rsqrt.approx.f": "emu_rsqrt",
+}
+
+
+def available() -> bool:
+    return shutil.which("cc") is not None
+
+
+@lru_cache(maxsize=None)
+def _runtime() -> ctypes.CDLL:
+    directory = tempfile.mkdtemp(prefix="glue-emu-")
+    source, library = os.path.join(directory, "emu.c"), os.path.join(directory, "emu.so")
+    with open(source, "w") as f:
+        f.write(_RUNTIME)
+    subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-pthread", source, "-o", library, "-lm"], check=True)
+    lib = ctypes.CDLL(library)
+    for name in set(_INTRINSICS.values()):
+        llvm.add_symbol(name, ctypes.cast(getattr(lib, name), ctypes.c_void_p).value)
+    lib.emu_launch.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_void_p),
+                               ctypes.c_int32, ctypes.c_int32]
+    return lib
+
+
+def host_ir(nvptx_ir: str) -> str:
+    """The module retargeted to the host: no address spaces, plain functions, C intrinsics."""
+    text = re.sub(r"\s*addrspace\(\d\)", "", nvptx_ir).replace("define ptx_kernel void", "define void")
+    for name, replacement in _INTRINSICS.items():
+        text = text.replace(f'@"{name}"', f'@"{replacement}"').replace(f"@{name}(", f"@{replacement}(")
+    return text
+
+
+class _Engine:
+    def __init__(self, nvptx_ir: str):
+        llvm.initialize_native_target()
+        llvm.initialize_native_asmprinter()
+        _runtime()
+        module = llvm.parse_assembly(host_ir(nvptx_ir))
+        module.verify()
+        # The host's own features: F16C converts half precision without libcalls.
+        target = llvm.Target.from_default_triple().create_target_machine(
+            cpu=llvm.get_host_cpu_name(), features=llvm.get_host_cpu_features().flatten(), opt=1)
+        self.engine = llvm.create_mcjit_compiler(module, target)
+        self.engine.finalize_object()
+
+    def address(self, symbol: str) -> int:
+        return self.engine.get_function_address(symbol)
+
+
+def _aligned(nbytes: int, fill: int) -> tuple[np.ndarray, int]:
+    raw = np.full(nbytes + 512, fill, np.uint8)
+    start = -raw.ctypes.data % 256
+    return raw, raw.ctypes.data + start
+
+
+def run_program(program: CudaProgram, args: Sequence[Any], poison: int = 0xFF) -> list[np.ndarray]:
+    """Run every launch of `program` on NumPy arguments; outputs and arena start as `poison`."""
+    lib = _runtime()
+    engine = _Engine(program.llvm_ir)
+    keep = []
+    arrays = []
+    for a, t in zip(args, program.arg_types):
+        x = np.asarray(a, dtype=t.dtype.numpy)
+        raw, ptr = _aligned(x.nbytes, 0)
+        np.ctypeslib.as_array((ctypes.c_uint8 * max(x.nbytes, 1)).from_address(ptr))[:x.nbytes] = \
+            np.ascontiguousarray(x).reshape(-1).view(np.uint8)
+        keep.append(raw)
+        arrays.append((ptr, t))
+    outs = []
+    for t in program.output_types:
+        raw, ptr = _aligned(t.nbytes, poison)
+        keep.append(raw)
+        outs.append((ptr, t))
+    arena_raw, arena = _aligned(program.arena_bytes, poison)
+    bases = [p for p, _ in arrays] + [p for p, _ in outs] + [arena]
+    n_args = len(arrays)
+
+    def address(place) -> int:
+        base = {"argument": place.slot, "output": n_args + place.slot, "arena": len(bases) - 1}[place.kind]
+        return bases[base] + place.offset
+
+    for launch in program.launches:
+        if launch.copy:
+            dst, src, nbytes = launch.copy
+            ctypes.memmove(address(dst), address(src), nbytes)
+        if launch.grid == 0:
+            continue
+        params = (ctypes.c_void_p * max(len(launch.params), 1))(*[address(p) for p in launch.params])
+        if lib.emu_launch(engine.address(launch.symbol), len(launch.params), params, launch.grid, launch.block):
+            raise RuntimeError(f"emulator: could not start the threads of {launch.symbol}")
+
+    def read(ptr: int, t) -> np.ndarray:
+        data = np.ctypeslib.as_array((ctypes.c_uint8 * max(t.nbytes, 1)).from_address(ptr))[:t.nbytes]
+        return data.copy().view(t.dtype.numpy).reshape(t.shape)
+
+    results = []
+    for r in program.results:
+        if r.kind == "literal":
+            results.append(np.full(r.type.shape, r.value, r.type.dtype.numpy))
+        elif r.kind == "output":
+            results.append(read(*outs[r.slot]))
+        else:
+            results.append(read(arrays[r.slot][0], r.type))
+    del keep, arena_raw
+    return results

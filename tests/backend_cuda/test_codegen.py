@@ -1,0 +1,125 @@
+"""The cuda backend's code generation, without a GPU: PTX for every kernel of a set of programs
+(the model workloads and random programs) assembles with ptxas for sm_90 and sm_80, with no
+spills; and the generated kernels, run on the host by `emulator.py`, agree with the reference
+interpreter on random programs and inputs."""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import glue
+from glue.backend_cuda import CudaBackend
+from glue.backend_cuda.codegen import build_program
+from glue.backend_cuda.ptx import assemble, ptx_for_module, ptxas_available
+from glue.ir import dtypes as dt
+from glue.reference import run_graph
+from glue.reference.compare import mismatch
+from glue.scheduler.plan import schedule
+from glue.testing.check import tolerance_dtypes
+from glue.testing.strategies import graph_inputs, programs
+from tests.backend_cuda import emulator
+from tests.backend_cuda.cases import ALL_CASES, BF16, WORKLOADS, layernorm, rmsnorm, rng_arrays, softmax, xent
+
+needs_ptxas = pytest.mark.skipif(not ptxas_available(), reason="ptxas is not on the PATH")
+needs_cc = pytest.mark.skipif(not emulator.available(), reason="no C compiler for the kernel emulator")
+ARCHS = ["sm_90", "sm_80"]
+ALL_DTYPES = (dt.float32, dt.int32, dt.bool_, dt.bfloat16, dt.float16, dt.int64, dt.float64)
+
+
+def _lowered(fn, args):
+    closed = glue.make_ir(fn)(*args)
+    return closed, CudaBackend().lower(closed.graph, name=fn.__name__, arch="sm_90")
+
+
+def _check(graph, args, got, label, float64=True):
+    want = run_graph(graph, [np.asarray(a) for a in args], float64=float64)
+    for i, (g, w, d) in enumerate(zip(got, want, tolerance_dtypes(graph))):
+        problem = mismatch(np.asarray(g), w, d)
+        assert problem is None, f"{label}: output {i}: {problem}\n{graph}"
+
+
+@pytest.mark.parametrize("name", sorted(WORKLOADS))
+def test_workload_ptx_names_bounds_and_vectors(name):
+    fn, specs = WORKLOADS[name]
+    args = rng_arrays(0, *specs)
+    _, low = _lowered(fn, args)
+    ptx = low.as_text("ptx")
+    entries = re.findall(r"\.entry (\w+)\(", ptx)
+    assert len(entries) == len(low.plan.kernels)
+    for entry, kernel in zip(entries, low.plan.kernels):
+        assert kernel.ops[0] in entry
+    assert len(re.findall(r"^\.maxntid \d+", ptx, re.M)) == len(entries)
+    if name in ("softmax", "layernorm", "bias_gelu", "softmax_long"):
+        assert "ld.global.nc.v4" in ptx and "st.global.v4" in ptx
+    if name in ("softmax", "layernorm", "rmsnorm", "xent"):
+        assert low.program.launches[0].strategy.startswith("rows registers")
+        assert "shfl.sync.bfly" in ptx
+
+
+@needs_ptxas
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("name", sorted(WORKLOADS))
+def test_workload_ptx_assembles_without_spills(name, arch):
+    fn, specs = WORKLOADS[name]
+    closed = glue.make_ir(fn)(*rng_arrays(0, *specs))
+    report = assemble(CudaBackend().lower(closed.graph, arch=arch).as_text("ptx"), arch)
+    assert "bytes spill" in report
+    assert not re.search(r"[1-9]\d* bytes spill", report), report
+
+
+@needs_ptxas
+def test_model_shapes_keep_rows_in_registers_without_spills():
+    """The benchmark shapes: 8192x4096 rows and 4096x32000 cross-entropy hold the row in registers."""
+    big = [((8192, 4096), np.float32), ((4096,), np.float32), ((4096,), np.float32)]
+    zeros = lambda specs: [np.zeros(s, d) for s, d in specs]  # noqa: E731
+    for fn, specs in ((layernorm, big), (softmax, big[:1]), (rmsnorm, big[:2]),
+                      (xent, [((4096, 32000), np.float32)] * 2),
+                      (softmax, [((8192, 4096), _bf16())])):
+        closed = glue.make_ir(fn)(*zeros(specs))
+        low = CudaBackend().lower(closed.graph, arch="sm_90")
+        assert low.program.launches[0].strategy.startswith("rows registers"), low.program.launches[0].strategy
+        report = assemble(low.as_text("ptx"))
+        assert not re.search(r"[1-9]\d* bytes spill", report), report
+
+
+@needs_cc
+@pytest.mark.parametrize("name", sorted(WORKLOADS))
+def test_workload_kernels_compute_the_reference_results(name):
+    fn, specs = WORKLOADS[name]
+    args = rng_arrays(1, *specs)
+    closed, low = _lowered(fn, args)
+    all_args = list(closed.consts) + args
+    # Against the reference in the program's own dtypes: the bf16 workloads round at every step.
+    _check(closed.graph, all_args, emulator.run_program(low.program, all_args), name, float64=False)
+
+
+@needs_cc
+@given(st.data())
+@settings(max_examples=25, deadline=None)
+def test_random_programs_match_the_reference(data):
+    graph = data.draw(programs(dtypes=ALL_DTYPES, max_eqns=6))
+    inputs = data.draw(graph_inputs(graph))
+    program = build_program(schedule(graph), "random")
+    for poison in (0xFF, 0x00):  # an element no kernel writes fails under one of the two
+        _check(graph, inputs, emulator.run_program(program, inputs, poison), "random program")
+
+
+@needs_ptxas
+@given(programs(dtypes=ALL_DTYPES, max_eqns=6))
+@settings(max_examples=10, deadline=None)
+def test_random_programs_assemble(graph):
+    llvm_ir = build_program(schedule(graph), "random").llvm_ir
+    for arch in ARCHS + ["sm_75"]:
+        assemble(ptx_for_module(llvm_ir, arch), arch)
+
+
+@needs_cc
+@pytest.mark.parametrize("name, fn, args", ALL_CASES, ids=[c[0] for c in ALL_CASES])
+def test_numpy_and_nn_functions_on_the_emulator(name, fn, args):
+    closed, low = _lowered(fn, args)
+    inputs = list(closed.consts) + list(args)
+    _check(closed.graph, inputs, emulator.run_program(low.program, inputs), name)
