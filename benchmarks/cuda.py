@@ -9,7 +9,9 @@ Per workload and peer:
   the wall clock of such a burst (jax, which has no events), divided by BURST;
 - GB/s: the workload's bytes (inputs read once, output written once, as the anchors count them)
   over the kernel time, and that as a percentage of the copy ceiling;
-- host: for glue, the host time until a call returns with its work queued (no waiting).
+- host: for glue, the host time until a call returns with its work queued (no waiting);
+- no-jit call: for glue, the per-call time through the compiled executable, without the jit
+  frontend's argument handling (what the backend itself costs).
 The table is printed and appended to benchmarks/RESULTS.md (or --results) with date, machine and
 command. Inputs live on the device before timing; glue's output is checked against NumPy.
 """
@@ -156,7 +158,7 @@ def median_us(fn: Callable[[], Any], iters: int = ITERS) -> float:
     return statistics.median(times) * 1e6
 
 
-def glue_times(f: Callable, args: list, nbytes: int) -> dict[str, float]:
+def glue_times(f: Callable, args: list) -> dict[str, float]:
     stream = get_context().stream
     for _ in range(WARMUP):
         f(*args).block_until_ready()
@@ -263,48 +265,59 @@ def run(peers: set[str], only: str | None) -> tuple[list[dict], float]:
         if only and only not in label:
             continue
         host = [rng.standard_normal(s, dtype=np.float32).astype(dtype) for s in shapes]
-        f = glue.jit(GLUE_FNS[name], backend="cuda")
-        dargs = [device_put(a) for a in host]
-        got = np.asarray(f(*dargs)).astype(np.float64)
-        want = numpy_reference(name, host)
-        err = float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30))
-        kernels = next(iter(f._compiled.values())).kernels  # the program the calls run
-        t = glue_times(f, dargs, nbytes)
-        rows.append({"workload": label, "peer": "glue", **t, "GB/s": nbytes / t["kernel"] / 1e3, "rel_err": err,
-                     "kernels": "; ".join(f"{k.strategy}" for k in kernels)})
-        print(rows[-1], flush=True)
-        del dargs
+        attempt(rows, label, "glue", lambda: glue_row(name, host), nbytes)
         if tfns is not None:
             tdt = torch.float32 if dtype == np.float32 else torch.bfloat16
             targs = [torch.from_numpy(a.astype(np.float32)).to("cuda").to(tdt) for a in host]
-            variants = [(p, fn) for p, fn in (("torch eager", tfns[name]), ("torch.compile", None)) if
-                        (p == "torch eager" and "torch" in peers) or (p == "torch.compile" and "torch.compile" in peers)]
-            for peer, fn in variants:
-                fn = fn or torch.compile(tfns[name])
-                t = torch_times(fn, targs)
-                rows.append({"workload": label, "peer": peer, **t, "GB/s": nbytes / t["kernel"] / 1e3})
-                print(rows[-1], flush=True)
+            if "torch" in peers:
+                attempt(rows, label, "torch eager", lambda: torch_times(tfns[name], targs), nbytes)
+            if "torch.compile" in peers:
+                attempt(rows, label, "torch.compile", lambda: torch_times(torch.compile(tfns[name]), targs), nbytes)
             del targs
             torch.cuda.empty_cache()
         if jfns is not None:
             jdt = jnp.float32 if dtype == np.float32 else jnp.bfloat16
             jargs = [jnp.asarray(a.astype(np.float32)).astype(jdt) for a in host]
-            t = jax_times(jax.jit(jfns[name]), jargs)
-            rows.append({"workload": label, "peer": "jax.jit", **t, "GB/s": nbytes / t["kernel"] / 1e3})
-            print(rows[-1], flush=True)
+            attempt(rows, label, "jax.jit", lambda: jax_times(jax.jit(jfns[name]), jargs), nbytes)
             del jargs
     return rows, ceiling
 
 
+def glue_row(name: str, host: list[np.ndarray]) -> dict:
+    f = glue.jit(GLUE_FNS[name], backend="cuda")
+    dargs = [device_put(a) for a in host]
+    got = np.asarray(f(*dargs)).astype(np.float64)
+    want = numpy_reference(name, host)
+    err = float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30))
+    compiled = next(iter(f._compiled.values()))  # the program the calls run
+    times = glue_times(f, dargs)
+    exe = compiled.executable
+    times["exe"] = median_us(lambda: exe(*dargs)[0].block_until_ready())
+    return {**times, "rel_err": err, "kernels": "; ".join(k.strategy for k in compiled.kernels)}
+
+
+def attempt(rows: list[dict], label: str, peer: str, measure: Callable[[], dict], nbytes: int) -> None:
+    """Measure one peer on one workload (`nbytes` moved per call); a peer that fails is reported
+    and skipped."""
+    try:
+        t = measure()
+    except Exception as exc:  # a missing or broken peer must not stop the others
+        print(f"{label} / {peer}: failed: {exc!r}"[:500], flush=True)
+        return
+    rows.append({"workload": label, "peer": peer, **t, "GB/s": nbytes / t["kernel"] / 1e3})
+    print(rows[-1], flush=True)
+
+
 def table(rows: list[dict], ceiling: float) -> str:
-    head = "| workload | peer | per call us | kernel us | GB/s | % of copy | glue host us | rel err |\n" \
-           "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"
+    head = "| workload | peer | per call us | kernel us | GB/s | % of copy | host us | no-jit call us | rel err |\n" \
+           "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
     lines = [head]
     for r in rows:
         host = f"{r['host']:.1f}" if "host" in r else ""
+        exe = f"{r['exe']:.1f}" if "exe" in r else ""
         err = f"{r['rel_err']:.1e}" if "rel_err" in r else ""
         lines.append(f"| {r['workload']} | {r['peer']} | {r['per_call']:.1f} | {r['kernel']:.1f} | "
-                     f"{r['GB/s']:.0f} | {100 * r['GB/s'] / ceiling:.0f}% | {host} | {err} |")
+                     f"{r['GB/s']:.0f} | {100 * r['GB/s'] / ceiling:.0f}% | {host} | {exe} | {err} |")
     return "\n".join(lines)
 
 

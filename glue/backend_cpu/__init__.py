@@ -8,6 +8,7 @@ generated, before optimisation) and "asm" (the host assembly after the O3 pipeli
 """
 from __future__ import annotations
 
+import math
 from functools import cached_property
 from typing import Sequence
 
@@ -19,7 +20,7 @@ from glue.ir import Graph
 from glue.scheduler.kernel_ir import Op
 from glue.scheduler.lowering import EXPENSIVE
 from glue.scheduler.plan import STAGES, Plan, schedule
-from glue.codegen.scope import children
+from glue.codegen.scope import Analysis, children
 
 
 class CpuLowered:
@@ -50,11 +51,14 @@ class CpuLowered:
 
 
 def estimate_cost(plan: Plan) -> CostAnalysis:
+    """Operations and bytes of one call: an element-level operation counts once per point of
+    its kernel's domain, a row-level one once per row; a float sum or dot adds one per point."""
     flops = transcendentals = traffic = 0.0
     for kernel in plan.kernels:
-        points = 1
-        for n in kernel.parallel + kernel.reduce:
-            points *= n
+        rows = math.prod(kernel.parallel)
+        points = rows * math.prod(kernel.reduce)
+        reduce_dims = frozenset(range(len(kernel.parallel), kernel.rank))
+        analysis = Analysis()
         seen, stack = set(), [r.value for r in kernel.reductions] + [s.value for s in kernel.stores]
         while stack:
             e = stack.pop()
@@ -62,10 +66,11 @@ def estimate_cost(plan: Plan) -> CostAnalysis:
                 continue
             seen.add(e)
             if isinstance(e, Op) and e.dtype.is_float and e.primitive != "convert_element_type":
+                count = points if analysis.inside(e, reduce_dims) else rows
                 if e.primitive in EXPENSIVE:
-                    transcendentals += points
+                    transcendentals += count
                 else:
-                    flops += points
+                    flops += count
             stack.extend(children(e))
         flops += points * sum(r.op == "sum" and r.dtype.is_float for r in kernel.reductions)
         traffic += sum(b.type.nbytes for b in kernel.inputs + kernel.outputs)

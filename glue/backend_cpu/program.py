@@ -65,6 +65,7 @@ def build_program(plan: Plan, name: str = "fn") -> Program:
     output_types = [p.type for p in outputs]
     arena_slot = len(args) + len(outputs)
     module = ir.Module(name=_symbol(name))
+    module.triple, module.data_layout = host().triple, host().data_layout
     functions = []
     vector_bits = host().vector_bits
     for i, kernel in enumerate(plan.kernels):

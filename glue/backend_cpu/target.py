@@ -30,6 +30,7 @@ class HostTarget:
     triple: str
     cpu: str
     features: str
+    data_layout: str = ""
 
     @property
     def vector_bits(self) -> int:
@@ -57,7 +58,7 @@ def host() -> HostTarget:
             llvm.initialize_native_asmprinter()
             triple = llvm.get_process_triple()
             target = HostTarget(triple, llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten())
-            target.machine()
+            target = HostTarget(target.triple, target.cpu, target.features, str(target.machine().target_data))
         except RuntimeError as exc:
             raise BackendError(f"cpu: LLVM cannot generate code for this host: {exc}") from None
     return target

@@ -39,7 +39,7 @@ class Trace:
 
     def to_atom(self, value: Any) -> Atom:
         if isinstance(value, Tracer) and value.trace is self:
-            return value.var
+            return value.atom
         if isinstance(value, Tracer) and not value.trace.active:
             raise _escaped(value)
         if not isinstance(value, Tracer) and np.ndim(value) == 0 and not _is_array_object(value):
@@ -115,16 +115,16 @@ def literal(value: Any) -> Literal:
 class Tracer(ArrayOperators):
     """A stand-in for an array while a function is traced: it knows its type, not its values."""
 
-    __slots__ = ("trace", "var")
+    __slots__ = ("trace", "atom")
     __array_priority__ = 100
 
     def __init__(self, trace: Trace, var: Var):
         self.trace = trace
-        self.var = var
+        self.atom = var
 
     @property
     def aval(self) -> TensorType:
-        return self.var.type
+        return self.atom.type
 
     def __repr__(self) -> str:
         return f"Tracer<{self.aval}>"

@@ -133,6 +133,8 @@ class _Lowerer:
             else:
                 if eqn.primitive in EXPENSIVE:
                     self._check_no_recompute(eqn, index)
+                if eqn.primitive not in INDEX_RULES:  # scatter_add: complete only when its kernel ends
+                    raise FusionRefused(f"the result of {eqn.primitive} cannot be read in its own kernel")
                 self.memo[key] = INDEX_RULES[eqn.primitive](self, eqn, index, mask)
         return self.memo[key]
 

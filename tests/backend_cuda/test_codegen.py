@@ -35,8 +35,8 @@ def _lowered(fn, args):
     return closed, CudaBackend().lower(closed.graph, name=fn.__name__, arch="sm_90")
 
 
-def _check(graph, args, got, label, float64=True):
-    want = run_graph(graph, [np.asarray(a) for a in args], float64=float64)
+def _check(graph, args, got, label):
+    want = run_graph(graph, [np.asarray(a) for a in args], float64=True)
     for i, (g, w, d) in enumerate(zip(got, want, tolerance_dtypes(graph))):
         problem = mismatch(np.asarray(g), w, d)
         assert problem is None, f"{label}: output {i}: {problem}\n{graph}"
@@ -78,7 +78,7 @@ def test_model_shapes_keep_rows_in_registers_without_spills():
     zeros = lambda specs: [np.zeros(s, d) for s, d in specs]  # noqa: E731
     for fn, specs in ((layernorm, big), (softmax, big[:1]), (rmsnorm, big[:2]),
                       (xent, [((4096, 32000), np.float32)] * 2),
-                      (softmax, [((8192, 4096), _bf16())])):
+                      (softmax, [((8192, 4096), BF16)])):
         closed = glue.make_ir(fn)(*zeros(specs))
         low = CudaBackend().lower(closed.graph, arch="sm_90")
         assert low.program.launches[0].strategy.startswith("rows registers"), low.program.launches[0].strategy
@@ -93,8 +93,7 @@ def test_workload_kernels_compute_the_reference_results(name):
     args = rng_arrays(1, *specs)
     closed, low = _lowered(fn, args)
     all_args = list(closed.consts) + args
-    # Against the reference in the program's own dtypes: the bf16 workloads round at every step.
-    _check(closed.graph, all_args, emulator.run_program(low.program, all_args), name, float64=False)
+    _check(closed.graph, all_args, emulator.run_program(low.program, all_args), name)
 
 
 @needs_cc

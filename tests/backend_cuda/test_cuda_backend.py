@@ -60,7 +60,7 @@ def test_workloads(name):
     closed = glue.make_ir(fn)(*args)
     exe = CudaBackend().lower(closed.graph, name=name).compile()
     inputs = list(closed.consts) + args
-    want = run_graph(closed.graph, inputs, float64=False)
+    want = run_graph(closed.graph, inputs, float64=True)
     for got, w, d in zip(exe(*inputs), want, tolerance_dtypes(closed.graph)):
         assert mismatch(np.asarray(got), w, d) is None
 

@@ -69,11 +69,11 @@ def test_missing_driver_means_unavailable_not_an_exception(monkeypatch):
         drv.load.cache_clear()
 
 
-def test_is_available_is_a_bool_and_lower_is_not_built_yet():
+def test_is_available_is_a_bool_and_lowering_needs_no_gpu():
     assert isinstance(CudaBackend.is_available(), bool)
     assert CudaBackend.name == "cuda"
-    with pytest.raises(BackendError, match="not built yet"):
-        CudaBackend().lower(None, name="f")
+    closed = glue.make_ir(lambda x: x * 2)(np.ones(4, np.float32))
+    assert ".entry" in CudaBackend().lower(closed.graph, name="f").as_text("ptx")
 
 
 def test_devices_list_gpus_then_the_cpu():

@@ -118,8 +118,8 @@ def test_glue_array_numpy_interop():
     assert "glue.Array" in repr(a) and "f32" in repr(a)
     b = glue.Array(np.ones(2, ml_dtypes.bfloat16))
     assert b.dtype == np.dtype(ml_dtypes.bfloat16)
-    scalar = glue.Array(np.float32(2.5).reshape(()))
-    assert float(scalar) == 2.5 and scalar.item() == 2.5 and int(glue.Array(np.int32(7).reshape(()))) == 7
+    scalar = glue.Array(np.array(2.5, np.float32))
+    assert float(scalar) == 2.5 and scalar.item() == 2.5 and int(glue.Array(np.array(7, np.int32))) == 7
 
 
 def test_glue_array_operators_stay_glue_arrays():

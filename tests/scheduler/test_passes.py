@@ -17,6 +17,11 @@ from glue.reference import IMPLS, run_graph
 from glue.scheduler.passes import PASSES, optimize
 from glue.scheduler.passes.casts import LOSSLESS
 
+try:
+    from glue.testing import strategies as library
+except ImportError:  # written alongside these tests; the local generator covers the passes alone
+    library = None
+
 F16, BF16, F32, F64 = dt.float16, dt.bfloat16, dt.float32, dt.float64
 I32, I64, BOOL = dt.int32, dt.int64, dt.bool_
 
@@ -53,22 +58,32 @@ def _nans(a: np.ndarray) -> np.ndarray:
 def assert_bits_equal(actual: np.ndarray, expected: np.ndarray) -> None:
     """Same dtype, shape and bits (signed zeros told apart); any NaN equals any NaN."""
     assert actual.dtype == expected.dtype and actual.shape == expected.shape
+    if np.array_equal(_bits(actual), _bits(expected)):
+        return
     nans = _nans(expected)
     np.testing.assert_array_equal(_nans(actual), nans)
     np.testing.assert_array_equal(_bits(actual)[~nans], _bits(expected)[~nans])
 
 
+def assert_same_results(graph: Graph, rewritten: Graph, consts: list, arg_sets: list[list[np.ndarray]],
+                        expected: list[list[np.ndarray]] | None = None) -> None:
+    """`rewritten` is well formed, has `graph`'s signature and source lines, and gives the same
+    bits on every argument set (`expected` holds `graph`'s results when already known)."""
+    verify(rewritten)
+    assert (rewritten.constvars, rewritten.invars, rewritten.out_types) == \
+        (graph.constvars, graph.invars, graph.out_types)
+    assert {e.source for e in rewritten.eqns} <= {e.source for e in graph.eqns} | {None}
+    expected = expected or [run_graph(graph, consts + args) for args in arg_sets]
+    for args, outs in zip(arg_sets, expected):
+        for actual, out in zip(run_graph(rewritten, consts + args), outs):
+            assert_bits_equal(actual, out)
+
+
 def check_optimized(closed: ClosedGraph, arg_sets: list[list[np.ndarray]]) -> Graph:
-    """Optimise `closed`, check it is well formed, keeps its signature, source lines and every
-    output bit on each argument set, and is a fixed point; returns the optimised graph."""
+    """Optimise `closed`, check that it gives the same bits and is a fixed point; returns it."""
     graph, consts = closed.graph, list(closed.consts)
     opt = optimize(graph, consts)
-    verify(opt)
-    assert (opt.constvars, opt.invars, opt.out_types) == (graph.constvars, graph.invars, graph.out_types)
-    assert {e.source for e in opt.eqns} <= {e.source for e in graph.eqns} | {None}
-    for args in arg_sets:
-        for actual, expected in zip(run_graph(opt, consts + args), run_graph(graph, consts + args)):
-            assert_bits_equal(actual, expected)
+    assert_same_results(graph, opt, consts, arg_sets)
     assert optimize(opt, consts) == opt
     return opt
 
@@ -77,7 +92,7 @@ def sample_args(graph: Graph, seed: int = 0) -> list[list[np.ndarray]]:
     """Argument sets that pass every special value through every argument, then random ones."""
     rng = np.random.default_rng(seed)
     sets = []
-    for offset in range(0, len(SPECIAL["float"]), 3):
+    for offset in range(len(SPECIAL["float"])):
         sets.append([_special(v.type, offset + 5 * i) for i, v in enumerate(graph.invars)])
     return sets + [[_special(v.type, rng.integers(1 << 16), rng) for v in graph.invars] for _ in range(2)]
 
@@ -375,7 +390,8 @@ class _Builder:
         return bind("broadcast_in_dim", lit, shape=type_.shape, dims=()) if kind == "splat" and type_.shape else lit
 
     def step(self) -> None:
-        recipe = self.draw(st.sampled_from([self.unary, self.binary, self.near_identity, self.literal_arith, self.casts,
+        recipe = self.draw(st.sampled_from([self.unary, self.binary, self.near_identity, self.near_identity,
+                                            self.literal_arith, self.casts, self.casts,
                                             self.transposes, self.reshapes, self.broadcasts, self.slice_pad,
                                             self.reduce, self.select, self.duplicate, self.iota, self.dot]))
         out = recipe()
@@ -406,7 +422,9 @@ class _Builder:
 
     def near_identity(self):
         """A binary operation with a unit-like constant (0, -0.0, 1, 2, ...) on either side."""
-        x = self.pick(lambda a: a.dtype != BOOL)
+        numeric = [a for a in self.args if a.aval.dtype != BOOL]
+        x = self.draw(st.sampled_from(numeric)) if numeric and self.draw(st.booleans()) else \
+            self.pick(lambda a: a.dtype != BOOL)
         if x is None:
             return None
         op = self.draw(st.sampled_from(["add", "sub", "mul", "div", "pow", "max"]
@@ -429,7 +447,7 @@ class _Builder:
         x = self.pick()
         source = x.aval.dtype
         wide = [w for s, w in LOSSLESS if s == source]
-        middle = self.draw(st.sampled_from(wide + list(dt.ALL_DTYPES)))
+        middle = self.draw(st.sampled_from(wide + list(dt.FLOAT_DTYPES) + list(dt.ALL_DTYPES)))
         target = self.draw(st.sampled_from([source, middle] + list(dt.ALL_DTYPES)))
         return bind("convert_element_type", bind("convert_element_type", x, new_dtype=middle), new_dtype=target)
 
@@ -549,13 +567,26 @@ class Program:
 @settings(max_examples=max(200, settings().max_examples))
 @given(random_programs())
 def test_optimized_random_programs_give_identical_bits(program):
-    graph, consts = program.closed.graph, list(program.closed.consts)
-    note(f"optimized:\n{optimize(graph, consts)}")
-    for name, run in PASSES.items():  # each pass alone, so that a failure shows its pass
+    graph, consts, arg_sets = program.closed.graph, list(program.closed.consts), program.args
+    expected = [run_graph(graph, consts + args) for args in arg_sets]
+    for name, run in PASSES.items():  # each pass alone first, so that a failure names its pass
         note(f"pass: {name}")
-        alone = run(graph, consts)
-        verify(alone)
-        for args in program.args:
-            for actual, expected in zip(run_graph(alone, consts + args), run_graph(graph, consts + args)):
-                assert_bits_equal(actual, expected)
-    check_optimized(program.closed, program.args)
+        assert_same_results(graph, run(graph, consts), consts, arg_sets[::5], expected[::5])
+    opt = optimize(graph, consts)
+    note(f"optimized:\n{opt}")
+    assert_same_results(graph, opt, consts, arg_sets, expected)
+    assert optimize(opt, consts) == opt
+
+
+@pytest.mark.skipif(library is None, reason="glue.testing.strategies is not available")
+@settings(max_examples=max(100, settings().max_examples))
+@given(st.data())
+def test_optimized_library_programs_give_identical_bits(data):
+    # Two elements per axis at most keeps sums sequential (see `_Builder.reduce`).
+    graph = data.draw(library.programs(dtypes=dt.ALL_DTYPES, max_eqns=12, max_rank=2, max_side=2))
+    args = data.draw(library.graph_inputs(graph))
+    consts = args[:len(graph.constvars)]
+    opt = optimize(graph, consts)
+    note(f"optimized:\n{opt}")
+    assert_same_results(graph, opt, [], [args])
+    assert optimize(opt, consts) == opt

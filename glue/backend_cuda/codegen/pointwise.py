@@ -1,17 +1,20 @@
-"""Pointwise kernels on the GPU: one thread per group of `width` consecutive points of the
-flattened domain (a 16-byte vector of the narrowest contiguous operand), a 1-d grid over the
-groups. Values that do not vary along the innermost dim are computed once per group."""
+"""Pointwise kernels on the GPU: a thread computes `UNROLL` groups of `width` consecutive points
+of the flattened domain (a group is one 16-byte vector of the narrowest contiguous operand); the
+groups of a block are `BLOCK` apart, so each of a warp's accesses covers consecutive memory, and
+a 1-d grid covers the domain. Values that do not vary along the innermost dim are computed once
+per group."""
 from __future__ import annotations
 
 import math
 
 from llvmlite import ir
 
-from glue.backend_cuda.codegen.common import KernelEmitter, LaneGroup, Vectorization, pow2_at_least
+from glue.backend_cuda.codegen.common import KernelEmitter, LaneGroup, Vectorization, pow2_at_least, when
 from glue.codegen.loops import unflatten
 from glue.codegen.types import I64
 
 BLOCK = 256
+UNROLL = 1
 
 
 def emit_pointwise(ke: KernelEmitter) -> tuple[int, int, str]:
@@ -22,14 +25,31 @@ def emit_pointwise(ke: KernelEmitter) -> tuple[int, int, str]:
     vec = Vectorization(k, ke.analysis, v, k.parallel[-1] if k.parallel else 1)
     groups = points // vec.width
     block = min(BLOCK, max(32, pow2_at_least(groups)))
-    group = b.add(b.mul(ke.block_index(), ir.Constant(I64, block)), ke.thread_index())
-    with b.if_then(b.icmp_unsigned("<", group, ir.Constant(I64, groups))):
-        first = b.mul(group, ir.Constant(I64, vec.width))
-        lanes = LaneGroup(ke, vec, unflatten(b, first, k.parallel) if k.parallel else [])
-        values = [s.value for s in k.stores]
-        lanes.share_invariant(values)
-        lanes.preload(values)
-        for s in k.stores:
-            lanes.store(s)
+    unroll = max(1, min(UNROLL, -(-groups // block)))
+    per_block = block * unroll
+    block_start = b.mul(ke.block_index(), ir.Constant(I64, per_block))
+    base = b.add(block_start, ke.thread_index())
+    values = [s.value for s in k.stores]
+
+    def groups_of_thread(guarded: bool) -> None:
+        for u in range(unroll):
+            group = b.add(base, ir.Constant(I64, u * block)) if u else base
+            with when(b, b.icmp_unsigned("<", group, ir.Constant(I64, groups)) if guarded else None):
+                first = b.mul(group, ir.Constant(I64, vec.width))
+                lanes = LaneGroup(ke, vec, unflatten(b, first, k.parallel) if k.parallel else [])
+                lanes.share_invariant(values)
+                lanes.preload(values)
+                for s in k.stores:
+                    lanes.store(s)
+
+    if groups % per_block == 0:
+        groups_of_thread(guarded=False)
+    else:  # only the last block needs bounds checks; the others keep their loads unconditional
+        whole = b.icmp_unsigned("<=", b.add(block_start, ir.Constant(I64, per_block)), ir.Constant(I64, groups))
+        with b.if_else(whole) as (then, otherwise):
+            with then:
+                groups_of_thread(guarded=False)
+            with otherwise:
+                groups_of_thread(guarded=True)
     b.ret_void()
-    return -(-groups // block), block, f"pointwise x{vec.width}"
+    return -(-groups // (block * unroll)), block, f"pointwise x{vec.width} unroll {unroll}"

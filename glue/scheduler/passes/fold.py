@@ -101,7 +101,7 @@ def fold(graph: Graph, consts: Sequence[Any] | None = None) -> Graph:
         if out.type.size == 0:
             return fill(0, eqn)
         scalars = [splat(a, ctx) for a in eqn.inputs]
-        if PRIMITIVES[eqn.primitive].kind == "elementwise" and None not in scalars:
+        if PRIMITIVES[eqn.primitive].kind == "elementwise" and all(s is not None for s in scalars):
             result = _evaluate(eqn, [_read(s) for s in scalars])
             return None if result is None else fill(result[()], eqn)
         if any(t.size > FOLD_LIMIT for t in (out.type, *(a.type for a in eqn.inputs))):

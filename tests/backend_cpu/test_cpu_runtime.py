@@ -1,0 +1,151 @@
+"""The cpu runtime and the code it runs: threads, vector instructions, analyses, donation,
+reentrancy, argument errors, and the backend protocol."""
+import re
+import threading
+
+import numpy as np
+import pytest
+
+import glue
+import glue.nn as nn
+import glue.numpy as gnp
+from glue.backend_cpu import CpuBackend, runtime, target
+from glue.backends import default_backend_name
+from glue.errors import GlueError
+
+RNG = np.random.default_rng(7)
+
+
+def _compile(fn, *args, threads=None, monkeypatch=None, **kwargs):
+    if threads is not None:
+        monkeypatch.setenv("GLUE_CPU_THREADS", str(threads))
+    return glue.jit(fn, backend="cpu", **kwargs).lower(*args).compile().executable
+
+
+def _gelu_bias(x, b):
+    return nn.gelu(x + b)
+
+
+def _matmul_bias_tanh(x, w, b):
+    return gnp.tanh(x @ w + b)
+
+
+BIG = {
+    "bias+gelu": (_gelu_bias, [(256, 512), (512,)]),
+    "softmax": (nn.softmax, [(256, 600)]),
+    "column sum": (lambda x: x.sum(0) * 2, [(300, 400)]),
+    "matmul epilogue": (_matmul_bias_tanh, [(96, 128), (128, 160), (160,)]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BIG))
+def test_results_are_identical_on_one_thread_and_on_all(name, monkeypatch):
+    fn, shapes = BIG[name]
+    args = [RNG.standard_normal(s).astype(np.float32) for s in shapes]
+    one = _compile(fn, *args, threads=1, monkeypatch=monkeypatch)
+    many = _compile(fn, *args, threads=2, monkeypatch=monkeypatch)
+    assert all(len(chunks) == 1 for _, chunks in one._steps)
+    assert any(len(chunks) == 2 for _, chunks in many._steps), "the big kernel was not split"
+    np.testing.assert_array_equal(np.asarray(one(*args)[0]), np.asarray(many(*args)[0]))
+
+
+def test_chunks_cover_the_units_exactly_once_on_row_boundaries():
+    from glue.backend_cpu.kernels import KernelFunction
+
+    for units, row, threads in [(1000, 10, 2), (7, 7, 4), (1 << 20, 2048, 3), (5, 1000, 2)]:
+        f = KernelFunction(None, "k", units, row, cost=1e12)
+        chunks = runtime.split(f, threads)
+        assert chunks[0][0] == 0 and chunks[-1][1] == units
+        assert all(a[1] == b[0] for a, b in zip(chunks, chunks[1:]))
+        assert len(chunks) <= threads
+        if units // row >= threads:
+            assert all(lo % row == 0 for lo, _ in chunks)
+
+
+def _packed_float_ops(asm: str, symbol: str) -> list[str]:
+    body = re.search(rf"^{re.escape(symbol)}:\n(.*?)^\.Lfunc_end", asm, re.S | re.M).group(1)
+    width = "[yz]mm" if target.host().vector_bits >= 256 else "xmm"
+    return re.findall(rf"^\s*v?(?:add|sub|mul|div|fmadd\w*|fmsub\w*|max|min)ps\s[^\n]*%{width}", body, re.M)
+
+
+@pytest.mark.parametrize("fn, shapes", [(_gelu_bias, [(64, 256), (256,)]), (nn.softmax, [(64, 256)]),
+                                        (_matmul_bias_tanh, [(64, 64), (64, 64), (64,)])],
+                         ids=["bias+gelu", "softmax", "matmul"])
+def test_hot_loops_use_packed_vector_instructions(fn, shapes):
+    args = [np.ones(s, np.float32) for s in shapes]
+    lowered = glue.jit(fn, backend="cpu").lower(*args)
+    asm = lowered.as_text("asm")
+    for kernel in lowered.compile().kernels:
+        assert len(_packed_float_ops(asm, kernel.symbol)) >= 8, kernel.name
+
+
+def test_llvm_stage_is_the_module_and_asm_is_optimised_code():
+    lowered = glue.jit(nn.softmax, backend="cpu").lower(np.ones((4, 8), np.float32))
+    assert {"llvm", "asm", "kernels", "memory", "fusion", "optimized", "graph"} <= set(lowered.stages)
+    llvm_ir = lowered.as_text("llvm")
+    assert re.search(r'define void @"?glue_softmax_0', llvm_ir) and "noalias" in llvm_ir
+    assert target.host().triple in llvm_ir
+    assert "glue_softmax_0" in lowered.as_text("asm")
+
+
+def test_memory_and_cost_analysis():
+    x = np.ones((32, 64), np.float32)
+    ws = [np.ones((64, 64), np.float32)] * 4
+    def mlp(x, ws):
+        for w in ws:
+            x = gnp.tanh(x @ w)
+        return x
+    exe = _compile(mlp, x, ws)
+    m = exe.memory_analysis()
+    assert m.argument_bytes == x.nbytes + 4 * ws[0].nbytes
+    assert m.output_bytes == x.nbytes
+    assert m.peak_bytes == m.argument_bytes + m.arena_bytes + m.output_bytes < m.naive_bytes
+    c = exe.cost_analysis()
+    assert c.flops >= 4 * 2 * 32 * 64 * 64
+    assert c.transcendentals == 4 * 32 * 64
+    assert c.bytes_accessed >= m.argument_bytes + m.output_bytes
+
+
+def test_donated_argument_buffers_hold_the_outputs():
+    x = RNG.standard_normal((64, 64)).astype(np.float32)
+    expected = np.tanh(x * 2)
+    f = glue.jit(lambda x: gnp.tanh(x * 2), backend="cpu", donate_argnums=0)
+    out = f(x)
+    np.testing.assert_allclose(np.asarray(out), expected, rtol=2e-6)
+    assert np.shares_memory(np.asarray(out), x)
+    assert f.lower(x).compile().memory_analysis().output_bytes == 0
+
+
+def test_concurrent_calls_of_one_executable_do_not_interfere():
+    exe = _compile(nn.softmax, np.ones((128, 300), np.float32))
+    inputs = [RNG.standard_normal((128, 300)).astype(np.float32) * (i + 1) for i in range(6)]
+    expected = [np.asarray(exe(x)[0]) for x in inputs]
+    results = [None] * len(inputs)
+
+    def work(i):
+        for _ in range(5):
+            results[i] = np.asarray(exe(inputs[i])[0])
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(inputs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for got, want in zip(results, expected):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_bad_arguments_raise_glue_errors():
+    exe = CpuBackend().lower(glue.make_ir(lambda x: x + 1)(np.ones(3, np.float32)).graph).compile()
+    with pytest.raises(GlueError, match="takes 1 arguments"):
+        exe(np.ones(3), np.ones(3))
+    with pytest.raises(GlueError, match=r"shape \(4,\)"):
+        exe(np.ones(4, np.float32))
+
+
+def test_cpu_is_the_default_backend_without_a_gpu():
+    from glue.backend_cuda import CudaBackend
+
+    if CudaBackend.is_available():
+        pytest.skip("a GPU is present")
+    assert CpuBackend.is_available()
+    assert default_backend_name() in ("cpu",) or "GLUE_BACKEND" in __import__("os").environ
