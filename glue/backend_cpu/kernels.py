@@ -185,10 +185,12 @@ class KernelBuilder:
         points = math.prod(k.parallel + k.reduce)
         per_point = cost_per_point(k)
         with self.b.if_then(self.b.icmp_signed("<", self.start, self.end)):
-            if k.kind == "pointwise":
-                self.pointwise()
-            elif k.kind == "data":
+            if k.kind == "data":
                 self.data()
+            elif 0 in k.parallel:
+                pass  # no elements, no rows (a reduction over nothing does store its identity)
+            elif k.kind == "pointwise":
+                self.pointwise()
             else:
                 self.rows()
         self.b.ret_void()
@@ -232,9 +234,10 @@ class KernelBuilder:
 
     def data(self) -> None:
         k, b = self.kernel, self.b
-        if k.init is not None and self.in_ptrs[k.init] is not self.out_ptrs[0]:
-            nbytes = k.outputs[0].type.nbytes
-            b.call(_memcpy(b.module), [self.out_ptrs[0], self.in_ptrs[k.init], ir.Constant(I64, nbytes),
+        target = next((s.output for s in k.stores if s.mode == "add"), 0)
+        if k.init is not None and self.in_ptrs[k.init] is not self.out_ptrs[target]:
+            nbytes = k.outputs[target].type.nbytes
+            b.call(_memcpy(b.module), [self.out_ptrs[target], self.in_ptrs[k.init], ir.Constant(I64, nbytes),
                                        ir.Constant(I1, 0)])
 
         def point(b: ir.IRBuilder, coords: list[ir.Value], _):

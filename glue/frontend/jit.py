@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import itertools
 import logging
 import os
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from glue.ir import ClosedGraph, TensorType
 
 log = logging.getLogger("glue")
 
+_DUMP_COUNT = itertools.count()
 _STAGE_SUFFIX = {"graph": "dot", "llvm": "ll", "ptx": "ptx"}
 
 
@@ -131,11 +133,13 @@ class Lowered:
         return Compiled(self, self._backend_lowered.compile())
 
     def dump(self, directory: str) -> list[str]:
-        """Write every stage into `directory`; returns the paths written."""
+        """Write every stage into `directory` as `<n>.<function>.<stage>.<ext>`, `n` counting the
+        programs compiled by this process (so two signatures of one function do not collide)."""
         os.makedirs(directory, exist_ok=True)
         paths = []
+        n = next(_DUMP_COUNT)
         for stage in self.stages:
-            path = os.path.join(directory, f"{self.name}.{stage}.{_STAGE_SUFFIX.get(stage, 'txt')}")
+            path = os.path.join(directory, f"{n:03d}.{self.name}.{stage}.{_STAGE_SUFFIX.get(stage, 'txt')}")
             with open(path, "w") as f:
                 f.write(self.as_text(stage) + "\n")
             paths.append(path)

@@ -65,6 +65,9 @@ def check(f: Callable[..., Any], *args: Any, backends: Sequence[str] | None = No
     every output with the reference interpreter run in float64 (or in the program's own dtypes
     with `float64_reference=False`); tolerances are `glue.reference.compare`'s, times `scale`.
     Raises AssertionError naming the backend, the output, the errors and the first mismatch."""
+    if isinstance(f, Jitted):  # check the function it wraps, with its static arguments
+        static_argnums = static_argnums or tuple(f.spec.static_nums)
+        static_argnames = static_argnames or tuple(f.spec.static_names)
     fn = f.fn if isinstance(f, Jitted) else f
     name = getattr(fn, "__name__", "fn")
     traced = jit(fn, backend="reference", static_argnums=static_argnums, static_argnames=static_argnames)
@@ -72,7 +75,7 @@ def check(f: Callable[..., Any], *args: Any, backends: Sequence[str] | None = No
     graph = closed.graph
     inputs = [np.asarray(x) for x in tuple(closed.consts) + tuple(leaves)]
     expected = run_graph(graph, inputs, float64=float64_reference)
-    paths = leaf_paths(out_tree, "out")
+    paths, dtypes = leaf_paths(out_tree, "out"), tolerance_dtypes(graph)
     for backend in _default_backends(backends):
         compiled = jit(fn, backend=backend, static_argnums=static_argnums, static_argnames=static_argnames)
         try:
@@ -80,7 +83,7 @@ def check(f: Callable[..., Any], *args: Any, backends: Sequence[str] | None = No
         except Exception as err:
             err.add_note(f"glue.testing.check: while running {name} on the {backend} backend")
             raise
-        _compare(f"{name} on the {backend} backend", paths, outs, expected, tolerance_dtypes(graph), scale)
+        _compare(f"{name} on the {backend} backend", paths, outs, expected, dtypes, scale)
 
 
 def check_graph(graph: Graph, inputs: Sequence[Any], backends: Sequence[str] | None = None,
@@ -89,12 +92,11 @@ def check_graph(graph: Graph, inputs: Sequence[Any], backends: Sequence[str] | N
     values, then invars') and compare every output with the reference interpreter."""
     inputs = [np.asarray(x) for x in inputs]
     expected = run_graph(graph, inputs, float64=float64_reference)
-    paths = [f"{i}" for i in range(len(graph.outvars))]
+    paths, dtypes = [str(i) for i in range(len(graph.outvars))], tolerance_dtypes(graph)
     for backend in _default_backends(backends):
         try:
             outs = get_backend(backend).lower(graph).compile()(*inputs)
         except Exception as err:
             err.add_note(f"glue.testing.check_graph: while running on the {backend} backend:\n{graph}")
             raise
-        _compare(f"graph on the {backend} backend", paths, outs, expected, tolerance_dtypes(graph), scale,
-                 f"\n{graph}")
+        _compare(f"graph on the {backend} backend", paths, outs, expected, dtypes, scale, f"\n{graph}")

@@ -102,8 +102,6 @@ def test_cross_entropy():
     _close(glue.jit(nn.cross_entropy, backend="cpu")(logits, labels), _xent(_f64(logits), labels), scale=4.0)
 
 
-@pytest.mark.xfail(strict=True, reason="the fuser splits the row max from its two consumers "
-                                       "(used by 2 kernels and too expensive to recompute)")
 def test_cross_entropy_reads_the_logits_in_one_row_kernel():
     logits, labels = _data(8, 50), RNG.integers(0, 50, 8).astype(np.int32)
     kernels = _kernels(nn.cross_entropy, logits, labels)

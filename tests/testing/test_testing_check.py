@@ -49,7 +49,7 @@ def test_check_passes_on_a_correct_backend():
 
     check(layer, X, X[0], act="tanh", static_argnames="act", backends=["reference"])
     check(layer, X, X[0], act="none", static_argnames="act", backends=["reference"], float64_reference=False)
-    check(glue.jit(lambda x: x * 2.0), X, backends=["reference"])
+    check(glue.jit(lambda x, n: x * n, static_argnums=1), X, 3, backends=["reference"])
 
 
 def test_check_reports_the_backend_output_and_errors(skewed):
