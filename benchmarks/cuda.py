@@ -5,8 +5,9 @@ bandwidth ceiling, all in one process on one GPU.
 
 Per workload and peer:
 - per call: host wall clock from the call to its result being ready (median of ITERS calls);
-- kernel: device time per call, from CUDA events around BURST back-to-back calls (glue, torch) or
-  the wall clock of such a burst (jax, which has no events), divided by BURST;
+- kernel: device time per call, from CUDA events around BURST back-to-back calls (glue: of its
+  compiled executable; torch) or the wall clock of such a burst (jax, which has no events),
+  divided by BURST;
 - GB/s: the workload's bytes (inputs read once, output written once, as the anchors count them)
   over the kernel time, and that as a percentage of the copy ceiling;
 - host: for glue, the host time until a call returns with its work queued (no waiting);
@@ -158,7 +159,10 @@ def median_us(fn: Callable[[], Any], iters: int = ITERS) -> float:
     return statistics.median(times) * 1e6
 
 
-def glue_times(f: Callable, args: list) -> dict[str, float]:
+def glue_times(f: Callable, exe: Callable, args: list) -> dict[str, float]:
+    """Per call through the jitted function; kernel time from events around a burst of calls of
+    the executable itself (the jit frontend's host time per call exceeds some kernels' device
+    time, and the burst must keep the GPU busy)."""
     stream = get_context().stream
     for _ in range(WARMUP):
         f(*args).block_until_ready()
@@ -168,7 +172,7 @@ def glue_times(f: Callable, args: list) -> dict[str, float]:
         start, end = Event(stream.ctx, timing=True), Event(stream.ctx, timing=True)
         start.record(stream)
         for _ in range(BURST):
-            out = f(*args)
+            out = exe(*args)
         end.record(stream)
         end.synchronize()
         bursts.append(start.elapsed_ms(end) * 1e3 / BURST)
@@ -290,8 +294,8 @@ def glue_row(name: str, host: list[np.ndarray]) -> dict:
     want = numpy_reference(name, host)
     err = float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30))
     compiled = next(iter(f._compiled.values()))  # the program the calls run
-    times = glue_times(f, dargs)
     exe = compiled.executable
+    times = glue_times(f, exe, dargs)
     times["exe"] = median_us(lambda: exe(*dargs)[0].block_until_ready())
     return {**times, "rel_err": err, "kernels": "; ".join(k.strategy for k in compiled.kernels)}
 

@@ -47,7 +47,8 @@ class CpuLowered:
 
     def compile(self) -> Executable:
         code, _ = object_code(self.program.llvm_ir)
-        return Executable(self.program, LoadedCode(code), estimate_cost(self.plan))
+        code = LoadedCode(code, [f.symbol for f in self.program.functions])
+        return Executable(self.program, code, estimate_cost(self.plan))
 
 
 def estimate_cost(plan: Plan) -> CostAnalysis:

@@ -36,6 +36,7 @@ MR = 6  # rows of a micro-tile: 6 x 2 vectors of accumulators + 3 operands fit 1
 L2_BUDGET = 256 * 1024  # bytes of packed B a unit may keep hot
 MIN_WORK = 16 * 1024  # multiply-adds below which the plain per-element loops do as well
 MIN_ROWS_PER_UNIT = 4 * MR
+MIN_PANELS_PER_UNIT = 4
 
 
 def _split(kernel: Kernel, analysis: Analysis) -> tuple[Expr, Expr, list[int], list[int], list[int]] | None:
@@ -74,12 +75,16 @@ class MatmulBuilder(KernelBuilder):
         self.M = math.prod(ext[k] for k in self.row_dims)
         self.N = math.prod(ext[k] for k in self.col_dims)
         self.K = math.prod(kernel.reduce)
+        # Units: enough for every thread to get two (for balance), split first along the
+        # columns (each unit packs only its own block of B), then along the rows.
+        wanted = 2 * thread_count()
         nc = max(self.nr, L2_BUDGET // max(1, self.K * self.size) // self.nr * self.nr)
-        self.nc = min(nc, -(-self.N // self.nr) * self.nr)
+        if self.B * -(-self.N // nc) < wanted:
+            nc = min(nc, max(MIN_PANELS_PER_UNIT * self.nr, _round_up(-(-self.N // -(-wanted // self.B)), self.nr)))
+        self.nc = min(nc, _round_up(self.N, self.nr))
         self.n_blocks = -(-self.N // self.nc)
-        wanted = max(1, -(-4 * thread_count() // (self.B * self.n_blocks)))
-        rows = max(MIN_ROWS_PER_UNIT, -(-self.M // wanted))
-        self.mb = min(-(-rows // MR) * MR, -(-self.M // MR) * MR)
+        parts = max(1, -(-wanted // (self.B * self.n_blocks)))
+        self.mb = min(_round_up(self.M, MR), max(MIN_ROWS_PER_UNIT, _round_up(-(-self.M // parts), MR)))
         self.m_blocks = -(-self.M // self.mb)
         # Per-thread scratch: packed B block, packed A micro-panel, micro-panel sums.
         self.b_bytes = _round64(self.K * self.nc * self.size)
@@ -124,11 +129,13 @@ class MatmulBuilder(KernelBuilder):
 
     # --- the kernel -----------------------------------------------------------------------
     def build(self) -> KernelFunction:
+        source = self.kernel
+        self.use_reciprocals(frozenset(self.col_dims))
         units = self.B * self.m_blocks * self.n_blocks
         with self.b.if_then(self.b.icmp_signed("<", self.start, self.end)):
             loop(self.b, self.start, self.end, self.unit, name="unit", vectorize=False)
         self.b.ret_void()
-        return KernelFunction(self.kernel, self.symbol, units, 1, 2.0 * self.B * self.M * self.N * self.K,
+        return KernelFunction(source, self.symbol, units, 1, 2.0 * self.B * self.M * self.N * self.K,
                               scratch_bytes=self.scratch_bytes)
 
     def unit(self, b: ir.IRBuilder, u: ir.Value, _) -> list:
@@ -254,8 +261,12 @@ class MatmulBuilder(KernelBuilder):
         loop(self.b, 0, height, row, name="em", vectorize=False)
 
 
+def _round_up(n: int, m: int) -> int:
+    return -(-n // m) * m
+
+
 def _round64(n: int) -> int:
-    return -(-n // 64) * 64
+    return _round_up(n, 64)
 
 
 def _min(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:

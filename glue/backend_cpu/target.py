@@ -1,18 +1,23 @@
 """The host target: LLVM IR text -> optimised native object code -> callable machine code.
 
 Code is generated for the CPU this process runs on (its name and features, so that llvm.fma is
-an instruction and the vectoriser may use the widest vector unit), optimised at O3 through the
-new pass manager with loop and SLP vectorisation, and loaded with MCJIT from object code, the
-same way whether the object was just compiled or came from the disk cache (`cache.py`).
+an instruction and the vectoriser may use the widest vector unit) as position-independent
+code in the small code model (constants addressed relative to the instruction pointer rather
+than loaded through 64-bit addresses), optimised at O3 through the new pass manager with loop
+and SLP vectorisation, and linked into the process by ORC's JITLink from object code, the same
+way whether the object was just compiled or came from the disk cache (`cache.py`).
 LLVM's global state is not thread-safe, so every call into it holds `_lock`.
 """
 from __future__ import annotations
 
 import ctypes
+import itertools
 import os
+import struct
 import threading
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Sequence
 
 import llvmlite
 import llvmlite.binding as llvm
@@ -46,7 +51,7 @@ class HostTarget:
         """A fresh target machine (an MCJIT engine takes ownership of the one it is given)."""
         target = llvm.Target.from_triple(self.triple)
         return target.create_target_machine(cpu=self.cpu, features=self.features, opt=3,
-                                            codemodel="jitdefault")
+                                            codemodel="small", reloc="pic")
 
 
 @lru_cache(maxsize=None)
@@ -109,21 +114,51 @@ def object_code(ir_text: str) -> tuple[bytes, bool]:
     return code, False
 
 
-class LoadedCode:
-    """Machine code loaded into this process; keeps it alive while referenced."""
+def undefined_symbols(code: bytes) -> list[str]:
+    """The names an ELF64 object file needs from outside itself (empty for other formats)."""
+    if code[:5] != b"\x7fELF\x02":
+        return []
+    (shoff,), (shentsize, shnum) = struct.unpack_from("<Q", code, 0x28), struct.unpack_from("<HH", code, 0x3A)
+    sections = [struct.unpack_from("<IIQQQQIIQQ", code, shoff + i * shentsize) for i in range(shnum)]
+    names = []
+    for _, kind, _, _, offset, size, link, _, _, entsize in sections:
+        if kind != 2:  # SHT_SYMTAB
+            continue
+        strings = sections[link][4]
+        for j in range(size // entsize):
+            name, info, _, section, _, _ = struct.unpack_from("<IBBHQQ", code, offset + j * entsize)
+            if section == 0 and name and info >> 4 in (1, 2):  # undefined, global or weak
+                names.append(code[strings + name:code.index(b"\0", strings + name)].decode())
+    return names
 
-    def __init__(self, code: bytes):
+
+@lru_cache(maxsize=None)
+def _jit() -> llvm.LLJIT:
+    """The process's ORC JIT; JITLink places each object's code, constants, GOT and stubs
+    together, which the small code model (RIP-relative constants) needs."""
+    return llvm.create_lljit_compiler(host().machine(), use_jit_link=True)
+
+
+_libraries = itertools.count()
+
+
+class LoadedCode:
+    """Machine code linked into this process (against the process's own symbols, for the few
+    library calls LLVM emits: memcpy, fmod); unloaded when this object is collected."""
+
+    def __init__(self, code: bytes, symbols: Sequence[str]):
+        builder = llvm.JITLibraryBuilder().add_object_img(code).add_current_process()
+        for name in symbols:
+            builder.export_symbol(name)
         with _lock:
-            machine = host().machine()
-            empty = llvm.parse_assembly("")
-            empty.triple = machine.triple
-            self._engine = llvm.create_mcjit_compiler(empty, machine)
-            self._engine.add_object_file(llvm.ObjectFileRef.from_data(code))
-            self._engine.finalize_object()
+            try:
+                self._library = builder.link(_jit(), f"glue{next(_libraries)}")
+            except RuntimeError as exc:
+                raise BackendError(f"cpu: the compiled code could not be linked into this process "
+                                   f"(needs {', '.join(undefined_symbols(code)) or 'nothing'}): {exc}") from None
 
     def function(self, name: str, restype, *argtypes) -> ctypes._CFuncPtr:
-        with _lock:
-            address = self._engine.get_function_address(name)
+        address = self._library[name]
         if not address:
             raise BackendError(f"cpu: compiled code lacks the function {name!r}")
         return ctypes.CFUNCTYPE(restype, *argtypes)(address)

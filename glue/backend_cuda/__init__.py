@@ -42,10 +42,12 @@ class CudaLowered:
 
     @cached_property
     def program(self) -> CudaProgram:
-        return build_program(self.plan, self.name)
+        return build_program(self.plan, self.name, self.arch)
 
     @cached_property
     def ptx(self) -> str:
+        if not self.program.launches:  # every output is an argument or a literal
+            return "// this program runs no kernels\n"
         return ptx_for_module(self.program.llvm_ir, self.arch)
 
     def as_text(self, stage: str) -> str:

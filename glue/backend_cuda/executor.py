@@ -61,7 +61,7 @@ class CudaExecutable:
         self.stream = self.ctx.stream
         self._cost = cost
         self.poison: int | None = _poison_from_env()
-        module = self.ctx.modules.load(ptx, name)
+        module = self.ctx.modules.load(ptx, name) if program.launches else None
         self.kernels = list(program.launches)
         n_args, n_outs = len(program.arg_types), len(program.output_types)
         arena_index = n_args + n_outs

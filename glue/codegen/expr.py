@@ -13,7 +13,7 @@ from typing import Callable, Sequence
 from llvmlite import ir
 
 from glue.codegen import mathlib
-from glue.codegen.types import I1, I64, F32, constant, register_type
+from glue.codegen.types import I1, I32, I64, F32, constant, register_type, round_to_bf16_bits
 from glue.ir import dtypes as dt
 from glue.ir.dtypes import DType
 from glue.scheduler.kernel_ir import (Clamp, Const, Dim, Div, Expr, FromValue, InBounds, Index,
@@ -149,8 +149,26 @@ def convert(b: ir.IRBuilder, x: ir.Value, src: DType, dst: DType) -> ir.Value:
         return _round_float(b, b.sitofp(x, to), dst)
     if dst.is_int:
         return b.call(intrinsic(b.module, "llvm.fptosi.sat", to, [x.type], [to, x.type]), [x])
+    if src == dt.float64 and dst == dt.float16:
+        return _round_float(b, _narrow_to_odd(b, x), dst)
     widened = b.fpext(x, to) if _width(to) > _width(x.type) else b.fptrunc(x, to) if _width(to) < _width(x.type) else x
     return _round_float(b, widened, dst)
+
+
+def _narrow_to_odd(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    """double -> float rounded to odd (truncated, last bit set when inexact), so that rounding
+    the result once more to float16 gives the correctly rounded float16 of `x`, as NumPy does
+    (rounding through float32 to nearest would round twice; LLVM's direct double -> half
+    conversion is a libm call on x86)."""
+    nearest = b.fptrunc(x, F32)
+    back = b.fpext(nearest, x.type)
+    inexact = b.fcmp_unordered("!=", back, x)
+    fabs = intrinsic(b.module, "llvm.fabs", x.type, [x.type], [x.type])
+    overshot = b.fcmp_ordered(">", b.call(fabs, [back]), b.call(fabs, [x]))
+    bits = b.bitcast(nearest, I32)
+    bits = b.select(b.and_(inexact, overshot), b.sub(bits, ir.Constant(I32, 1)), bits)
+    bits = b.select(inexact, b.or_(bits, ir.Constant(I32, 1)), bits)
+    return b.bitcast(bits, F32)
 
 
 def _width(t: ir.Type) -> int:
@@ -162,8 +180,6 @@ def _round_float(b: ir.IRBuilder, x: ir.Value, dtype: DType) -> ir.Value:
     if dtype == dt.float16:
         return b.fpext(b.fptrunc(x, ir.HalfType()), F32)
     if dtype == dt.bfloat16:
-        from glue.codegen.types import I32, round_to_bf16_bits
-
         bits = b.zext(round_to_bf16_bits(b, x), I32)
         return b.bitcast(b.shl(bits, ir.Constant(I32, 16)), F32)
     return x

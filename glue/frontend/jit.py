@@ -12,6 +12,8 @@ import inspect
 import itertools
 import logging
 import os
+import shutil
+import subprocess
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -27,7 +29,7 @@ from glue.ir import ClosedGraph, TensorType
 log = logging.getLogger("glue")
 
 _DUMP_COUNT = itertools.count()
-_STAGE_SUFFIX = {"graph": "dot", "llvm": "ll", "ptx": "ptx"}
+_STAGE_SUFFIX = {"graph": "dot", "llvm": "ll", "ptx": "ptx", "asm": "s"}
 
 
 @dataclass(frozen=True)
@@ -143,7 +145,20 @@ class Lowered:
             with open(path, "w") as f:
                 f.write(self.as_text(stage) + "\n")
             paths.append(path)
+            if stage == "graph" and shutil.which("dot"):
+                paths += _render_svg(path)
         return paths
+
+
+def _render_svg(dot_path: str) -> list[str]:
+    """The fusion picture: Graphviz's `dot` renders the "graph" stage next to it as SVG."""
+    svg = os.path.splitext(dot_path)[0] + ".svg"
+    try:
+        subprocess.run(["dot", "-Tsvg", dot_path, "-o", svg], check=True, capture_output=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as exc:
+        log.warning("GLUE_DUMP: dot could not render %s: %s", dot_path, exc)
+        return []
+    return [svg]
 
 
 class Compiled:

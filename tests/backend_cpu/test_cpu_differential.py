@@ -16,7 +16,7 @@ from glue.testing import check_graph, graph_inputs, programs
 
 ALL_DTYPES = (dt.float32, dt.int32, dt.bool_, dt.float16, dt.bfloat16, dt.int64, dt.float64)
 # At least this many examples even under the quick `ci` profile; more under `thorough`.
-EXAMPLES = max(250, settings.default.max_examples)
+EXAMPLES = max(400, settings.default.max_examples)
 
 
 @contextlib.contextmanager

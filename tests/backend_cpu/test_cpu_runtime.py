@@ -149,3 +149,13 @@ def test_cpu_is_the_default_backend_without_a_gpu():
         pytest.skip("a GPU is present")
     assert CpuBackend.is_available()
     assert default_backend_name() in ("cpu",) or "GLUE_BACKEND" in __import__("os").environ
+
+
+def test_code_calling_a_missing_function_is_refused_not_run():
+    ir_text = (f'target triple = "{target.host().triple}"\n'
+               "declare void @glue_no_such_function()\n"
+               "define void @f() {\n  call void @glue_no_such_function()\n  ret void\n}\n")
+    code, _ = target.object_code(ir_text)
+    assert target.undefined_symbols(code) == ["glue_no_such_function"]
+    with pytest.raises(GlueError, match="glue_no_such_function"):
+        target.LoadedCode(code, ["f"])

@@ -26,6 +26,7 @@ from glue.backend_cuda.codegen import CudaProgram
 
 _RUNTIME = r"""
 #include <math.h>
+#include <string.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -49,6 +50,16 @@ int32_t emu_shfl(int32_t mask, int32_t value, int32_t lane_mask, int32_t clamp) 
     return result;
 }
 
+uint32_t emu_bf16x2(float high, float low) {  /* round to nearest even, NaN stays NaN */
+    uint32_t out = 0;
+    float v[2] = {low, high};
+    for (int i = 0; i < 2; i++) {
+        uint32_t bits; memcpy(&bits, &v[i], 4);
+        uint32_t r = v[i] != v[i] ? (bits | 0x400000) >> 16 : (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16;
+        out |= (r & 0xFFFF) << (16 * i);
+    }
+    return out;
+}
 float emu_ex2(float x) { return exp2f(x); }
 float emu_lg2(float x) { return log2f(x); }
 float emu_sqrt(float x) { return sqrtf(x); }
@@ -119,7 +130,7 @@ def _runtime() -> ctypes.CDLL:
         f.write(_RUNTIME)
     subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-pthread", source, "-o", library, "-lm"], check=True)
     lib = ctypes.CDLL(library)
-    for name in set(_INTRINSICS.values()):
+    for name in set(_INTRINSICS.values()) | {"emu_bf16x2"}:
         llvm.add_symbol(name, ctypes.cast(getattr(lib, name), ctypes.c_void_p).value)
     lib.emu_launch.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_void_p),
                                ctypes.c_int32, ctypes.c_int32]
@@ -129,6 +140,10 @@ def _runtime() -> ctypes.CDLL:
 def host_ir(nvptx_ir: str) -> str:
     """The module retargeted to the host: no address spaces, plain functions, C intrinsics."""
     text = re.sub(r"\s*addrspace\(\d\)", "", nvptx_ir).replace("define ptx_kernel void", "define void")
+    text = re.sub(r"^.*asm sideeffect \"prefetch.*$", "", text, flags=re.M)  # cache hints: no-ops here
+    text, packs = re.subn(r'asm\s+"cvt\.rn\.bf16x2\.f32 \$0, \$1, \$2;", "=r,f,f"', '@"emu_bf16x2"', text)
+    if packs:
+        text += '\ndeclare i32 @"emu_bf16x2"(float, float)\n'
     for name, replacement in _INTRINSICS.items():
         text = text.replace(f'@"{name}"', f'@"{replacement}"').replace(f"@{name}(", f"@{replacement}(")
     return text

@@ -61,7 +61,7 @@ def test_workload_ptx_names_bounds_and_vectors(name):
 
 
 @needs_ptxas
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", ARCHS + ["sm_75"])
 @pytest.mark.parametrize("name", sorted(WORKLOADS))
 def test_workload_ptx_assembles_without_spills(name, arch):
     fn, specs = WORKLOADS[name]
@@ -111,9 +111,9 @@ def test_random_programs_match_the_reference(data):
 @given(programs(dtypes=ALL_DTYPES, max_eqns=6))
 @settings(max_examples=10, deadline=None)
 def test_random_programs_assemble(graph):
-    llvm_ir = build_program(schedule(graph), "random").llvm_ir
+    plan = schedule(graph)
     for arch in ARCHS + ["sm_75"]:
-        assemble(ptx_for_module(llvm_ir, arch), arch)
+        assemble(ptx_for_module(build_program(plan, "random", arch).llvm_ir, arch), arch)
 
 
 @needs_cc
@@ -122,3 +122,10 @@ def test_numpy_and_nn_functions_on_the_emulator(name, fn, args):
     closed, low = _lowered(fn, args)
     inputs = list(closed.consts) + list(args)
     _check(closed.graph, inputs, emulator.run_program(low.program, inputs), name)
+
+
+def test_a_program_without_kernels_lowers_to_no_ptx():
+    closed = glue.make_ir(lambda x: (x, 2.0))(np.ones(3, np.float32))
+    low = CudaBackend().lower(closed.graph, arch="sm_90")
+    assert low.program.launches == [] and ".entry" not in low.as_text("ptx")
+    assert [r.kind for r in low.program.results] == ["argument", "literal"]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 
-import ml_dtypes
 import numpy as np
 import pytest
 from hypothesis import given, note, settings
@@ -98,7 +97,7 @@ def sample_args(graph: Graph, seed: int = 0) -> list[list[np.ndarray]]:
 
 
 def _special(type_: TensorType, offset: int, rng=None) -> np.ndarray:
-    pool = SPECIAL[type_.dtype.kind]
+    pool = specials(type_.dtype)
     index = np.arange(type_.size) + offset if rng is None else rng.integers(len(pool), size=type_.size)
     with np.errstate(all="ignore"):
         return np.array([pool[i % len(pool)] for i in index], dtype=type_.dtype.numpy).reshape(type_.shape)
@@ -110,6 +109,11 @@ SPECIAL = {
     "int": [0, 1, -1, 2, 3, -7, 100, 2**31 - 1, -2**31],
     "bool": [False, True],
 }
+WIDE_INTS = [2**53 + 1, 2**63 - 1, -2**63]  # int64 values that float64 cannot hold
+
+
+def specials(dtype: dt.DType) -> list:
+    return SPECIAL[dtype.kind] + (WIDE_INTS if dtype == I64 else [])
 
 
 # --- premises: facts about the reference that the rewrites rely on ---------------------------
@@ -159,10 +163,6 @@ def test_reference_pow_by_literal_two_is_a_square(dtype):
 
 # --- each rewrite fires ---------------------------------------------------------------------
 
-def _neg(x):
-    return bind("neg", x)
-
-
 def _splat(value, like):
     return bind("broadcast_in_dim", value, shape=like.aval.shape, dims=())
 
@@ -183,7 +183,7 @@ FIRES = {
     "mul 1": (lambda x: [bind("mul", lit(F64, 1), x)], [t(F64, 3)], []),
     "mul int 0": (lambda x: [bind("mul", x, lit(I32, 0))], [t(I32, 3)], ["broadcast_in_dim"]),
     "div 1": (lambda x: [bind("div", x, lit(I32, 1))], [t(I32, 3)], []),
-    "neg neg": (lambda x: [_neg(_neg(x))], [t(I32, 3)], []),
+    "neg neg": (lambda x: [bind("neg", bind("neg", x))], [t(I32, 3)], []),
     "not not": (lambda x: [bind("not", bind("not", x))], [t(BOOL, 3)], []),
     "and True": (lambda x: [bind("and", x, lit(BOOL, True))], [t(BOOL, 3)], []),
     "or -1": (lambda x: [bind("or", x, lit(I32, -1))], [t(I32, 3)], ["broadcast_in_dim"]),
@@ -328,6 +328,16 @@ def test_small_constants_fold_and_splats_become_literals():
     assert prims(optimize(closed.graph)) == ["reduce_sum", "mul", "add"]  # values unknown
 
 
+def test_constants_of_an_enclosing_trace_are_left_alone():
+    def outer(x):
+        inner = trace_flat(lambda y: [bind("add", y, bind("mul", x, lit(F32, 1)))], [t(F32, 3)], "inner")
+        assert len(inner.consts) == 1 and isinstance(inner.consts[0], Tracer)
+        assert prims(optimize(inner.graph, inner.consts)) == ["add"]
+        return [x]
+
+    trace(outer, t(F32, 3))
+
+
 def test_iota_and_broadcasts_are_not_materialised():
     closed = trace(lambda x: [bind("add", x, bind("convert_element_type", bind(
         "iota", dtype=I32, shape=(2, 3), dimension=0), new_dtype=F32)), bind("broadcast_in_dim", lit(F32, 1.5),
@@ -352,6 +362,13 @@ def test_the_optimized_text_is_the_printed_graph():
 
 UNITS = {"float": [0.0, -0.0, 1.0, 2.0], "int": [0, 1, -1, 2], "bool": [False, True]}
 SHAPES = [(), (3,), (2, 3)]           # small on purpose: see `reduce` below
+# Chains of broadcasts (shape, dims) from an operand shape; every result has 6 elements or fewer.
+BROADCASTS = {
+    (): [[((3,), ()), ((2, 3), (1,))], [((1,), ()), ((3, 1), (1,)), ((2, 3, 1), (1, 2))], [((), ())]],
+    (1,): [[((2, 3), (0,))], [((2, 3), (1,))], [((1, 3), (0,)), ((2, 1, 3), (1, 2))]],
+    (3,): [[((3, 1), (0,)), ((2, 3, 1), (1, 2))], [((1, 3), (1,)), ((2, 1, 3), (1, 2))], [((3,), (0,))]],
+    (2, 3): [[((1, 2, 3), (1, 2))], [((2, 3), (0, 1))]],
+}
 UNARY = {"float": ["neg", "abs", "exp", "log", "sqrt", "tanh", "floor", "round", "sin", "logistic"],
          "int": ["neg", "abs", "sign", "not"], "bool": ["not"]}
 BINARY = {"float": ["add", "sub", "mul", "div", "rem", "max", "min", "pow", "lt", "eq"],
@@ -374,7 +391,7 @@ class _Builder:
         return self.draw(st.sampled_from([choices[-1], choices[-1], *choices])) if choices else None
 
     def scalar(self, dtype: dt.DType):
-        values = self.draw(st.sampled_from([UNITS, SPECIAL]))[dtype.kind]
+        values = UNITS[dtype.kind] if self.draw(st.booleans()) else specials(dtype)
         return lit(dtype, self.draw(st.sampled_from(values)))
 
     def constant_like(self, type_: TensorType):
@@ -469,12 +486,12 @@ class _Builder:
         return bind("reshape", x, shape=start) if self.draw(st.booleans()) else x
 
     def broadcasts(self):
-        x = self.pick(lambda a: a.shape in ((), (1,), (3,)))
-        if x is not None and x.aval.ndim == 0:
-            x = bind("broadcast_in_dim", x, shape=self.draw(st.sampled_from([(), (3,), (1,)])), dims=())
-        if x is not None and x.aval.ndim == 1:
-            dims = self.draw(st.sampled_from([(0,), (1,)])) if x.aval.shape == (1,) else (1,)
-            x = bind("broadcast_in_dim", x, shape=(2, 3), dims=dims)
+        x = self.pick(lambda a: a.shape in BROADCASTS)
+        if x is None:
+            return None
+        chain = self.draw(st.sampled_from(BROADCASTS[x.aval.shape]))
+        for shape, dims in chain[:self.draw(st.integers(1, len(chain)))]:
+            x = bind("broadcast_in_dim", x, shape=shape, dims=dims)
         return x
 
     def slice_pad(self):
@@ -564,7 +581,7 @@ class Program:
         return f"{self.closed.graph}\nconsts={list(self.closed.consts)}\nargs={self.args}"
 
 
-@settings(max_examples=max(200, settings().max_examples))
+@settings(max_examples=max(500, settings().max_examples))
 @given(random_programs())
 def test_optimized_random_programs_give_identical_bits(program):
     graph, consts, arg_sets = program.closed.graph, list(program.closed.consts), program.args

@@ -19,6 +19,7 @@ from glue.backend_cuda.codegen.contraction import emit_contraction
 from glue.backend_cuda.codegen.data import emit_data
 from glue.backend_cuda.codegen.pointwise import emit_pointwise
 from glue.backend_cuda.codegen.rows import emit_rows
+from glue.backend_cuda.ptx import DEFAULT_ARCH
 from glue.ir import Literal, TensorType
 from glue.scheduler.memory import Placement
 from glue.scheduler.plan import Plan
@@ -71,8 +72,8 @@ def _launch_bounds(llvm_ir: str, launches: list[Launch]) -> str:
     return llvm_ir
 
 
-def build_program(plan: Plan, name: str = "fn") -> CudaProgram:
-    """One LLVM module with a kernel per plan kernel, and how to launch each."""
+def build_program(plan: Plan, name: str = "fn", arch: str = DEFAULT_ARCH) -> CudaProgram:
+    """One LLVM module with a kernel per plan kernel for `arch`, and how to launch each."""
     graph, placements = plan.graph, plan.memory.placements
     module = ir.Module(name=_symbol(name))
     launches = []
@@ -80,7 +81,7 @@ def build_program(plan: Plan, name: str = "fn") -> CudaProgram:
         inputs = [_place(placements[b.value_id]) for b in kernel.inputs]
         outputs = [_place(placements[b.value_id]) for b in kernel.outputs]
         symbol = f"glue_{_symbol(name)}_{i}_{_symbol(kernel.name)}"[:120]
-        ke = KernelEmitter(module, kernel, symbol, inputs, outputs)
+        ke = KernelEmitter(module, kernel, symbol, inputs, outputs, arch)
         shape = emit_contraction(ke) if kernel.kind == "contraction" else None
         if shape is None:
             shape = _EMIT.get(kernel.kind, emit_rows)(ke)

@@ -10,22 +10,25 @@ lives is a `Place`; the executor turns places into device addresses at each call
 Vector access: a `LaneGroup` evaluates one expression at `width` domain points that differ only
 in the vector dim `v` (lanes 0..width-1). Loads and stores whose flat offset moves by exactly one
 element per lane, with every other term a multiple of `width`, become one vector access of the
-whole group (16 bytes for f32 x4 or bf16 x8); every other access stays per lane.
+whole group (16 bytes for f32 x4 or bf16 x8); every other access stays per lane. bfloat16 moves
+as 32-bit pairs: a shift or a mask widens each half, and on sm_80 and later one
+`cvt.rn.bf16x2.f32` rounds and packs two results.
 """
 from __future__ import annotations
 
 import contextlib
 import math
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from llvmlite import ir
 
 from glue.backend_cuda.codegen.fastmath import GpuEmitter
+from glue.backend_cuda.ptx import DEFAULT_ARCH
 from glue.codegen import reductions
 from glue.codegen.expr import ExprEmitter, convert, strides
 from glue.codegen.scope import Analysis, children, hoist
-from glue.codegen.types import I1, I8, I32, I64, from_memory, memory_type, to_memory
+from glue.codegen.types import F32, I1, I8, I32, I64, from_memory, memory_type, to_memory
 from glue.ir import dtypes as dt
 from glue.ir.dtypes import DType
 from glue.scheduler.kernel_ir import Dim, Expr, Index, Kernel, Load, Reduction, Store
@@ -40,8 +43,8 @@ MAX_LANES = 8
 
 @dataclass(frozen=True)
 class Place:
-    """Where a kernel operand's memory starts: kind is argument | output | arena | workspace;
-    `slot` is the argument or output position; `offset` is in bytes."""
+    """Where a kernel operand's memory starts: kind is argument | output | arena; `slot` is the
+    argument or output position; `offset` is in bytes."""
 
     kind: str
     slot: int = 0
@@ -96,8 +99,9 @@ class KernelEmitter:
     """One kernel function being emitted into a module."""
 
     def __init__(self, module: ir.Module, kernel: Kernel, symbol: str, inputs: Sequence[Place],
-                 outputs: Sequence[Place]):
+                 outputs: Sequence[Place], arch: str = DEFAULT_ARCH):
         self.module = module
+        self.arch = arch
         self.kernel = kernel
         self.symbol = symbol
         self.places = tuple(dict.fromkeys(list(inputs) + list(outputs)))
@@ -133,6 +137,7 @@ class KernelEmitter:
 
     def emitter(self, dims: Sequence[ir.Value | None], outer: ExprEmitter | None = None) -> GpuEmitter:
         em = GpuEmitter(self.b, dims, self.shapes, self.load)
+        em.analysis = self.analysis
         if outer is not None:
             em.memo = dict(outer.memo)
             em.rows = outer.rows
@@ -165,6 +170,21 @@ class KernelEmitter:
 
     def shared_at(self, array: ir.Value, index: ir.Value, ty: ir.Type) -> ir.Value:
         return self.b.gep(array, [index], inbounds=True, source_etype=ty)
+
+    @property
+    def packs_bf16(self) -> bool:
+        """Whether the target rounds two floats to bfloat16 in one instruction (sm_80 on)."""
+        return int(self.arch.removeprefix("sm_").rstrip("a")) >= 80
+
+    def pack_bf16x2(self, low: ir.Value, high: ir.Value) -> ir.Value:
+        """Two floats rounded to bfloat16 (nearest even) and packed into a 32-bit word."""
+        asm = ir.InlineAsm(ir.FunctionType(I32, [F32, F32]), "cvt.rn.bf16x2.f32 $0, $1, $2;", "=r,f,f")
+        return self.b.call(asm, [high, low])
+
+    def prefetch_l2(self, address: ir.Value) -> None:
+        """Start moving the line holding `address` into L2, without waiting or using a register."""
+        asm = ir.InlineAsm(ir.FunctionType(VOID, [PTR1]), "prefetch.global.L2 [$0];", "l", side_effect=True)
+        self.b.call(asm, [address])
 
     def barrier(self) -> None:
         name = "llvm.nvvm.barrier0"
@@ -338,7 +358,9 @@ def reachable(kernel: Kernel, analysis: Analysis) -> list[Expr]:
     return list(seen)
 
 
-def _loads_under(exprs: Iterable[Expr], found: set[Expr]) -> list[Load]:
+def loads_under(exprs: Iterable[Expr], found: set[Expr] | None = None) -> list[Load]:
+    """The loads `exprs` read, skipping (and adding to `found`) expressions already visited."""
+    found = set() if found is None else found
     out, stack = [], list(exprs)
     while stack:
         e = stack.pop()
@@ -381,21 +403,40 @@ class LaneGroup:
         for em in self.emitters[1:]:
             em.memo.update(shared)
 
-    def preload(self, exprs: Sequence[Expr]) -> None:
-        """Issue the vector loads `exprs` need (those not loaded by this group yet)."""
+    def preload(self, exprs: Sequence[Expr], ready: Callable[[Load], bool] | None = None) -> None:
+        """Issue the vector loads `exprs` need that this group has not loaded yet (only those
+        `ready` accepts, when given: a load whose index needs a row value must wait for it)."""
         if self.width == 1:
             return
         b, first = self.ke.b, self.emitters[0]
-        for ld in _loads_under(exprs, self._visited):
-            if ld not in self.vec.loads or ld in self.emitters[1].memo:
+        for ld in loads_under(exprs, set(self._visited) if ready else self._visited):
+            if ld not in self.vec.loads or ld in self.emitters[1].memo or (ready and not ready(ld)):
                 continue
             mem = memory_type(ld.dtype)
             offset = first.offset(ld.index, self.ke.shapes[ld.input])
             at = b.gep(self.ke.in_ptrs[ld.input], [offset], inbounds=True, source_etype=mem)
-            vector = b.load(at, typ=ir.VectorType(mem, self.width),
-                            align=min(VECTOR_BYTES, self.width * ld.dtype.itemsize))
+            align = min(VECTOR_BYTES, self.width * ld.dtype.itemsize)
+            if ld.dtype == dt.bfloat16:
+                # Pairs of bf16 as 32-bit words: the low half is the even lane, and each half
+                # becomes a float with one shift or mask.
+                words = b.load(at, typ=ir.VectorType(I32, self.width // 2), align=align)
+                for pair in range(self.width // 2):
+                    word = b.extract_element(words, ir.Constant(I32, pair))
+                    self.emitters[2 * pair].memo[ld] = b.bitcast(b.shl(word, ir.Constant(I32, 16)), F32)
+                    self.emitters[2 * pair + 1].memo[ld] = b.bitcast(b.and_(word, ir.Constant(I32, -65536)), F32)
+                continue
+            vector = b.load(at, typ=ir.VectorType(mem, self.width), align=align)
             for lane, em in enumerate(self.emitters):
                 em.memo[ld] = from_memory(b, b.extract_element(vector, ir.Constant(I32, lane)), ld.dtype)
+
+    def prefetch(self, exprs: Sequence[Expr], ready: Callable[[Load], bool]) -> None:
+        """Prefetch into L2 what the vector loads of `exprs` will read (those `ready` accepts)."""
+        first = self.emitters[0]
+        for ld in loads_under(exprs, set()):
+            if ld in self.vec.loads and ready(ld) and ld not in first.memo:
+                offset = first.offset(ld.index, self.ke.shapes[ld.input])
+                self.ke.prefetch_l2(self.ke.b.gep(self.ke.in_ptrs[ld.input], [offset], inbounds=True,
+                                                  source_etype=memory_type(ld.dtype)))
 
     def values(self, e: Expr) -> list[ir.Value]:
         return [em.value(e) for em in self.emitters]
@@ -407,10 +448,17 @@ class LaneGroup:
                 ke.store(em, store)
             return
         dtype = ke.kernel.outputs[store.output].type.dtype
-        mem = memory_type(dtype)
-        vector = ir.Constant(ir.VectorType(mem, self.width), ir.Undefined)
-        for lane, em in enumerate(self.emitters):
-            value = to_memory(b, convert(b, em.stored(store.value), store.value.dtype, dtype), dtype)
-            vector = b.insert_element(vector, value, ir.Constant(I32, lane))
+        values = [convert(b, em.stored(store.value), store.value.dtype, dtype) for em in self.emitters]
         address = ke.output_address(self.emitters[0], store)
-        b.store(vector, address, align=min(VECTOR_BYTES, self.width * dtype.itemsize))
+        align = min(VECTOR_BYTES, self.width * dtype.itemsize)
+        if dtype == dt.bfloat16 and ke.packs_bf16:
+            words = ir.Constant(ir.VectorType(I32, self.width // 2), ir.Undefined)
+            for pair in range(self.width // 2):
+                word = ke.pack_bf16x2(values[2 * pair], values[2 * pair + 1])
+                words = b.insert_element(words, word, ir.Constant(I32, pair))
+            b.store(words, address, align=align)
+            return
+        vector = ir.Constant(ir.VectorType(memory_type(dtype), self.width), ir.Undefined)
+        for lane, value in enumerate(values):
+            vector = b.insert_element(vector, to_memory(b, value, dtype), ir.Constant(I32, lane))
+        b.store(vector, address, align=align)

@@ -13,8 +13,8 @@ from glue.backend_cuda.codegen.common import KernelEmitter, LaneGroup, Vectoriza
 from glue.codegen.loops import unflatten
 from glue.codegen.types import I64
 
-BLOCK = 256
-UNROLL = 1
+BLOCK = 128
+UNROLL = 4
 
 
 def emit_pointwise(ke: KernelEmitter) -> tuple[int, int, str]:

@@ -24,8 +24,8 @@ import math
 
 from llvmlite import ir
 
-from glue.backend_cuda.codegen.common import (KernelEmitter, LaneGroup, Partial, Vectorization, pow2_at_least,
-                                             when)
+from glue.backend_cuda.codegen.common import (KernelEmitter, LaneGroup, Partial, Vectorization, loads_under,
+                                             pow2_at_least, when)
 from glue.codegen.loops import loop, unflatten
 from glue.codegen.scope import Analysis, hoist
 from glue.codegen.types import I64
@@ -33,6 +33,7 @@ from glue.scheduler.kernel_ir import Kernel
 
 HOLD = 32            # elements a thread may keep in registers
 TARGET = 16          # elements per thread the register variant aims for
+PRELOAD = 16         # up to this many elements per thread, every load is issued before the first fold
 UNROLL = 4           # vector groups per thread per iteration of the looping variant
 MAX_THREADS = 1024
 BLOCK = 256
@@ -77,7 +78,18 @@ class _RowEmitter:
         self.outer.rows = [None] * len(k.reductions)
         slots = [] if self.looping else [self.slot(ir.Constant(I64, s * T), s * T + T <= self.groups)
                                          for s in range(self.slots)]
-        for level in reduction_levels(k, ke.analysis):
+        # Loads of later levels and of the stores (a layernorm's weight and bias, a cross-entropy's
+        # labels) go out with the row's, so their latency overlaps the reductions instead of
+        # following them: into registers when the thread's share is small, else into L2.
+        levels = reduction_levels(k, ke.analysis)
+        later = [k.reductions[i].value for level in levels[1:] for i in level] + [s.value for s in k.stores]
+        first_level = set(loads_under([k.reductions[i].value for i in (levels[0] if levels else [])]))
+        for lanes, _, _ in slots:
+            if self.slots * self.width <= PRELOAD:
+                lanes.preload(later, self.independent)
+            else:
+                lanes.prefetch(later, lambda ld: self.independent(ld) and ld not in first_level)
+        for level in levels:
             exprs = [k.reductions[i].value for i in level]
             hoist(self.outer, exprs, ke.analysis, self.reduce_dims, frozenset(level))
             partials = [Partial.start(k.reductions[i]) for i in level]
@@ -99,6 +111,10 @@ class _RowEmitter:
         b.ret_void()
         variant = f"looping x{UNROLL}" if self.looping else f"registers {self.slots * self.width}/thread"
         return -(-self.rows // B), T * B, f"rows {variant} T={T} x{self.width}"
+
+    def independent(self, load) -> bool:
+        """Whether a load's address needs no row value (so it can be issued first)."""
+        return not self.ke.analysis.uses(load).rows
 
     def both(self, a: ir.Value | None, c: ir.Value | None) -> ir.Value | None:
         """The conjunction of two optional conditions (None: always true)."""
