@@ -29,6 +29,7 @@ from glue.ir import ClosedGraph, TensorType
 log = logging.getLogger("glue")
 
 _DUMP_COUNT = itertools.count()
+_ARRAY_TYPES = (np.ndarray, Array)
 _STAGE_SUFFIX = {"graph": "dot", "llvm": "ll", "ptx": "ptx", "asm": "s"}
 
 
@@ -71,6 +72,8 @@ class _ArgSpec:
             return []
 
     def split(self, args: tuple, kwargs: dict) -> tuple[Signature, list[Any]]:
+        if not kwargs and not self.static_nums and all(type(a) in _ARRAY_TYPES for a in args):
+            return Signature(self._flat_treedef(len(args)), tuple(map(type_of, args)), ()), list(args)
         dyn_args = tuple(a for i, a in enumerate(args) if i not in self.static_nums)
         dyn_kwargs = {k: v for k, v in kwargs.items() if k not in self.static_names}
         statics = tuple((i, a) for i, a in enumerate(args) if i in self.static_nums) + \
@@ -83,6 +86,11 @@ class _ArgSpec:
         leaves, treedef = tree_flatten((dyn_args, dyn_kwargs))
         types = tuple(type_of(x) for x in leaves)
         return Signature(treedef, types, statics), leaves
+
+    @functools.lru_cache(maxsize=None)
+    def _flat_treedef(self, n: int) -> PyTreeDef:
+        """The structure of `n` positional array arguments and no keywords (the common call)."""
+        return tree_flatten((tuple(range(n)), {}))[1]
 
     def flat_fn(self, sig: Signature) -> Callable[..., list[Any]]:
         """`fn` as a function of the flat dynamic leaves, returning flat outputs."""

@@ -30,17 +30,23 @@ class PyTreeDef:
 LEAF = PyTreeDef("leaf")
 
 
+def _dict_children(tree: dict) -> tuple[str, tuple[Any, ...], tuple[Any, ...]]:
+    keys = tuple(sorted(tree))
+    return "dict", tuple(tree[k] for k in keys), keys
+
+
+# Exact types only: a namedtuple or a dict subclass is a leaf, not a node.
+_NODES = {
+    type(None): lambda tree: ("none", (), ()),
+    tuple: lambda tree: ("tuple", tree, ()),
+    list: lambda tree: ("list", tuple(tree), ()),
+    dict: _dict_children,
+}
+
+
 def _children(tree: Any) -> tuple[str, tuple[Any, ...], tuple[Any, ...]] | None:
-    if tree is None:
-        return "none", (), ()
-    if isinstance(tree, tuple) and not hasattr(tree, "_fields"):
-        return "tuple", tree, ()
-    if isinstance(tree, list):
-        return "list", tuple(tree), ()
-    if isinstance(tree, dict):
-        keys = tuple(sorted(tree))
-        return "dict", tuple(tree[k] for k in keys), keys
-    return None
+    split = _NODES.get(type(tree))
+    return split(tree) if split else None
 
 
 def tree_flatten(tree: Any) -> tuple[list[Any], PyTreeDef]:

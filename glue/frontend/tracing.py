@@ -93,6 +93,8 @@ def _is_array_object(value: Any) -> bool:
 
 def type_of(value: Any) -> TensorType:
     """The TensorType of a concrete or traced value (Python scalars get their weak dtype)."""
+    if type(value) is np.ndarray:
+        return TensorType(value.shape, dt.from_numpy(value.dtype))
     if isinstance(value, Tracer):
         return value.aval
     aval = getattr(value, "aval", None)

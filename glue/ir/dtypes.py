@@ -56,6 +56,8 @@ FLOAT_DTYPES: tuple[DType, ...] = (float16, bfloat16, float32, float64)
 INT_DTYPES: tuple[DType, ...] = (int32, int64)
 BY_NAME: dict[str, DType] = {d.name: d for d in ALL_DTYPES}
 
+_BY_NUMPY: dict[np.dtype, DType] = {d.numpy: d for d in ALL_DTYPES}
+
 DEFAULT_INT = int32
 DEFAULT_FLOAT = float32
 
@@ -66,6 +68,9 @@ def from_numpy(dt) -> DType:
     """The glue dtype of a NumPy dtype (or anything `np.dtype` accepts, or a DType)."""
     if isinstance(dt, DType):
         return dt
+    known = _BY_NUMPY.get(dt) if isinstance(dt, np.dtype) else None
+    if known is not None:  # the per-call path of jit: one dict lookup
+        return known
     if isinstance(dt, str) and dt in BY_NAME:
         return BY_NAME[dt]
     npdt = np.dtype(dt)

@@ -10,7 +10,7 @@ import contextlib
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from glue.backend_cpu import matmul
+from glue.backend_cpu import kernels, matmul
 from glue.ir import dtypes as dt
 from glue.testing import check_graph, graph_inputs, programs
 
@@ -20,14 +20,15 @@ EXAMPLES = max(400, settings.default.max_examples)
 
 
 @contextlib.contextmanager
-def _blocked_contractions_always():
-    """Send every contraction through the packed, register-blocked path, however small."""
-    saved = matmul.MIN_WORK
-    matmul.MIN_WORK = 0
+def _small_thresholds():
+    """Take the paths meant for large work on small programs too: every contraction through the
+    packed, register-blocked loops, every contiguous output through non-temporal row copies."""
+    saved = matmul.MIN_WORK, kernels.STREAM_BYTES
+    matmul.MIN_WORK, kernels.STREAM_BYTES = 0, 0
     try:
         yield
     finally:
-        matmul.MIN_WORK = saved
+        matmul.MIN_WORK, kernels.STREAM_BYTES = saved
 
 
 @st.composite
@@ -53,5 +54,12 @@ def test_random_programs_on_rows_longer_than_a_vector(case):
                              primitives=("dot_general", "add", "mul", "tanh", "convert_element_type",
                                          "broadcast_in_dim", "transpose", "reduce_sum")))
 def test_random_contractions_through_the_blocked_path(case):
-    with _blocked_contractions_always():
+    with _small_thresholds():
+        check_graph(*case, backends=["cpu"])
+
+
+@settings(max_examples=EXAMPLES // 5)
+@given(_programs_with_inputs(dtypes=ALL_DTYPES, max_eqns=8, max_side=19))
+def test_random_programs_streaming_their_outputs(case):
+    with _small_thresholds():
         check_graph(*case, backends=["cpu"])

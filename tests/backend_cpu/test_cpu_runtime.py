@@ -159,3 +159,19 @@ def test_code_calling_a_missing_function_is_refused_not_run():
     assert target.undefined_symbols(code) == ["glue_no_such_function"]
     with pytest.raises(GlueError, match="glue_no_such_function"):
         target.LoadedCode(code, ["f"])
+
+
+@pytest.mark.parametrize("fn, shape", [(_gelu_bias, (37, 300)), (nn.softmax, (16, 512))], ids=["gelu", "softmax"])
+def test_large_outputs_are_written_with_non_temporal_stores(fn, shape, monkeypatch):
+    from glue.backend_cpu import kernels
+
+    if not target.host().triple.startswith("x86_64"):
+        pytest.skip("non-temporal stores are emitted for x86-64 only")
+    monkeypatch.setattr(kernels, "STREAM_BYTES", 0)
+    args = [RNG.standard_normal(shape).astype(np.float32)] + ([RNG.standard_normal(shape[-1:]).astype(np.float32)]
+                                                               if fn is _gelu_bias else [])
+    lowered = glue.jit(fn, backend="cpu").lower(*args)
+    assert re.search(r"\bv?movnt(ps|dq)\b", lowered.as_text("asm"))
+    got = np.asarray(lowered.compile()(*args))
+    want = np.asarray(glue.jit(fn, backend="reference")(*args))
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-6)
