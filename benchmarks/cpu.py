@@ -5,7 +5,8 @@ cross-entropy against one-hot labels 1024x8192; the forward pass and loss of a B
 tanh MLP), all in one process.
 
 Per workload and implementation: the median wall time of a call over at least ITERS calls
-(and MIN_SECONDS) after warm-up, with outputs allocated per call as every implementation does;
+(and MIN_SECONDS) after warm-up, with outputs allocated per call as every implementation does
+(for glue also through the compiled executable alone, without the jit frontend's dispatch);
 GB/s counts the first input read once and the output written once (as the anchors count them),
 next to a large copy (np.copyto of a 256 MiB array, read + write) measured in the same run as
 the machine's practical ceiling; for glue, the cold compile time (tracing, scheduling, LLVM, no
@@ -33,8 +34,9 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import glue  # noqa: E402
 import glue.nn as nn  # noqa: E402
 import glue.numpy as gnp  # noqa: E402
+from glue.frontend.pytree import tree_flatten  # noqa: E402
 
-ITERS, MIN_SECONDS, WARMUP = 20, 0.5, 3
+ITERS, MIN_SECONDS, WARMUP = 30, 1.5, 5
 R, C = 2048, 2048
 
 
@@ -250,6 +252,8 @@ def run(peers: set[str], only: str | None) -> tuple[list[dict], float]:
         jitted = glue.jit(gfn, backend="cpu")
         _check(label, jitted(*args), nfn(*args))
         row["glue"] = median_us(lambda: jitted(*args))
+        compiled, leaves = jitted.lower(*args).compile(), tree_flatten(list(args))[0]
+        row["glue no-jit"] = median_us(lambda: compiled.call_flat(leaves))
         row["numpy"] = median_us(lambda: nfn(*args))
         rows.append(row)
         _progress(row)
@@ -257,7 +261,8 @@ def run(peers: set[str], only: str | None) -> tuple[list[dict], float]:
     if torch_impl is not None:
         import torch
         for row, (label, _, _, args, _) in zip(rows, chosen):
-            targs = [[torch.from_numpy(w) for w in a] if isinstance(a, list) else torch.from_numpy(a) for a in args]
+            targs = [[torch.from_numpy(w) for w in a] if isinstance(a, list) else torch.from_numpy(a)
+                     for a in args]
             tfn = torch_impl[label.split()[0]]
             row["torch eager"] = median_us(lambda: tfn(*targs))
             try:
@@ -271,7 +276,8 @@ def run(peers: set[str], only: str | None) -> tuple[list[dict], float]:
         import jax
         for row, (label, _, _, args, _) in zip(rows, chosen):
             jfn = jax.jit(jax_impl[label.split()[0]])
-            jargs = [[jax.numpy.asarray(w) for w in a] if isinstance(a, list) else jax.numpy.asarray(a) for a in args]
+            jargs = [[jax.numpy.asarray(w) for w in a] if isinstance(a, list) else jax.numpy.asarray(a)
+                     for a in args]
             row["jax.jit"] = median_us(lambda: jax.block_until_ready(jfn(*jargs)))
             _progress(row)
     return rows, ceiling
@@ -287,14 +293,15 @@ PEERS = ("torch eager", "torch.compile", "jax.jit")
 
 def table(rows: list[dict], ceiling: float) -> str:
     present = [p for p in PEERS if any(p in r for r in rows)]
-    head = ["workload", "glue µs", "glue GB/s (% of copy)", "numpy µs"] + [f"{p} µs" for p in present] + \
-           ["× vs numpy", "× vs best compiler", "compile cold / cached s"]
+    head = ["workload", "glue µs", "glue GB/s (% of copy)", "glue no-jit µs", "numpy µs"] + \
+           [f"{p} µs" for p in present] + ["× vs numpy", "× vs best compiler", "compile cold / cached s"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         gbs = r["bytes"] / r["glue"] / 1e3 if r["bytes"] else None
         compilers = [r[p] for p in ("torch.compile", "jax.jit") if p in r]
         cells = [r["workload"], f"{r['glue']:.0f}",
-                 f"{gbs:.1f} ({100 * gbs / ceiling:.0f}%)" if gbs else "—", f"{r['numpy']:.0f}"]
+                 f"{gbs:.1f} ({100 * gbs / ceiling:.0f}%)" if gbs else "—", f"{r['glue no-jit']:.0f}",
+                 f"{r['numpy']:.0f}"]
         cells += [f"{r[p]:.0f}" if p in r else "—" for p in present]
         cells += [f"{r['numpy'] / r['glue']:.2f}", f"{min(compilers) / r['glue']:.2f}" if compilers else "—",
                   f"{r['compile cold s']:.2f} / {r['compile cached s']:.2f}"]
@@ -313,6 +320,15 @@ def machine() -> str:
     return f"{cpu}, {os.cpu_count()} cores, load average {load:.1f} at the start"
 
 
+def versions() -> str:
+    found = [f"numpy {np.__version__}"]
+    for name in ("torch", "jax"):
+        module = sys.modules.get(name)
+        if module is not None:
+            found.append(f"{name} {module.__version__}")
+    return ", ".join(found)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks cpu")
     parser.add_argument("--results", default=os.path.join(os.path.dirname(__file__), "RESULTS.md"),
@@ -323,12 +339,16 @@ def main(argv: list[str] | None = None) -> None:
     where = machine()
     rows, ceiling = run(set(filter(None, args.peers.split(","))), args.only)
     text = (f"## cpu — {datetime.date.today().isoformat()}\n\nMachine: {where}. Copy ceiling "
-            f"(np.copyto 256 MiB, read + write): {ceiling:.1f} GB/s.\n"
-            f"Command: `python -m benchmarks cpu {' '.join(argv or [])}`.\n\n{table(rows, ceiling)}\n")
+            f"(np.copyto 256 MiB, read + write): {ceiling:.1f} GB/s. {versions()}.\n"
+            f"Command: `python -m benchmarks cpu {' '.join(argv or [])}`. Median wall time per call "
+            f"(at least {ITERS} calls and {MIN_SECONDS} s after {WARMUP} warm-up calls); glue and NumPy "
+            f"first, then torch (OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}), then JAX.\n\n"
+            f"{table(rows, ceiling)}\n")
     print(text)
     if args.results:
+        new = not os.path.exists(args.results)
         with open(args.results, "a") as f:
-            f.write("\n" + text)
+            f.write(("# Benchmark results\n" if new else "") + "\n" + text)
 
 
 if __name__ == "__main__":

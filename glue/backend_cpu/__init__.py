@@ -8,19 +8,15 @@ generated, before optimisation) and "asm" (the host assembly after the O3 pipeli
 """
 from __future__ import annotations
 
-import math
 from functools import cached_property
 from typing import Sequence
 
 from glue.backend_cpu.program import Program, build_program
-from glue.backend_cpu.runtime import CostAnalysis, Executable, MemoryAnalysis
+from glue.backend_cpu.runtime import CostAnalysis, Executable, MemoryAnalysis, estimate_cost
 from glue.backend_cpu.target import LoadedCode, assembly, host, object_code
 from glue.errors import BackendError
 from glue.ir import Graph
-from glue.scheduler.kernel_ir import Op
-from glue.scheduler.lowering import EXPENSIVE
 from glue.scheduler.plan import STAGES, Plan, schedule
-from glue.codegen.scope import Analysis, children
 
 
 class CpuLowered:
@@ -49,33 +45,6 @@ class CpuLowered:
         code, _ = object_code(self.program.llvm_ir)
         code = LoadedCode(code, [f.symbol for f in self.program.functions])
         return Executable(self.program, code, estimate_cost(self.plan))
-
-
-def estimate_cost(plan: Plan) -> CostAnalysis:
-    """Operations and bytes of one call: an element-level operation counts once per point of
-    its kernel's domain, a row-level one once per row; a float sum or dot adds one per point."""
-    flops = transcendentals = traffic = 0.0
-    for kernel in plan.kernels:
-        rows = math.prod(kernel.parallel)
-        points = rows * math.prod(kernel.reduce)
-        reduce_dims = frozenset(range(len(kernel.parallel), kernel.rank))
-        analysis = Analysis()
-        seen, stack = set(), [r.value for r in kernel.reductions] + [s.value for s in kernel.stores]
-        while stack:
-            e = stack.pop()
-            if e in seen:
-                continue
-            seen.add(e)
-            if isinstance(e, Op) and e.dtype.is_float and e.primitive != "convert_element_type":
-                count = points if analysis.inside(e, reduce_dims) else rows
-                if e.primitive in EXPENSIVE:
-                    transcendentals += count
-                else:
-                    flops += count
-            stack.extend(children(e))
-        flops += points * sum(r.op == "sum" and r.dtype.is_float for r in kernel.reductions)
-        traffic += sum(b.type.nbytes for b in kernel.inputs + kernel.outputs)
-    return CostAnalysis(flops, transcendentals, traffic)
 
 
 class CpuBackend:

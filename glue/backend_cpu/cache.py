@@ -46,7 +46,8 @@ def load(entry: str) -> bytes | None:
             blob = f.read()
     except OSError:
         return None
-    head, digest, payload = blob[:len(_MAGIC)], blob[len(_MAGIC):len(_MAGIC) + _DIGEST], blob[len(_MAGIC) + _DIGEST:]
+    body = len(_MAGIC) + _DIGEST
+    head, digest, payload = blob[:len(_MAGIC)], blob[len(_MAGIC):body], blob[body:]
     if head != _MAGIC or hashlib.sha256(payload).digest() != digest or not payload:
         return None
     return payload

@@ -17,8 +17,13 @@ The loops a kernel becomes depend on its kind:
   per row, before the pass that needs them; an expensive element value a later pass would
   recompute (softmax's exp) is kept in scratch instead.
 - data (scatter_add): one unit, run on one thread so the additions happen in a fixed order
-  (the domain's row-major order, as the reference does); output 0 first receives a copy of the
-  `init` input unless both already are the same memory.
+  (the domain's row-major order, as the reference does); the scattered output first receives
+  a copy of the `init` input unless both already are the same memory.
+
+Two rewrites make the loops cheaper: a float division by a value that does not change inside
+the loop (a row sum, a norm) becomes a multiplication by its reciprocal, computed once; and a
+large output is written around the caches, each row through a small per-thread buffer copied
+out with non-temporal stores (no read of the lines about to be overwritten).
 """
 from __future__ import annotations
 
@@ -28,11 +33,11 @@ from typing import Sequence
 
 from llvmlite import ir
 
+from glue.backend_cpu.target import host
 from glue.codegen import reductions
 from glue.codegen.expr import ExprEmitter, convert
 from glue.codegen.loops import loop, nest, unflatten
 from glue.codegen.scope import Analysis, children, hoist
-from glue.backend_cpu.target import host
 from glue.codegen.types import I1, I64, from_memory, memory_type, register_type, to_memory
 from glue.ir import dtypes as dt
 from glue.scheduler.kernel_ir import Const, Dim, Expr, FromValue, Index, Kernel, Op, Store
@@ -182,6 +187,14 @@ class KernelBuilder:
         return self.b.gep(self.out_ptrs[store.output], [offset], inbounds=True,
                           source_etype=memory_type(buf.type.dtype))
 
+    def store_all(self, em: ExprEmitter, stores: Sequence[Store]) -> None:
+        """Make `stores` at one point: every value first, then the writes, since an output may
+        share memory with an input that a later value still reads at this point."""
+        for s in stores:
+            em.value(s.value)
+        for s in stores:
+            self.store(em, s)
+
     def store(self, em: ExprEmitter, store: Store) -> None:
         dtype = self.kernel.outputs[store.output].type.dtype
         value = convert(self.b, em.value(store.value), store.value.dtype, dtype)
@@ -229,7 +242,9 @@ class KernelBuilder:
         """Rewrite float divisions whose divisor is invariant in loops over `dims` (a row sum, a
         norm, a constant) as multiplications by its reciprocal, which the loop-invariant code
         then computes once. A division costs eight times a multiplication in vector code, and
-        the two roundings stay within 1.5 ulp (16-bit floats go through float32)."""
+        the two roundings stay within 1.5 ulp (16-bit floats go through float32); only a divisor
+        so small that its reciprocal overflows (below 2^-128 in float32) gives inf where the
+        quotient would still be finite."""
         memo: dict[Expr, Expr] = {}
 
         def rewrite(e: Expr) -> Expr:
@@ -284,11 +299,12 @@ class KernelBuilder:
         values = [s.value for s in k.stores]
         if not k.parallel:
             em = self.emitter([])
-            for s in k.stores:
-                self.store(em, s)
+            self.store_all(em, k.stores)
             return
         inner = k.parallel[-1]
-        self.plan_streams([len(k.parallel) - 1], inner)
+        spread = interleave_for(values, self.analysis, frozenset((len(k.parallel) - 1,)))
+        if not spread:  # a loop busy with math functions does not wait on memory: no copy pass
+            self.plan_streams([len(k.parallel) - 1], inner)
         width = ir.Constant(I64, inner)
         first = b.udiv(self.start, width)
         last = b.udiv(b.sub(self.end, ir.Constant(I64, 1)), width)
@@ -304,11 +320,10 @@ class KernelBuilder:
             def element(b: ir.IRBuilder, j: ir.Value, _):
                 em = self.emitter(coords + [j], outer)
                 self.stream_at = b.sub(j, lo)
-                for s in k.stores:
-                    self.store(em, s)
+                self.store_all(em, k.stores)
                 self.stream_at = None
                 return []
-            loop(b, lo, hi, element, name="j")
+            loop(b, lo, hi, element, name="j", interleave=spread)
             if self.streams:
                 self.flush(coords + [lo], b.sub(hi, lo))
             return []
@@ -324,8 +339,7 @@ class KernelBuilder:
 
         def point(b: ir.IRBuilder, coords: list[ir.Value], _):
             em = self.emitter(coords)
-            for s in k.stores:
-                self.store(em, s)
+            self.store_all(em, k.stores)
             return []
         nest(b, k.parallel, point, name="i")
 
@@ -349,10 +363,9 @@ class KernelBuilder:
                 for i, value in zip(level.reductions, accs):
                     outer.rows[i] = value
                 if any(st.output in self.streams for st in level.stores):
-                    self.flush(coords + [ir.Constant(I64, 0)] * len(k.reduce), ir.Constant(I64, math.prod(k.reduce)))
-            for s in k.stores:
-                if s.level == "row":
-                    self.store(outer, s)
+                    row_start = coords + [ir.Constant(I64, 0)] * len(k.reduce)
+                    self.flush(row_start, ir.Constant(I64, math.prod(k.reduce)))
+            self.store_all(outer, [s for s in k.stores if s.level == "row"])
             return []
         loop(self.b, self.start, self.end, row, name="row", vectorize=False)
 
@@ -387,11 +400,12 @@ class KernelBuilder:
                 if first == depth:
                     b.store(em.value(e), self._stash_at(offset, flat, e))
             self.stream_at = flat
-            for s in level.stores:
-                self.store(em, s)
+            self.store_all(em, level.stores)
             self.stream_at = None
             return out
-        accs = iter(nest(self.b, k.reduce, body, init))
+        exprs = [r.value for r in reds] + [s.value for s in level.stores]
+        spread = interleave_for(exprs, self.analysis, frozenset(range(len(k.parallel), k.rank)))
+        accs = iter(nest(self.b, k.reduce, body, init, interleave=spread))
         results = []
         for r in reds:
             value = next(accs)
@@ -405,7 +419,8 @@ class KernelBuilder:
 
     def levels(self) -> list[_Level]:
         """Reductions and element stores grouped into passes: a pass holds what depends only on
-        row values of earlier passes."""
+        row values of earlier passes. Element stores come in the last pass that reads the row
+        (or one after it): an output may share memory with an input that every pass reads."""
         k = self.kernel
         depth: dict[int, int] = {}
         for i, r in enumerate(k.reductions):
@@ -413,10 +428,11 @@ class KernelBuilder:
         passes: dict[int, _Level] = {}
         for i in range(len(k.reductions)):
             passes.setdefault(depth[i], _Level()).reductions.append(i)
+        last = max(depth.values(), default=0)
         for s in k.stores:
             if s.level == "element":
                 d = 1 + max((depth[j] for j in self.analysis.uses(s.value).rows), default=-1)
-                passes.setdefault(d, _Level()).stores.append(s)
+                passes.setdefault(max(d, last), _Level()).stores.append(s)
         return [passes[d] for d in sorted(passes)]
 
     def stashes(self, levels: list[_Level], reduce_dims: frozenset[int]) -> dict[Expr, tuple[int, int, int]]:
@@ -446,6 +462,26 @@ class KernelBuilder:
                 computed.setdefault(e, depth)
                 stack.extend(children(e))
         return chosen
+
+
+# Math functions by the length of their code: a loop around one short function gains from four
+# vector iterations in flight, longer bodies from two (measured on gelu, tanh, exp, log, erf).
+_SHORT_MATH = frozenset({"exp", "exp2", "expm1", "tanh", "logistic", "sqrt", "rsqrt"})
+
+
+def interleave_for(exprs: Sequence[Expr], analysis: Analysis, dims: frozenset[int]) -> int:
+    """How many vector iterations to keep in flight in a loop over `dims` computing `exprs`
+    (0: LLVM's choice, which is one for long bodies)."""
+    weight, seen, stack = 0, set(), list(exprs)
+    while stack:
+        e = stack.pop()
+        if e in seen or not analysis.inside(e, dims):
+            continue
+        seen.add(e)
+        if isinstance(e, Op) and e.primitive in EXPENSIVE and e.dtype.is_float:
+            weight += 1 if e.primitive in _SHORT_MATH else 2
+        stack.extend(children(e))
+    return 0 if weight == 0 else 4 if weight == 1 else 2
 
 
 def _as(e: Expr, dtype: dt.DType) -> Expr:
@@ -485,7 +521,8 @@ def _linear(b: ir.IRBuilder, coords: Sequence[ir.Value], strides: Sequence[int])
 def _memcpy(module: ir.Module) -> ir.Function:
     name = "llvm.memcpy.p0.p0.i64"
     existing = module.globals.get(name)
-    return existing if existing is not None else ir.Function(module, ir.FunctionType(VOID, [PTR, PTR, I64, I1]), name)
+    return existing if existing is not None else \
+        ir.Function(module, ir.FunctionType(VOID, [PTR, PTR, I64, I1]), name)
 
 
 def _contiguous(index: Sequence[Index], shape: Sequence[int], dims: Sequence[int], extents: Sequence[int]) -> bool:
@@ -530,7 +567,8 @@ def stream_copy(b: ir.IRBuilder, dst: ir.Value, src: ir.Value, count: ir.Value, 
         return []
     loop(b, 0, vectors, copy, name="nt", vectorize=False)
     done = b.add(head, b.mul(vectors, ir.Constant(I64, lanes)))
-    b.call(memcpy, [b.gep(dst, [done], inbounds=True, source_etype=ty), b.gep(src, [done], inbounds=True, source_etype=ty),
+    b.call(memcpy, [b.gep(dst, [done], inbounds=True, source_etype=ty),
+                    b.gep(src, [done], inbounds=True, source_etype=ty),
                     b.mul(b.sub(count, done), ir.Constant(I64, size)), ir.Constant(I1, 0)])
 
 

@@ -23,12 +23,12 @@ from typing import Sequence
 
 from llvmlite import ir
 
-from glue.backend_cpu.kernels import KernelBuilder, KernelFunction, Operand
+from glue.backend_cpu.kernels import KernelBuilder, KernelFunction, Operand, interleave_for
 from glue.backend_cpu.target import thread_count
 from glue.codegen.expr import ExprEmitter, convert, intrinsic
 from glue.codegen.loops import loop, unflatten
 from glue.codegen.scope import Analysis, hoist
-from glue.codegen.types import I8, I32, I64, register_type
+from glue.codegen.types import I1, I8, I32, I64, register_type
 from glue.ir import dtypes as dt
 from glue.scheduler.kernel_ir import Expr, Kernel, Op
 
@@ -80,7 +80,8 @@ class MatmulBuilder(KernelBuilder):
         wanted = 2 * thread_count()
         nc = max(self.nr, L2_BUDGET // max(1, self.K * self.size) // self.nr * self.nr)
         if self.B * -(-self.N // nc) < wanted:
-            nc = min(nc, max(MIN_PANELS_PER_UNIT * self.nr, _round_up(-(-self.N // -(-wanted // self.B)), self.nr)))
+            per_batch = -(-wanted // self.B)
+            nc = min(nc, max(MIN_PANELS_PER_UNIT * self.nr, _round_up(-(-self.N // per_batch), self.nr)))
         self.nc = min(nc, _round_up(self.N, self.nr))
         self.n_blocks = -(-self.N // self.nc)
         parts = max(1, -(-wanted // (self.B * self.n_blocks)))
@@ -94,9 +95,6 @@ class MatmulBuilder(KernelBuilder):
     # --- helpers --------------------------------------------------------------------------
     def const(self, v: int) -> ir.Constant:
         return ir.Constant(I64, v)
-
-    def scratch_at(self, offset: int) -> ir.Value:
-        return self.b.gep(self.scratch, [self.const(offset)], source_etype=I8)
 
     def element(self, base: ir.Value, index: ir.Value) -> ir.Value:
         return self.b.gep(base, [index], inbounds=True, source_etype=self.ty)
@@ -124,8 +122,8 @@ class MatmulBuilder(KernelBuilder):
 
     def zero_fill(self, base: ir.Value, count: int) -> None:
         memset = self.b.module.globals.get("llvm.memset.p0.i64") or ir.Function(
-            self.b.module, ir.FunctionType(ir.VoidType(), [base.type, I8, I64, ir.IntType(1)]), "llvm.memset.p0.i64")
-        self.b.call(memset, [base, ir.Constant(I8, 0), self.const(count * self.size), ir.Constant(ir.IntType(1), 0)])
+            self.b.module, ir.FunctionType(ir.VoidType(), [base.type, I8, I64, I1]), "llvm.memset.p0.i64")
+        self.b.call(memset, [base, ir.Constant(I8, 0), self.const(count * self.size), ir.Constant(I1, 0)])
 
     # --- the kernel -----------------------------------------------------------------------
     def build(self) -> KernelFunction:
@@ -242,6 +240,7 @@ class MatmulBuilder(KernelBuilder):
         k = self.kernel
         values = [s.value for s in k.stores]
         cols = frozenset(self.col_dims)
+        spread = interleave_for(values, self.analysis, cols)
 
         def row(b: ir.IRBuilder, mm: ir.Value, _):
             m = b.add(row0, mm)
@@ -253,10 +252,9 @@ class MatmulBuilder(KernelBuilder):
             def column(b: ir.IRBuilder, j: ir.Value, _):
                 em = self.emitter(self.point(bc, m, b.add(n0, j), None), outer)
                 em.rows = [b.load(self.element(sums, b.add(line, j)), typ=self.ty)]
-                for s in k.stores:
-                    self.store(em, s)
+                self.store_all(em, k.stores)
                 return []
-            loop(b, 0, n_len, column, name="n")
+            loop(b, 0, n_len, column, name="n", interleave=spread)
             return []
         loop(self.b, 0, height, row, name="em", vectorize=False)
 

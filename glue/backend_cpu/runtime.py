@@ -6,11 +6,12 @@ fills the buffer table and runs the kernels in order. A kernel with enough work 
 one chunk per core: the calling thread runs the first chunk and pool threads the others
 (ctypes releases the GIL for the call). Splitting never changes results: every unit (an
 element, or a whole row of a reduction) is computed by exactly one thread with the same code.
-Small kernels run inline, since waking a thread costs about 10 µs.
+Small kernels run inline, since handing work to a thread and joining it costs about 15 µs.
 """
 from __future__ import annotations
 
 import ctypes
+import math
 import threading
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -20,15 +21,19 @@ import numpy as np
 from glue.backend_cpu.kernels import KernelFunction
 from glue.backend_cpu.program import Program
 from glue.backend_cpu.target import LoadedCode, thread_count
+from glue.codegen.scope import Analysis, children
 from glue.errors import BackendError
 from glue.frontend.array import Array
+from glue.scheduler.kernel_ir import Op
+from glue.scheduler.lowering import EXPENSIVE
+from glue.scheduler.plan import Plan
 
 # Work (estimated operations, see kernels.cost_per_point) below which a kernel runs on the
-# calling thread: about 20 µs of vectorised work, twice the cost of waking a pool thread.
-PARALLEL_THRESHOLD = 150_000
+# calling thread. Measured on the 2-core development machine: handing a chunk to a pool thread
+# and joining it costs about 15 µs, and splitting starts to pay at about 35 µs of work (an
+# elementwise x*2+1 of about 500k elements, a tanh of about 30k), near 400k here.
+PARALLEL_THRESHOLD = 400_000
 ALIGN = 64
-
-_ENTRY = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p)
 
 
 class _Worker:
@@ -73,7 +78,7 @@ class _Pool:
         self._workers: list[_Worker] = []
 
     def run(self, fn: Any, table: Any, chunks: Sequence[tuple[int, int]], scratch: int, stride: int) -> None:
-        if len(chunks) == 1 or not self._busy.acquire(blocking=False):
+        if not self._busy.acquire(blocking=False):
             for c, (lo, hi) in enumerate(chunks):
                 fn(table, lo, hi, scratch + c * stride)
             return
@@ -132,6 +137,33 @@ class CostAnalysis:
     bytes_accessed: float
 
 
+def estimate_cost(plan: Plan) -> CostAnalysis:
+    """Operations and bytes of one call: an element-level operation counts once per point of
+    its kernel's domain, a row-level one once per row; a float sum or dot adds one per point."""
+    flops = transcendentals = traffic = 0.0
+    for kernel in plan.kernels:
+        rows = math.prod(kernel.parallel)
+        points = rows * math.prod(kernel.reduce)
+        reduce_dims = frozenset(range(len(kernel.parallel), kernel.rank))
+        analysis = Analysis()
+        seen, stack = set(), [r.value for r in kernel.reductions] + [s.value for s in kernel.stores]
+        while stack:
+            e = stack.pop()
+            if e in seen:
+                continue
+            seen.add(e)
+            if isinstance(e, Op) and e.dtype.is_float and e.primitive != "convert_element_type":
+                count = points if analysis.inside(e, reduce_dims) else rows
+                if e.primitive in EXPENSIVE:
+                    transcendentals += count
+                else:
+                    flops += count
+            stack.extend(children(e))
+        flops += points * sum(r.op == "sum" and r.dtype.is_float for r in kernel.reductions)
+        traffic += sum(b.type.nbytes for b in kernel.inputs + kernel.outputs)
+    return CostAnalysis(flops, transcendentals, traffic)
+
+
 class _Workspace:
     def __init__(self, arena: int, scratch: int, chunks: int):
         self.stride = -(-scratch // ALIGN) * ALIGN
@@ -156,6 +188,8 @@ class Executable:
         self._scratch = max((f.scratch_bytes for f in self.kernels), default=0)
         self._free: list[_Workspace] = []
         self._dtypes = [t.dtype.numpy for t in program.arg_types]
+        self._outputs = [(t.shape, t.dtype.numpy) for t in program.output_types]
+        self._table = ctypes.c_void_p * (len(program.arg_types) + len(program.output_types) + 1)
 
     def _arguments(self, args: Sequence[Any]) -> list[np.ndarray]:
         types = self.program.arg_types
@@ -172,28 +206,36 @@ class Executable:
 
     def __call__(self, *args: Any) -> list[Array]:
         arrays = self._arguments(args)
-        outputs = [np.empty(t.shape, t.dtype.numpy) for t in self.program.output_types]
-        space = self._free.pop() if self._free else _Workspace(
-            self.program.plan.memory.arena_bytes, self._scratch, self.threads)
+        # Outputs that are arguments are copied before a kernel may reuse a donated buffer.
+        outputs = [np.empty(shape, dtype) for shape, dtype in self._outputs] + \
+            [arrays[r.slot].copy() for r in self.program.results if r.kind == "argument"]
+        try:  # a workspace no other call is using (calls may come from several threads)
+            space = self._free.pop()
+        except IndexError:
+            space = _Workspace(self.program.plan.memory.arena_bytes, self._scratch, self.threads)
         try:
-            table = (ctypes.c_void_p * (len(arrays) + len(outputs) + 1))(
-                *[x.ctypes.data for x in arrays], *[x.ctypes.data for x in outputs], space.arena)
+            fresh = outputs[:len(self._outputs)]
+            table = self._table(*[x.ctypes.data for x in arrays], *[x.ctypes.data for x in fresh], space.arena)
             for fn, chunks in self._steps:
-                _pool.run(fn, table, chunks, space.scratch, space.stride)
+                if len(chunks) == 1:
+                    fn(table, chunks[0][0], chunks[0][1], space.scratch)
+                else:
+                    _pool.run(fn, table, chunks, space.scratch, space.stride)
         finally:
             self._free.append(space)
-        return [Array(self._result(r, arrays, outputs)) for r in self.program.results]
-
-    @staticmethod
-    def _result(r, arrays: list[np.ndarray], outputs: list[np.ndarray]) -> np.ndarray:
-        if r.kind == "output":
-            return outputs[r.slot]
-        if r.kind == "literal":
-            return np.full(r.type.shape, r.value, r.type.dtype.numpy)
-        source = arrays[r.slot]
-        if r.kind == "argument":
-            return source.copy()
-        return source.reshape(-1).view(r.type.dtype.numpy).reshape(r.type.shape)
+        copies = iter(outputs[len(self._outputs):])
+        results = []
+        for r in self.program.results:
+            if r.kind == "output":
+                value = outputs[r.slot]
+            elif r.kind == "argument":
+                value = next(copies)
+            elif r.kind == "literal":
+                value = np.full(r.type.shape, r.value, r.type.dtype.numpy)
+            else:  # donated: the argument's buffer now holds the output
+                value = arrays[r.slot].reshape(-1).view(r.type.dtype.numpy).reshape(r.type.shape)
+            results.append(Array(value))
+        return results
 
     def memory_analysis(self) -> MemoryAnalysis:
         m = self.program.plan.memory

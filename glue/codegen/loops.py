@@ -20,12 +20,14 @@ def _const(v: ir.Value) -> int | None:
 
 
 def loop(b: ir.IRBuilder, lo: ir.Value | int, hi: ir.Value | int, body: Body,
-         carried: Sequence[ir.Value] = (), name: str = "i", vectorize: bool = True) -> list[ir.Value]:
+         carried: Sequence[ir.Value] = (), name: str = "i", vectorize: bool = True,
+         interleave: int = 0) -> list[ir.Value]:
     """Run `body(b, i, values)` for i in [lo, hi), threading `carried` values through it (the
     body returns their next values); the builder ends after the loop, and the result is the
     carried values after the last iteration (the initial ones when the loop runs no times).
     `vectorize=False` tells LLVM not to vectorise this loop (an outer loop whose inner loops
-    are the ones to vectorise)."""
+    are the ones to vectorise); `interleave` asks it to keep that many vector iterations in
+    flight (long dependency chains, as in math functions, leave the units idle otherwise)."""
     lo = ir.Constant(I64, lo) if isinstance(lo, int) else lo
     hi = ir.Constant(I64, hi) if isinstance(hi, int) else hi
     first, last = _const(lo), _const(hi)
@@ -55,8 +57,10 @@ def loop(b: ir.IRBuilder, lo: ir.Value | int, hi: ir.Value | int, body: Body,
     for phi, v in zip(phis, new):
         phi.add_incoming(v, latch)
     branch = b.cbranch(b.icmp_signed("<", following, hi), head, done)
-    if not vectorize:
-        branch.set_metadata("llvm.loop", _no_vectorize(b.module))
+    if not vectorize or interleave:
+        hints = [("llvm.loop.vectorize.enable", ir.Constant(I1, 0))] if not vectorize else \
+            [("llvm.loop.interleave.count", ir.Constant(ir.IntType(32), interleave))]
+        branch.set_metadata("llvm.loop", _loop_id(b.module, hints))
     b.position_at_end(done)
     if static:
         return new
@@ -69,22 +73,27 @@ def loop(b: ir.IRBuilder, lo: ir.Value | int, hi: ir.Value | int, body: Body,
     return out
 
 
-def _no_vectorize(module: ir.Module) -> ir.MDValue:
-    """A fresh loop ID (loop IDs refer to themselves and must be unique) disabling vectorisation."""
-    flag = module.add_metadata([ir.MetaDataString(module, "llvm.loop.vectorize.enable"), ir.Constant(I1, 0)])
+def _loop_id(module: ir.Module, hints: Sequence[tuple[str, ir.Constant]]) -> ir.MDValue:
+    """A fresh loop ID carrying `hints` (loop IDs refer to themselves and must be unique)."""
+    nodes = [module.add_metadata([ir.MetaDataString(module, name), value]) for name, value in hints]
     unique = module.add_metadata([ir.MetaDataString(module, "glue.loop"), ir.Constant(I64, len(module.metadata))])
-    loop_id = module.add_metadata([flag, unique])
+    loop_id = module.add_metadata(nodes + [unique])
     loop_id.operands = (loop_id,) + loop_id.operands
     return loop_id
 
 
-def nest(b: ir.IRBuilder, extents: Sequence[int], body: Callable[[ir.IRBuilder, list[ir.Value], list[ir.Value]], Sequence[ir.Value]],
-         carried: Sequence[ir.Value] = (), name: str = "r") -> list[ir.Value]:
-    """Nested loops over [0, n) for each extent, outermost first; `body(b, indices, values)`."""
+NestBody = Callable[[ir.IRBuilder, list[ir.Value], list[ir.Value]], Sequence[ir.Value]]
+
+
+def nest(b: ir.IRBuilder, extents: Sequence[int], body: NestBody, carried: Sequence[ir.Value] = (),
+         name: str = "r", interleave: int = 0) -> list[ir.Value]:
+    """Nested loops over [0, n) for each extent, outermost first; `body(b, indices, values)`;
+    `interleave` applies to the innermost loop."""
     def level(k: int, outer: list[ir.Value], values: list[ir.Value]) -> list[ir.Value]:
         if k == len(extents):
             return list(body(b, outer, values))
-        return loop(b, 0, extents[k], lambda b, i, vs: level(k + 1, outer + [i], vs), values, f"{name}{k}")
+        return loop(b, 0, extents[k], lambda b, i, vs: level(k + 1, outer + [i], vs), values, f"{name}{k}",
+                    interleave=interleave if k == len(extents) - 1 else 0)
     return level(0, [], list(carried))
 
 

@@ -52,30 +52,32 @@ def _children(tree: Any) -> tuple[str, tuple[Any, ...], tuple[Any, ...]] | None:
 def tree_flatten(tree: Any) -> tuple[list[Any], PyTreeDef]:
     """The leaves of `tree` (left to right, dict keys sorted) and its structure."""
     leaves: list[Any] = []
+    return leaves, _walk(tree, leaves)
 
-    def walk(node: Any) -> PyTreeDef:
-        split = _children(node)
-        if split is None:
-            leaves.append(node)
-            return LEAF
-        kind, kids, keys = split
-        return PyTreeDef(kind, tuple(walk(k) for k in kids), keys)
 
-    return leaves, walk(tree)
+def _walk(node: Any, leaves: list[Any]) -> PyTreeDef:
+    split = _children(node)
+    if split is None:
+        leaves.append(node)
+        return LEAF
+    kind, kids, keys = split
+    return PyTreeDef(kind, tuple(_walk(k, leaves) for k in kids), keys)
 
 
 def tree_unflatten(treedef: PyTreeDef, leaves: list[Any]) -> Any:
     """The pytree of structure `treedef` holding `leaves`."""
-    it = iter(leaves)
+    return _build(treedef, iter(leaves))
 
-    def build(node: PyTreeDef) -> Any:
-        if node.kind == "leaf":
-            return next(it)
-        kids = [build(c) for c in node.children]
-        return {"none": lambda: None, "tuple": lambda: tuple(kids), "list": lambda: kids,
-                "dict": lambda: dict(zip(node.keys, kids))}[node.kind]()
 
-    return build(treedef)
+def _build(node: PyTreeDef, it: Any) -> Any:
+    # A module-level function rather than a recursive closure: a closure that calls itself is
+    # a reference cycle, which kept the leaves (large output arrays) alive until the next
+    # garbage collection.
+    if node.kind == "leaf":
+        return next(it)
+    kids = [_build(c, it) for c in node.children]
+    return {"none": lambda: None, "tuple": lambda: tuple(kids), "list": lambda: kids,
+            "dict": lambda: dict(zip(node.keys, kids))}[node.kind]()
 
 
 def tree_map(fn: Callable[..., Any], tree: Any, *rest: Any) -> Any:

@@ -10,9 +10,13 @@ import contextlib
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from glue.backend_cpu import kernels, matmul
+import numpy as np
+
+from glue.backend_cpu import CpuBackend, kernels, matmul
 from glue.ir import dtypes as dt
-from glue.testing import check_graph, graph_inputs, programs
+from glue.reference import run_graph
+from glue.reference.compare import mismatch
+from glue.testing import check_graph, graph_inputs, programs, tolerance_dtypes
 
 ALL_DTYPES = (dt.float32, dt.int32, dt.bool_, dt.float16, dt.bfloat16, dt.int64, dt.float64)
 # At least this many examples even under the quick `ci` profile; more under `thorough`.
@@ -59,7 +63,19 @@ def test_random_contractions_through_the_blocked_path(case):
 
 
 @settings(max_examples=EXAMPLES // 5)
-@given(_programs_with_inputs(dtypes=ALL_DTYPES, max_eqns=8, max_side=19))
+@given(_programs_with_inputs(dtypes=ALL_DTYPES, max_eqns=8, max_rank=2, max_side=19))
 def test_random_programs_streaming_their_outputs(case):
     with _small_thresholds():
         check_graph(*case, backends=["cpu"])
+
+
+@settings(max_examples=EXAMPLES // 5)
+@given(_programs_with_inputs(dtypes=ALL_DTYPES, max_eqns=8, max_side=9))
+def test_random_programs_with_every_argument_donated(case):
+    graph, inputs = case
+    expected = run_graph(graph, inputs, float64=True)
+    lowered = CpuBackend().lower(graph, donated=tuple(range(len(graph.invars))))
+    outs = lowered.compile()(*[np.array(x, copy=True) for x in inputs])
+    for got, want, dtype in zip(outs, expected, tolerance_dtypes(graph)):
+        problem = mismatch(np.asarray(got), want, dtype)
+        assert problem is None, f"{problem}\n{graph}\n{lowered.as_text('memory')}"

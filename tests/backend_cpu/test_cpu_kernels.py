@@ -179,7 +179,8 @@ def test_integer_and_bool_programs_are_exact():
 
     def f(a, b):
         q = a // b + a % b
-        return q.sum(-1), gnp.any(a > b, -1), gnp.argmax(a * b, -1), gnp.where(a > 0, a, -b).astype(gnp.int64).max(0)
+        mixed = gnp.where(a > 0, a, -b).astype(gnp.int64).max(0)
+        return q.sum(-1), gnp.any(a > b, -1), gnp.argmax(a * b, -1), mixed
 
     got = glue.jit(f, backend="cpu")(a, b)
     want = glue.jit(f, backend="reference")(a, b)

@@ -42,6 +42,7 @@ BIG = {
 def test_results_are_identical_on_one_thread_and_on_all(name, monkeypatch):
     fn, shapes = BIG[name]
     args = [RNG.standard_normal(s).astype(np.float32) for s in shapes]
+    monkeypatch.setattr(runtime, "PARALLEL_THRESHOLD", 0)
     one = _compile(fn, *args, threads=1, monkeypatch=monkeypatch)
     many = _compile(fn, *args, threads=2, monkeypatch=monkeypatch)
     assert all(len(chunks) == 1 for _, chunks in one._steps)
@@ -161,7 +162,12 @@ def test_code_calling_a_missing_function_is_refused_not_run():
         target.LoadedCode(code, ["f"])
 
 
-@pytest.mark.parametrize("fn, shape", [(_gelu_bias, (37, 300)), (nn.softmax, (16, 512))], ids=["gelu", "softmax"])
+def _scale_shift(x, w):
+    return x * w + 1.0
+
+
+@pytest.mark.parametrize("fn, shape", [(_scale_shift, (37, 300)), (nn.softmax, (16, 512))],
+                         ids=["pointwise", "softmax"])
 def test_large_outputs_are_written_with_non_temporal_stores(fn, shape, monkeypatch):
     from glue.backend_cpu import kernels
 
@@ -169,7 +175,7 @@ def test_large_outputs_are_written_with_non_temporal_stores(fn, shape, monkeypat
         pytest.skip("non-temporal stores are emitted for x86-64 only")
     monkeypatch.setattr(kernels, "STREAM_BYTES", 0)
     args = [RNG.standard_normal(shape).astype(np.float32)] + ([RNG.standard_normal(shape[-1:]).astype(np.float32)]
-                                                               if fn is _gelu_bias else [])
+                                                               if fn is _scale_shift else [])
     lowered = glue.jit(fn, backend="cpu").lower(*args)
     assert re.search(r"\bv?movnt(ps|dq)\b", lowered.as_text("asm"))
     got = np.asarray(lowered.compile()(*args))
