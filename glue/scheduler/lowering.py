@@ -52,6 +52,7 @@ class _Domain:
     reduce: tuple[int, ...]
     element_shape: tuple[int, ...] | None  # shape of element-level values, if the kernel has them
     element_index: tuple[Index, ...] = ()  # where element-level values sit in the domain
+    reduced_axes: tuple[int, ...] = ()  # axes of element_shape that the reductions fold
 
     @property
     def row_index(self) -> tuple[Index, ...]:
@@ -80,7 +81,7 @@ def _domain(eqns: Sequence[Eqn], outputs: Sequence[Var]) -> _Domain:
         where = {a: Index.dim(i) for i, a in enumerate(kept)}
         where.update({a: Index.dim(len(kept) + i) for i, a in enumerate(axes)})
         return _Domain("reduction", tuple(shape[a] for a in kept), tuple(shape[a] for a in axes),
-                       shape, tuple(where[a] for a in range(len(shape))))
+                       shape, tuple(where[a] for a in range(len(shape))), axes)
     shapes = {v.type.shape for v in outputs}
     if len(shapes) != 1:
         raise FusionRefused(f"outputs of different shapes {sorted(shapes)}")
@@ -337,6 +338,11 @@ def _placement(domain: _Domain, var: Var) -> tuple[str, tuple[Index, ...]]:
         return "row", domain.row_index
     if shape == domain.element_shape:
         return "element", domain.element_index
+    if domain.reduced_axes and shape == tuple(1 if a in domain.reduced_axes else n
+                                              for a, n in enumerate(domain.element_shape)):
+        # A row value kept with its reduced axes as size 1 (keepdims=True).
+        return "row", tuple(Index() if a in domain.reduced_axes else i
+                            for a, i in enumerate(domain.element_index))
     raise FusionRefused(f"an output of shape {shape} does not fit a kernel over {domain.parallel}"
                         f"{' x ' + str(domain.reduce) if domain.reduce else ''}")
 

@@ -83,7 +83,9 @@ def representable(dtype: DType, mag: float, bits: int) -> bool:
     """Whether every multiple of 2**-bits up to `mag` is exact in `dtype`."""
     if not dtype.is_float:
         return True
-    return mag * 2.0 ** bits <= 2.0 ** _PRECISION[dtype.name] and bits <= _FINEST[dtype.name]
+    if bits > _FINEST[dtype.name]:
+        return False
+    return mag == 0 or math.log2(mag) + bits <= _PRECISION[dtype.name]  # in logs: no overflow
 
 
 class Est(NamedTuple):
@@ -248,15 +250,23 @@ def _reduce_sum(f: Facts, types: Sequence[TensorType], out: TensorType, params: 
     return Est(mag, n * f.lo, f.bits, rel, n * f.err + acc)
 
 
+def _power(x: float, n: int) -> float:
+    """x ** n, infinite where a float overflows (a long product's bound)."""
+    try:
+        return x ** n
+    except OverflowError:
+        return math.inf
+
+
 def _reduce_prod(f: Facts, types: Sequence[TensorType], out: TensorType, params: dict) -> Est:
     n = _reduced(types, params["axes"])
-    mag = f.mag ** n
+    mag = _power(f.mag, n)
     bits = None if f.bits is None else f.bits * n
     exact = bits is not None and representable(_accumulator(out.dtype), mag, bits)
     rf = _rel(f)
     rel = None if rf is None else n * rf + (0.0 if exact else n * unit_roundoff(_accumulator(out.dtype)))
-    err = n * f.mag ** max(n - 1, 0) * f.err + (0.0 if exact else n * unit_roundoff(_accumulator(out.dtype)) * mag)
-    return Est(mag, f.lo ** n if f.nonneg else -mag, bits, rel, err)
+    err = n * _power(f.mag, max(n - 1, 0)) * f.err + (0.0 if exact else n * unit_roundoff(_accumulator(out.dtype)) * mag)
+    return Est(mag, _power(f.lo, n) if f.nonneg else -mag, bits, rel, err)
 
 
 def _index_result(f: Facts, types: Sequence[TensorType], out: TensorType, params: dict) -> Est:
