@@ -53,6 +53,8 @@ def test_workload_ptx_names_bounds_and_vectors(name):
     for entry, kernel in zip(entries, low.plan.kernels):
         assert kernel.ops[0] in entry
     assert len(re.findall(r"^\.maxntid \d+", ptx, re.M)) == len(entries)
+    kinds = {"pointwise", "reduction", "contraction", "data"}
+    assert all(launch.kind in kinds and launch.name in entries for launch in low.program.launches)
     if name in ("softmax", "layernorm", "bias_gelu", "softmax_long"):
         assert "ld.global.nc.v4" in ptx and "st.global.v4" in ptx
     if name in ("softmax", "layernorm", "rmsnorm", "xent"):

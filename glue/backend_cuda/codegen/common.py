@@ -64,6 +64,14 @@ class Launch:
     strategy: str
     copy: tuple[Place, Place, int] | None = None
 
+    @property
+    def name(self) -> str:
+        return self.symbol
+
+    @property
+    def kind(self) -> str:
+        return self.kernel.kind
+
 
 def flat_index(index: Sequence[Index], shape: Sequence[int]) -> Index:
     """The element offset of `index` in a row-major buffer of `shape`, as an index expression."""
