@@ -12,7 +12,6 @@ import numpy as np
 
 import glue
 import glue.nn as nn
-import glue.numpy as gnp
 from glue.reference.compare import mismatch
 
 

@@ -40,6 +40,7 @@ from glue.codegen.loops import loop, nest, unflatten
 from glue.codegen.scope import Analysis, children, hoist
 from glue.codegen.types import I1, I64, from_memory, memory_type, register_type, to_memory
 from glue.ir import dtypes as dt
+from glue.ir.core import strides
 from glue.scheduler.kernel_ir import Const, Dim, Expr, FromValue, Index, Kernel, Op, Store
 from glue.scheduler.lowering import EXPENSIVE
 
@@ -379,7 +380,7 @@ class KernelBuilder:
             init.append(reductions.identity(r.op, r.value.dtype))
             if r.op.startswith("arg"):
                 init.append(ir.Constant(I64, 0))
-        flat_strides = _strides(k.reduce)
+        flat_strides = strides(k.reduce)
 
         def body(b: ir.IRBuilder, rcoords: list[ir.Value], accs: list[ir.Value]):
             em = self.emitter(coords + rcoords, outer)
@@ -502,13 +503,6 @@ def _expensive(e: Expr, analysis: Analysis, dims: frozenset[int]) -> bool:
     return False
 
 
-def _strides(extents: Sequence[int]) -> list[int]:
-    out, acc = [], 1
-    for n in reversed(extents):
-        out.append(acc)
-        acc *= n
-    return out[::-1]
-
 
 def _linear(b: ir.IRBuilder, coords: Sequence[ir.Value], strides: Sequence[int]) -> ir.Value:
     total: ir.Value = ir.Constant(I64, 0)
@@ -529,11 +523,11 @@ def _contiguous(index: Sequence[Index], shape: Sequence[int], dims: Sequence[int
     """Whether an element's offset steps through memory in row-major order of `dims` (of
     `extents`), one element per step, so that one row of them is one contiguous block."""
     flat = Index()
-    for i, stride in zip(index, _strides(shape)):
+    for i, stride in zip(index, strides(shape)):
         flat = flat + i * stride
     linear = {atom.k: c for atom, c in flat.terms if isinstance(atom, Dim)}
     nonlinear = {d.k for atom, _ in flat.terms if not isinstance(atom, Dim) for d in _dims_in(atom)}
-    return all(linear.get(d) == st and d not in nonlinear for d, st in zip(dims, _strides(extents)))
+    return all(linear.get(d) == st and d not in nonlinear for d, st in zip(dims, strides(extents)))
 
 
 def _dims_in(atom) -> list[Dim]:

@@ -15,19 +15,13 @@ from llvmlite import ir
 from glue.codegen import mathlib
 from glue.codegen.types import I1, I32, I64, F32, constant, register_type, round_to_bf16_bits
 from glue.ir import dtypes as dt
+from glue.ir.core import strides
 from glue.ir.dtypes import DType
 from glue.scheduler.kernel_ir import (Clamp, Const, Dim, Div, Expr, FromValue, InBounds, Index,
                                       IndexValue, Load, Mod, Op, RowValue)
 
 LoadFn = Callable[[int, ir.Value, DType], ir.Value]  # (input slot, flat element offset) -> value
 
-
-def strides(shape: Sequence[int]) -> list[int]:
-    out, acc = [], 1
-    for n in reversed(shape):
-        out.append(acc)
-        acc *= n
-    return out[::-1]
 
 
 class ExprEmitter:

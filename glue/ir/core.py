@@ -37,6 +37,15 @@ class TensorType:
         return f"{self.dtype.name}[{','.join(map(str, self.shape))}]"
 
 
+def strides(shape: tuple[int, ...] | list[int]) -> list[int]:
+    """Element strides of a row-major (C-contiguous) array of `shape`."""
+    out, acc = [], 1
+    for n in reversed(shape):
+        out.append(acc)
+        acc *= n
+    return out[::-1]
+
+
 _var_ids = itertools.count()
 
 

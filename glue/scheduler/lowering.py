@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from glue.ir import PRIMITIVES, Eqn, Literal, Var
+from glue.ir.core import strides
 from glue.ir import dtypes as dt
 from glue.ir.core import Atom
 from glue.scheduler.kernel_ir import (Buffer, Clamp, Const, Dim, Div, Expr, FromValue, InBounds, Index,
@@ -66,7 +67,7 @@ def _domain(eqns: Sequence[Eqn], outputs: Sequence[Var]) -> _Domain:
     if len(dots) + len(scatters) + bool(reductions) > 1 or len(dots) > 1 or len(scatters) > 1:
         raise FusionRefused("a kernel holds one contraction, one scatter, or reductions over one row shape")
     if dots:
-        (lhs, _), ((lc, _), (lb, _)) = dots[0].inputs, dots[0].param_dict["dimension_numbers"]
+        (lhs, _), ((lc, _), _) = dots[0].inputs, dots[0].param_dict["dimension_numbers"]
         return _Domain("contraction", dots[0].outvars[0].type.shape,
                        tuple(lhs.type.shape[a] for a in lc), None)
     if scatters:
@@ -188,21 +189,14 @@ def _transpose(lw: _Lowerer, eqn: Eqn, index, mask) -> Expr:
     return lw.value(eqn.inputs[0], tuple(inner), mask)
 
 
-def _strides(shape: Sequence[int]) -> list[int]:
-    out, acc = [], 1
-    for n in reversed(shape):
-        out.append(acc)
-        acc *= n
-    return out[::-1]
-
 
 def _reshape(lw: _Lowerer, eqn: Eqn, index, mask) -> Expr:
     x = eqn.inputs[0]
     linear = Index()
-    for i, s in zip(index, _strides(eqn.outvars[0].type.shape)):
+    for i, s in zip(index, strides(eqn.outvars[0].type.shape)):
         linear = linear + i * s
     inner = tuple(mod(floordiv(linear, s, lw.extents), n, lw.extents)
-                  for s, n in zip(_strides(x.type.shape), x.type.shape))
+                  for s, n in zip(strides(x.type.shape), x.type.shape))
     return lw.value(x, inner, mask)
 
 

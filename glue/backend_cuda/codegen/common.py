@@ -26,7 +26,8 @@ from llvmlite import ir
 from glue.backend_cuda.codegen.fastmath import GpuEmitter
 from glue.backend_cuda.ptx import DEFAULT_ARCH
 from glue.codegen import reductions
-from glue.codegen.expr import ExprEmitter, convert, strides
+from glue.codegen.expr import ExprEmitter, convert
+from glue.ir.core import strides
 from glue.codegen.scope import Analysis, children, hoist
 from glue.codegen.types import F32, I1, I8, I32, I64, from_memory, memory_type, to_memory
 from glue.ir import dtypes as dt
