@@ -35,6 +35,7 @@ from llvmlite import ir
 
 from glue.backend_cpu.target import host
 from glue.codegen import reductions
+from glue.codegen.buffers import BufferAccess
 from glue.codegen.expr import ExprEmitter, convert
 from glue.codegen.loops import loop, nest, unflatten
 from glue.codegen.scope import Analysis, children, hoist
@@ -141,7 +142,7 @@ class _Level:
     stores: list[Store] = field(default_factory=list)
 
 
-class KernelBuilder:
+class KernelBuilder(BufferAccess):
     """Emits one kernel's function into a module."""
 
     def __init__(self, module: ir.Module, kernel: Kernel, symbol: str, inputs: Sequence[Operand],
@@ -170,23 +171,12 @@ class KernelBuilder:
         return self.b.gep(self.scratch, [ir.Constant(I64, offset)], source_etype=ir.IntType(8))
 
     # --- memory ------------------------------------------------------------------------------
-    def load(self, slot: int, offset: ir.Value, dtype: dt.DType) -> ir.Value:
-        ty = memory_type(dtype)
-        at = self.b.gep(self.in_ptrs[slot], [offset], inbounds=True, source_etype=ty)
-        return from_memory(self.b, self.b.load(at, typ=ty), dtype)
-
     def emitter(self, dims: Sequence[ir.Value | None], outer: ExprEmitter | None = None) -> ExprEmitter:
         em = ExprEmitter(self.b, dims, self.shapes, self.load)
         if outer is not None:
             em.memo = dict(outer.memo)
             em.rows = outer.rows
         return em
-
-    def output_address(self, em: ExprEmitter, store: Store) -> ir.Value:
-        buf = self.kernel.outputs[store.output]
-        offset = em.offset(store.index, buf.type.shape)
-        return self.b.gep(self.out_ptrs[store.output], [offset], inbounds=True,
-                          source_etype=memory_type(buf.type.dtype))
 
     def store_all(self, em: ExprEmitter, stores: Sequence[Store]) -> None:
         """Make `stores` at one point: every value first, then the writes, since an output may

@@ -26,12 +26,12 @@ from llvmlite import ir
 from glue.backend_cuda.codegen.fastmath import GpuEmitter
 from glue.backend_cuda.ptx import DEFAULT_ARCH
 from glue.codegen import reductions
+from glue.codegen.buffers import BufferAccess
 from glue.codegen.expr import ExprEmitter, convert
 from glue.ir.core import strides
 from glue.codegen.scope import Analysis, children, hoist
 from glue.codegen.types import F32, I1, I8, I32, I64, from_memory, memory_type, to_memory
 from glue.ir import dtypes as dt
-from glue.ir.dtypes import DType
 from glue.scheduler.kernel_ir import Dim, Expr, Index, Kernel, Load, Reduction, Store
 
 PTR1 = ir.PointerType(addrspace=1)
@@ -104,7 +104,7 @@ def pow2_at_least(n: int) -> int:
     return 1 << max(0, math.ceil(math.log2(max(n, 1))))
 
 
-class KernelEmitter:
+class KernelEmitter(BufferAccess):
     """One kernel function being emitted into a module."""
 
     def __init__(self, module: ir.Module, kernel: Kernel, symbol: str, inputs: Sequence[Place],
@@ -139,11 +139,6 @@ class KernelEmitter:
         return self.sreg("ctaid.x")
 
     # --- memory ------------------------------------------------------------------------------
-    def load(self, slot: int, offset: ir.Value, dtype: DType) -> ir.Value:
-        ty = memory_type(dtype)
-        at = self.b.gep(self.in_ptrs[slot], [offset], inbounds=True, source_etype=ty)
-        return from_memory(self.b, self.b.load(at, typ=ty), dtype)
-
     def emitter(self, dims: Sequence[ir.Value | None], outer: ExprEmitter | None = None) -> GpuEmitter:
         em = GpuEmitter(self.b, dims, self.shapes, self.load)
         em.analysis = self.analysis
@@ -151,12 +146,6 @@ class KernelEmitter:
             em.memo = dict(outer.memo)
             em.rows = outer.rows
         return em
-
-    def output_address(self, em: ExprEmitter, store: Store) -> ir.Value:
-        buf = self.kernel.outputs[store.output]
-        offset = em.offset(store.index, buf.type.shape)
-        return self.b.gep(self.out_ptrs[store.output], [offset], inbounds=True,
-                          source_etype=memory_type(buf.type.dtype))
 
     def store(self, em: GpuEmitter, store: Store) -> None:
         """A plain (mode "set") store of one point."""
