@@ -137,3 +137,26 @@ def test_random_programs_run_the_same_through_kernels(case):
     for g, w, d in zip(got, want, tolerance_dtypes(graph)):
         problem = mismatch(g, w, d)
         assert problem is None, f"{problem}\n{graph}\n{plan.as_text('kernels')}"
+
+
+BACKWARDS = [
+    ("softmax", lambda x, w, g: glue.vjp(lambda x: nn.softmax(x, axis=-1), x)[1](g), 1),
+    ("log_softmax", lambda x, w, g: glue.vjp(lambda x: nn.log_softmax(x, axis=-1), x)[1](g), 1),
+    ("layernorm", lambda x, w, g: glue.vjp(lambda x, w: nn.layer_norm(x, w, w), x, w)[1](g), 2),
+    ("rmsnorm", lambda x, w, g: glue.vjp(lambda x, w: nn.rms_norm(x, w), x, w)[1](g), 2),
+]
+
+
+@pytest.mark.parametrize("name,fn,most", BACKWARDS, ids=[c[0] for c in BACKWARDS])
+def test_norm_and_softmax_backwards_take_at_most_two_kernels(name, fn, most):
+    # dx is one row kernel; weight gradients reduce over the rows, so they need a second one.
+    plan, args, closed = plan_of(fn, f32(16, 32), f32(32), f32(16, 32))
+    assert len(plan.kernels) <= most, plan.as_text("fusion")
+    assert_plan_matches(plan, args, closed)
+
+
+def test_cross_entropy_gradient_is_one_kernel():
+    logits, labels = f32(16, 40), rng.integers(0, 40, 16).astype(np.int32)
+    plan, args, closed = plan_of(glue.grad(nn.cross_entropy), logits, labels)
+    assert len(plan.kernels) == 1, plan.as_text("fusion")
+    assert_plan_matches(plan, args, closed)
