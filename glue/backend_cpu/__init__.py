@@ -12,7 +12,8 @@ from functools import cached_property
 from typing import Sequence
 
 from glue.backend_cpu.program import Program, build_program
-from glue.backend_cpu.runtime import CostAnalysis, Executable, MemoryAnalysis, estimate_cost
+from glue.backend_cpu.runtime import Executable
+from glue.codegen.analysis import CostAnalysis, MemoryAnalysis, estimate_cost
 from glue.backend_cpu.target import LoadedCode, assembly, host, object_code
 from glue.errors import BackendError
 from glue.ir import Graph

@@ -11,9 +11,7 @@ Small kernels run inline, since handing work to a thread and joining it costs ab
 from __future__ import annotations
 
 import ctypes
-import math
 import threading
-from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
@@ -21,12 +19,9 @@ import numpy as np
 from glue.backend_cpu.kernels import KernelFunction
 from glue.backend_cpu.program import Program
 from glue.backend_cpu.target import LoadedCode, thread_count
-from glue.codegen.scope import Analysis, children
+from glue.codegen.analysis import CostAnalysis, MemoryAnalysis
 from glue.errors import BackendError
 from glue.frontend.array import Array
-from glue.scheduler.kernel_ir import Op
-from glue.scheduler.lowering import EXPENSIVE
-from glue.scheduler.plan import Plan
 
 # Work (estimated operations, see kernels.cost_per_point) below which a kernel runs on the
 # calling thread. Measured on the 2-core development machine: handing a chunk to a pool thread
@@ -112,56 +107,6 @@ def split(function: KernelFunction, threads: int) -> list[tuple[int, int]]:
     parts = min(threads, blocks)
     bounds = [min(units, (blocks * c // parts) * grain) for c in range(parts + 1)]
     return [(lo, hi) for lo, hi in zip(bounds, bounds[1:]) if hi > lo]
-
-
-@dataclass(frozen=True)
-class MemoryAnalysis:
-    """Bytes a call needs: arguments, fresh outputs, the arena of intermediates (peak is their
-    sum), against one buffer per value; scratch is the per-thread working memory on top."""
-
-    peak_bytes: int
-    naive_bytes: int
-    arena_bytes: int
-    argument_bytes: int
-    output_bytes: int
-    scratch_bytes: int
-
-
-@dataclass(frozen=True)
-class CostAnalysis:
-    """Estimated work of one call: floating-point operations (a multiply-add counts two;
-    transcendental functions are counted apart), and bytes the kernels read and write."""
-
-    flops: float
-    transcendentals: float
-    bytes_accessed: float
-
-
-def estimate_cost(plan: Plan) -> CostAnalysis:
-    """Operations and bytes of one call: an element-level operation counts once per point of
-    its kernel's domain, a row-level one once per row; a float sum or dot adds one per point."""
-    flops = transcendentals = traffic = 0.0
-    for kernel in plan.kernels:
-        rows = math.prod(kernel.parallel)
-        points = rows * math.prod(kernel.reduce)
-        reduce_dims = frozenset(range(len(kernel.parallel), kernel.rank))
-        analysis = Analysis()
-        seen, stack = set(), [r.value for r in kernel.reductions] + [s.value for s in kernel.stores]
-        while stack:
-            e = stack.pop()
-            if e in seen:
-                continue
-            seen.add(e)
-            if isinstance(e, Op) and e.dtype.is_float and e.primitive != "convert_element_type":
-                count = points if analysis.inside(e, reduce_dims) else rows
-                if e.primitive in EXPENSIVE:
-                    transcendentals += count
-                else:
-                    flops += count
-            stack.extend(children(e))
-        flops += points * sum(r.op == "sum" and r.dtype.is_float for r in kernel.reductions)
-        traffic += sum(b.type.nbytes for b in kernel.inputs + kernel.outputs)
-    return CostAnalysis(flops, transcendentals, traffic)
 
 
 class _Workspace:

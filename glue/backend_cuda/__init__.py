@@ -15,6 +15,7 @@ from typing import Sequence
 from glue.backend_cuda.codegen import CudaProgram, build_program
 from glue.backend_cuda.ptx import DEFAULT_ARCH, PTX_FEATURES, ptx_for_module
 from glue.backend_cuda.runtime import driver
+from glue.codegen.analysis import estimate_cost
 from glue.ir import Graph
 from glue.scheduler.plan import STAGES, Plan, schedule
 
@@ -60,7 +61,6 @@ class CudaLowered:
         raise KeyError(stage)
 
     def compile(self):
-        from glue.backend_cpu import estimate_cost
         from glue.backend_cuda.executor import CudaExecutable
 
         return CudaExecutable(self.program, self.ptx, estimate_cost(self.plan), self.name)

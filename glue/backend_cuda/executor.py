@@ -25,7 +25,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from glue.backend_cpu import CostAnalysis, MemoryAnalysis
+from glue.codegen.analysis import CostAnalysis, MemoryAnalysis
 from glue.backend_cuda.codegen import CudaProgram, Place
 from glue.backend_cuda.runtime import driver as drv
 from glue.backend_cuda.runtime.context import get_context
