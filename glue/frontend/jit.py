@@ -41,6 +41,13 @@ class Signature:
     types: tuple[TensorType, ...]
     statics: tuple[tuple[Any, Any], ...]
 
+    def __post_init__(self) -> None:
+        # Hashed once: every call looks its signature up in the caches.
+        object.__setattr__(self, "_hash", hash((self.treedef, self.types, self.statics)))
+
+    def __hash__(self) -> int:
+        return self._hash
+
     def explain_difference(self, old: "Signature") -> str:
         if self.statics != old.statics:
             changed = [f"{k}: {dict(old.statics).get(k)!r} -> {v!r}"

@@ -13,6 +13,12 @@ class PyTreeDef:
     children: tuple["PyTreeDef", ...] = ()
     keys: tuple[Any, ...] = ()
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash((self.kind, self.children, self.keys)))
+
+    def __hash__(self) -> int:
+        return self._hash
+
     @property
     def num_leaves(self) -> int:
         return 1 if self.kind == "leaf" else sum(c.num_leaves for c in self.children)
