@@ -16,6 +16,14 @@ The loops a kernel becomes depend on its kind:
   pass for the max, one for the sum and one for the stores. Row-level values are computed once
   per row, before the pass that needs them; an expensive element value a later pass would
   recompute (softmax's exp) is kept in scratch instead.
+- column reduction (a reduction whose input is contiguous along the last parallel dim and
+  strided along the reduce dims: x.sum(0), a dense layer's bias gradient): units are still
+  rows, but a block of neighbouring rows (columns of the input) is reduced together, with the
+  loop over them innermost, so it reads memory in order and LLVM vectorises it; each row's
+  partial results live in per-thread scratch. Every row still folds its elements in the same
+  order as the row loop would: steps of the reduce dims in order, in chunks of COLUMN_CHUNK
+  folded apart and then into the running total (which keeps long float sums as accurate as the
+  row loop's many vector accumulators).
 - data (scatter_add): one unit, run on one thread so the additions happen in a fixed order
   (the domain's row-major order, as the reference does); the scattered output first receives
   a copy of the `init` input unless both already are the same memory.
@@ -39,10 +47,10 @@ from glue.codegen.buffers import BufferAccess
 from glue.codegen.expr import ExprEmitter, convert
 from glue.codegen.loops import loop, nest, unflatten
 from glue.codegen.scope import Analysis, children, hoist
-from glue.codegen.types import I1, I64, from_memory, memory_type, register_type, to_memory
+from glue.codegen.types import F64, I1, I64, from_memory, memory_type, register_type, to_memory
 from glue.ir import dtypes as dt
 from glue.ir.core import strides
-from glue.scheduler.kernel_ir import Const, Dim, Expr, FromValue, Index, Kernel, Op, Store
+from glue.scheduler.kernel_ir import Const, Dim, Expr, FromValue, Index, Kernel, Load, Op, Store
 from glue.scheduler.lowering import EXPENSIVE
 
 PTR = ir.PointerType()
@@ -56,6 +64,12 @@ STASH_LIMIT = 256 * 1024
 # rows go through a per-thread buffer of at most STREAM_ROW elements.
 STREAM_BYTES = 8 * 1024 * 1024
 STREAM_ROW = 16384
+# Column reductions: at most this many rows reduced together (their partial results stay in L1),
+# the steps folded apart before joining each row's running total, and the fewest rows (the
+# last parallel extent) for which the column loop pays.
+COLUMN_BLOCK = 1024
+COLUMN_CHUNK = 64
+MIN_COLUMNS = 8
 
 
 @dataclass(frozen=True)
@@ -263,6 +277,7 @@ class KernelBuilder(BufferAccess):
         elif k.kind in ("reduction", "contraction"):
             self.use_reciprocals(frozenset(range(len(k.parallel), k.rank)))
         source, k = k, self.kernel
+        columns = self.column_reduction()
         points = math.prod(k.parallel + k.reduce)
         per_point = cost_per_point(k)
         with self.b.if_then(self.b.icmp_signed("<", self.start, self.end)):
@@ -272,6 +287,8 @@ class KernelBuilder(BufferAccess):
                 pass  # no elements, no rows (a reduction over nothing does store its identity)
             elif k.kind == "pointwise":
                 self.pointwise()
+            elif columns:
+                self.columns()
             else:
                 self.rows()
         if self.streams:
@@ -282,8 +299,8 @@ class KernelBuilder(BufferAccess):
                                   points * per_point, scratch_bytes=self.scratch_bytes)
         if k.kind == "data":
             return KernelFunction(source, self.symbol, 1, 1, points * per_point, splittable=False)
-        return KernelFunction(source, self.symbol, math.prod(k.parallel), 1, points * per_point,
-                              scratch_bytes=self.scratch_bytes)
+        return KernelFunction(source, self.symbol, math.prod(k.parallel), k.parallel[-1] if columns else 1,
+                              points * per_point, scratch_bytes=self.scratch_bytes)
 
     def pointwise(self) -> None:
         k, b = self.kernel, self.b
@@ -319,6 +336,109 @@ class KernelBuilder(BufferAccess):
                 self.flush(coords + [lo], b.sub(hi, lo))
             return []
         loop(b, first, b.add(last, ir.Constant(I64, 1)), row, name="row", vectorize=False)
+
+    def column_reduction(self) -> bool:
+        """Whether this reduction runs as a column reduction (see the module doc): one pass of
+        plain folds over inputs that step through memory along the last parallel dim and not
+        along the innermost reduce dim."""
+        k = self.kernel
+        if k.kind != "reduction" or not k.parallel or not k.reduce or k.parallel[-1] < MIN_COLUMNS:
+            return False
+        if any(r.op not in ("sum", "prod", "max", "min") or r.dtype == dt.bool_ or self.analysis.uses(r.value).rows
+               for r in k.reductions) or any(s.level != "row" for s in k.stores):
+            return False
+        extents = k.parallel + k.reduce
+        loads, seen, stack = [], set(), [r.value for r in k.reductions]
+        while stack:
+            e = stack.pop()
+            if e not in seen:
+                seen.add(e)
+                if isinstance(e, Load):
+                    loads.append(e)
+                stack.extend(children(e))
+
+        def contiguous(load: Load, d: int) -> bool:
+            return _contiguous(load.index, self.shapes[load.input], [d], [extents[d]])
+        p = len(k.parallel)
+        return any(contiguous(x, p - 1) for x in loads) and not any(contiguous(x, k.rank - 1) for x in loads)
+
+    def columns(self) -> None:
+        k, b = self.kernel, self.b
+        p, width, steps = len(k.parallel), k.parallel[-1], math.prod(k.reduce)
+        block = min(COLUMN_BLOCK, width)
+        column_dim = frozenset((p - 1,))
+        values = [r.value for r in k.reductions]
+        types = [register_type(r.dtype) for r in k.reductions]
+        # Per reduction, one block of running totals and one of the current chunk's results.
+        totals = [self.reserve(block * _bytes(t)) for t in types]
+        chunks = [self.reserve(block * _bytes(t)) for t in types]
+        row_stores = [s for s in k.stores if s.level == "row"]
+        first = b.udiv(self.start, ir.Constant(I64, width))
+        last = b.udiv(b.sub(self.end, ir.Constant(I64, 1)), ir.Constant(I64, width))
+
+        def slot(b: ir.IRBuilder, offsets: list[int], i: int, j: ir.Value) -> ir.Value:
+            return b.gep(self.scratch_at(offsets[i]), [j], inbounds=True, source_etype=types[i])
+
+        def reset(b: ir.IRBuilder, offsets: list[int], count: ir.Value) -> None:
+            def column(b: ir.IRBuilder, j: ir.Value, _):
+                for i, r in enumerate(k.reductions):
+                    b.store(reductions.identity(r.op, r.value.dtype), slot(b, offsets, i, j))
+                return []
+            loop(b, 0, count, column, name="c")
+
+        def line(b: ir.IRBuilder, r: ir.Value, _):
+            base = b.mul(r, ir.Constant(I64, width))
+            lo = b.select(b.icmp_signed("==", r, first), b.sub(self.start, base), ir.Constant(I64, 0))
+            hi = b.select(b.icmp_signed("==", r, last), b.sub(self.end, base), ir.Constant(I64, width))
+            coords = unflatten(b, r, k.parallel[:-1])
+
+            def column_block(b: ir.IRBuilder, q: ir.Value, _):
+                c0 = b.add(lo, b.mul(q, ir.Constant(I64, block)))
+                count = _min(b, ir.Constant(I64, block), b.sub(hi, c0))
+                reset(b, totals, count)
+
+                def chunk(b: ir.IRBuilder, c: ir.Value, _):
+                    t0 = b.mul(c, ir.Constant(I64, COLUMN_CHUNK))
+                    reset(b, chunks, count)
+
+                    def step(b: ir.IRBuilder, t: ir.Value, _):
+                        rcoords = unflatten(b, t, k.reduce)
+                        outer = self.emitter(coords + [None] + rcoords)
+                        hoist(outer, values, self.analysis, column_dim)
+
+                        def column(b: ir.IRBuilder, j: ir.Value, _):
+                            em = self.emitter(coords + [b.add(c0, j)] + rcoords, outer)
+                            for i, r in enumerate(k.reductions):
+                                at = slot(b, chunks, i, j)
+                                acc = b.load(at, typ=types[i])
+                                b.store(reductions.combine(b, r.op, acc, em.value(r.value), r.dtype), at)
+                            return []
+                        loop(b, 0, count, column, name="c")
+                        return []
+                    loop(b, t0, _min(b, b.add(t0, ir.Constant(I64, COLUMN_CHUNK)), ir.Constant(I64, steps)), step,
+                         name="t", vectorize=False)
+
+                    def fold(b: ir.IRBuilder, j: ir.Value, _):
+                        for i, r in enumerate(k.reductions):
+                            at = slot(b, totals, i, j)
+                            part = b.load(slot(b, chunks, i, j), typ=types[i])
+                            b.store(reductions.combine(b, r.op, b.load(at, typ=types[i]), part, r.dtype), at)
+                        return []
+                    loop(b, 0, count, fold, name="c")
+                    return []
+                loop(b, 0, -(-steps // COLUMN_CHUNK), chunk, name="chunk", vectorize=False)
+
+                def store(b: ir.IRBuilder, j: ir.Value, _):
+                    em = self.emitter(coords + [b.add(c0, j)] + [None] * len(k.reduce))
+                    em.rows = [b.load(slot(b, totals, i, j), typ=types[i]) for i in range(len(types))]
+                    self.store_all(em, row_stores)
+                    return []
+                loop(b, 0, count, store, name="c")
+                return []
+            blocks = b.udiv(b.add(b.sub(hi, lo), ir.Constant(I64, block - 1)), ir.Constant(I64, block))
+            loop(b, 0, blocks, column_block, name="block", vectorize=False)
+            return []
+        loop(b, first, b.add(last, ir.Constant(I64, 1)), line, name="line", vectorize=False)
 
     def data(self) -> None:
         k, b = self.kernel, self.b
@@ -492,6 +612,15 @@ def _expensive(e: Expr, analysis: Analysis, dims: frozenset[int]) -> bool:
         stack.extend(children(x))
     return False
 
+
+
+def _bytes(ty: ir.Type) -> int:
+    """Size of a register type kept in memory (no i1: bool reductions take the row loop)."""
+    return ty.width // 8 if isinstance(ty, ir.IntType) else 8 if ty == F64 else 4
+
+
+def _min(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
+    return b.select(b.icmp_signed("<", x, y), x, y)
 
 
 def _linear(b: ir.IRBuilder, coords: Sequence[ir.Value], strides: Sequence[int]) -> ir.Value:
