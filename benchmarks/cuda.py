@@ -1,7 +1,8 @@
 """`python -m benchmarks cuda`: glue's cuda backend against torch eager, torch.compile and jax.jit
 on the glue workloads of `../shared/anchors/peers_gpu.py` (bias+gelu, rmsnorm, layernorm, softmax
 on 8192x4096 in f32 and bf16; cross-entropy 4096x32000 f32), with a 1 GiB device copy as the
-bandwidth ceiling, all in one process on one GPU.
+bandwidth ceiling, all in one process on one GPU; then the small-launch loops of
+`cuda_loops.py` (an MLP training loop, a tiny add). `--suite` picks one of the two.
 
 Per workload and peer:
 - per call: host wall clock from the call to its result being ready (median of ITERS calls);
@@ -36,6 +37,8 @@ import glue.nn as nn  # noqa: E402
 import glue.numpy as gnp  # noqa: E402
 from glue.backend_cuda.executor import device_put  # noqa: E402
 from glue.backend_cuda.runtime import DeviceBuffer, Event, driver, get_context  # noqa: E402
+
+from benchmarks import cuda_loops  # noqa: E402
 
 ITERS, BURST, WARMUP = 50, 20, 5
 R, C = 8192, 4096
@@ -332,19 +335,26 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--peers", default="torch,torch.compile,jax",
                         help="comma-separated peers: torch, torch.compile, jax (or none)")
     parser.add_argument("--only", default=None, help="run the workloads whose label contains this")
+    parser.add_argument("--suite", default="all", choices=("all", "bandwidth", "loops"),
+                        help="the memory-bound kernels, the small-launch loops (cuda_loops.py), or both")
     args = parser.parse_args(argv)
     peers = set(p for p in args.peers.split(",") if p and p != "none")
-    rows, ceiling = run(peers, args.only)
-    text = table(rows, ceiling)
+    sections = []
+    if args.suite in ("all", "bandwidth"):
+        rows, ceiling = run(peers, args.only)
+        glue_rows = [r for r in rows if r["peer"] == "glue"]
+        kernels = "\n".join(f"- {r['workload']}: {r['kernels']}" for r in glue_rows)
+        sections.append(f"{table(rows, ceiling)}\n\nglue kernels:\n{kernels}")
+    if args.suite in ("all", "loops"):
+        sections.append(cuda_loops.table(cuda_loops.run(peers, args.only)))
+    text = "\n\n".join(sections)
     print(text)
-    glue_rows = [r for r in rows if r["peer"] == "glue"]
-    kernels = "\n".join(f"- {r['workload']}: {r['kernels']}" for r in glue_rows)
     device = glue.devices()[0]
     stamp = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
     with open(args.results, "a") as f:
         f.write(f"\n## cuda, {stamp}\n\nMachine: {device} (driver {driver.version()}). Command: "
                 f"`python -m benchmarks cuda {' '.join(argv if argv is not None else sys.argv[2:])}`\n\n"
-                f"{text}\n\nglue kernels:\n{kernels}\n")
+                f"{text}\n")
 
 
 if __name__ == "__main__":

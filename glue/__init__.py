@@ -11,10 +11,11 @@ from glue.errors import (BackendError, ConcretizationError, GlueError, GlueTypeE
                          VerifyError)
 from glue.frontend import jit, make_ir
 from glue.frontend.pytree import tree_flatten, tree_map, tree_unflatten
+from glue.profiler import profile
 from glue.frontend.transforms import grad, jvp, stop_gradient, value_and_grad, vjp, vmap
 
 __all__ = ["Array", "BackendError", "ConcretizationError", "GlueError", "GlueTypeError", "ParseError",
-           "VerifyError", "available_backends", "default_backend_name", "devices", "jit", "make_ir",
+           "VerifyError", "available_backends", "default_backend_name", "devices", "jit", "make_ir", "profile",
            "tree_flatten", "tree_map", "tree_unflatten",
            "grad", "jvp", "stop_gradient", "value_and_grad", "vjp", "vmap"]
 __version__ = "0.1.0"

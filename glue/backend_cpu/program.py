@@ -46,10 +46,10 @@ class Program:
         return len(self.arg_types) + len(self.output_types)
 
 
-def _operand(p: Placement, n_args: int, arena_slot: int, fresh: dict[int, int]) -> Operand:
+def _operand(p: Placement, n_args: int, arena_slot: int) -> Operand:
     if p.kind == "arena":
         return Operand(arena_slot, p.slot)
-    return Operand(n_args + fresh[p.slot] if p.kind == "output" else p.slot)
+    return Operand(n_args + p.slot if p.kind == "output" else p.slot)
 
 
 def _symbol(name: str) -> str:
@@ -63,15 +63,14 @@ def build_program(plan: Plan, name: str = "fn") -> Program:
     placements = memory.placements
     outputs = sorted((p for p in placements.values() if p.kind == "output"), key=lambda p: p.slot)
     output_types = [p.type for p in outputs]
-    fresh = {p.slot: i for i, p in enumerate(outputs)}  # the plan numbers donated outputs too
     arena_slot = len(args) + len(outputs)
     module = ir.Module(name=_symbol(name))
     module.triple, module.data_layout = host().triple, host().data_layout
     functions = []
     vector_bits = host().vector_bits
     for i, kernel in enumerate(plan.kernels):
-        inputs = [_operand(placements[b.value_id], len(args), arena_slot, fresh) for b in kernel.inputs]
-        outs = [_operand(placements[b.value_id], len(args), arena_slot, fresh) for b in kernel.outputs]
+        inputs = [_operand(placements[b.value_id], len(args), arena_slot) for b in kernel.inputs]
+        outs = [_operand(placements[b.value_id], len(args), arena_slot) for b in kernel.outputs]
         symbol = f"glue_{_symbol(name)}_{i}_{_symbol(kernel.name)}"[:120]
         built = None
         if kernel.kind == "contraction":
@@ -85,5 +84,5 @@ def build_program(plan: Plan, name: str = "fn") -> Program:
             results.append(Result("literal", -1, a.type, a.value))
             continue
         p = placements[a.id]
-        results.append(Result(p.kind, fresh[p.slot] if p.kind == "output" else p.slot, a.type))
+        results.append(Result(p.kind, p.slot, a.type))
     return Program(plan, str(module), functions, [v.type for v in args], output_types, results)

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import ctypes
 import threading
+import time
 from typing import Any, Sequence
 
 import numpy as np
 
+from glue import profiler
 from glue.backend_cpu.kernels import KernelFunction
 from glue.backend_cpu.program import Program
 from glue.backend_cpu.target import LoadedCode, thread_count
@@ -161,11 +163,16 @@ class Executable:
         try:
             fresh = outputs[:len(self._outputs)]
             table = self._table(*[x.ctypes.data for x in arrays], *[x.ctypes.data for x in fresh], space.arena)
-            for fn, chunks in self._steps:
+            prof = profiler.active()
+            for (fn, chunks), kernel in zip(self._steps, self.kernels):
+                start = time.perf_counter_ns() if prof is not None else 0
                 if len(chunks) == 1:
                     fn(table, chunks[0][0], chunks[0][1], space.scratch)
                 else:
                     _pool.run(fn, table, chunks, space.scratch, space.stride)
+                if prof is not None:
+                    prof.add_host("kernel", kernel.symbol, start, time.perf_counter_ns(),
+                                  {"kind": kernel.kind, "threads": len(chunks)})
         finally:
             self._free.append(space)
         copies = iter(outputs[len(self._outputs):])
@@ -179,7 +186,7 @@ class Executable:
                 value = np.full(r.type.shape, r.value, r.type.dtype.numpy)
             else:  # donated: the argument's buffer now holds the output
                 value = arrays[r.slot].reshape(-1).view(r.type.dtype.numpy).reshape(r.type.shape)
-            results.append(Array(value))
+            results.append(Array(value, r.type))
         return results
 
     def memory_analysis(self) -> MemoryAnalysis:

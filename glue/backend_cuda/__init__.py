@@ -18,6 +18,7 @@ from glue.backend_cuda.runtime import driver
 from glue.codegen.analysis import estimate_cost
 from glue.ir import Graph
 from glue.scheduler.plan import STAGES, Plan, schedule
+from glue.scheduler.streams import MAX_STREAMS
 
 
 def target_arch() -> str:
@@ -39,7 +40,7 @@ class CudaLowered:
     def __init__(self, graph: Graph, donated: Sequence[int], name: str, arch: str | None = None):
         self.name = name
         self.arch = arch or target_arch()
-        self.plan: Plan = schedule(graph, tuple(donated))
+        self.plan: Plan = schedule(graph, tuple(donated), MAX_STREAMS)
 
     @cached_property
     def program(self) -> CudaProgram:

@@ -1,50 +1,84 @@
-"""Running a compiled CudaProgram on the device: one stream, preallocated state, lean calls.
+"""Running a compiled CudaProgram on the device: streams, graphs, and a lean call path.
 
 Compiling loads the module (through the context's module cache), looks up every kernel, binds
-one parameter pack per launch and allocates the program's arena once. A call then:
+one parameter pack per launch, allocates the program's arena once and turns the plan's stream
+stage into steps: each launch knows its stream, the events it waits for and the event it
+records. A call then:
 
-1. takes its arguments to the device: a `glue.Array` already there is used as is (ordered after
-   its producer when that ran on another stream); anything else is uploaded;
+1. takes its arguments to the device: a `glue.Array` already there is used as is; anything
+   else is uploaded on the context's copy stream;
 2. allocates the fresh outputs from the caching allocator;
-3. per launch, writes the parameter addresses (argument / output base + offset, arena + offset)
-   into the launch's pack and queues it; a scatter first copies its `init` input into place;
-4. records each output's completion event and returns device-backed `glue.Array`s without
-   waiting: reading one (`np.asarray`) or `block_until_ready()` waits.
+3. runs the launches, in one of two ways:
+   - replay (the default): the launches were captured once as a CUDA graph for these buffer
+     addresses and the call is a single graph launch. Graphs are cached by the addresses of
+     the arguments, outputs and arena, so a loop whose outputs become the next call's inputs
+     replays from the cache (the allocator hands the same blocks back). A program whose
+     addresses keep changing, or whose capture fails, launches directly instead, with the
+     reason logged on the `glue` logger;
+   - direct: stream 0 forks to the other streams, each launch waits for the events of its
+     producers on other streams (and for arguments still being uploaded, just before the
+     first kernel that reads them), and the streams join back into stream 0;
+4. records one completion event on stream 0 for all outputs and returns device-backed
+   `glue.Array`s without waiting: reading one (`np.asarray`) or `block_until_ready()` waits.
 
-Calls on one executable run in order on its stream, so they may share the arena. Graph outputs
-that are inputs come back as copies; literal outputs are host arrays. `poison` (or
+A graph launch waits for all of its arguments at once; the direct path lets kernels start
+while unrelated inputs are still in transit. Calls of one executable run in order on stream 0,
+so they share the arena. While a `glue.profile` is open, calls launch directly with timing
+events around each kernel. `GLUE_CUDA_GRAPHS=0` turns replay off. `poison` (or
 `GLUE_CUDA_POISON=0xff`) fills outputs and the arena with that byte before each call, so tests
 catch elements no kernel writes.
 """
 from __future__ import annotations
 
+import logging
 import os
 import threading
+import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
 
-from glue.codegen.analysis import CostAnalysis, MemoryAnalysis
+from glue import profiler
 from glue.backend_cuda.codegen import CudaProgram, Place
 from glue.backend_cuda.runtime import driver as drv
-from glue.backend_cuda.runtime.context import get_context
+from glue.backend_cuda.runtime.context import Context, get_context
 from glue.backend_cuda.runtime.device_array import DeviceBuffer
+from glue.backend_cuda.runtime.graph import Graph, capture
 from glue.backend_cuda.runtime.module import ArgPack, Kernel
+from glue.backend_cuda.runtime.stream import Event, Stream
+from glue.codegen.analysis import CostAnalysis, MemoryAnalysis
 from glue.errors import BackendError
 from glue.frontend.array import Array
 from glue.ir import TensorType
+from glue.scheduler.memory import ALIGNMENT
+
+log = logging.getLogger("glue")
+
+GRAPH_CACHE = 8  # graphs kept per executable (distinct sets of buffer addresses)
 
 
 @dataclass
 class _Step:
-    launch: Any
+    name: str
+    stream: Stream
     kernel: Kernel | None
     pack: ArgPack | None
     sources: tuple[tuple[int, int], ...]   # per parameter: (index into the call's bases, offset)
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
     copy: tuple[tuple[int, int], tuple[int, int], int] | None
+    waits: tuple[Event, ...]               # events of producers on other streams
+    record: Event | None                   # recorded after this step: another stream waits for it
+    first_args: tuple[int, ...]            # arguments this stream reads first here
+
+
+@dataclass
+class GraphStats:
+    replays: int = 0
+    captures: int = 0
+    direct: int = 0
 
 
 def _poison_from_env() -> int | None:
@@ -52,93 +86,203 @@ def _poison_from_env() -> int | None:
     return int(value, 0) if value else None
 
 
+def _anchor(ctx: Context) -> tuple[Event, int]:
+    """A completed timing event and the host time it completed at (the profile's time base)."""
+    event = Event(ctx, timing=True).record(ctx.stream)
+    event.synchronize()
+    return event, time.perf_counter_ns()
+
+
 class CudaExecutable:
     """A program loaded on the GPU; call it with the arguments (constvars' values, then invars')."""
 
     def __init__(self, program: CudaProgram, ptx: str, cost: CostAnalysis, name: str = "glue"):
         self.program = program
+        self.name = name
         self.ctx = get_context()
-        self.stream = self.ctx.stream
+        plan = program.plan.streams
+        self.streams = self.ctx.compute_streams(plan.n_streams)
+        self.stream = self.streams[0]
         self._cost = cost
         self.poison: int | None = _poison_from_env()
+        self.use_graphs = os.environ.get("GLUE_CUDA_GRAPHS", "1") != "0"
+        self.graph_stats = GraphStats()
+        self._graphs: OrderedDict[tuple[int, ...], Graph] = OrderedDict()
         module = self.ctx.modules.load(ptx, name) if program.launches else None
         self.kernels = list(program.launches)
-        n_args, n_outs = len(program.arg_types), len(program.output_types)
-        arena_index = n_args + n_outs
-
-        def source(place: Place) -> tuple[int, int]:
-            base = {"argument": 0, "output": n_args, "arena": arena_index}[place.kind]
-            return (base + (place.slot if place.kind != "arena" else 0), place.offset)
-
-        self._steps = []
-        for launch in program.launches:
-            copy = (source(launch.copy[0]), source(launch.copy[1]), launch.copy[2]) if launch.copy else None
-            if launch.grid == 0:
-                if copy:
-                    self._steps.append(_Step(launch, None, None, (), (0, 1, 1), (1, 1, 1), copy))
-                continue
-            kernel = module.get_function(launch.symbol)
-            pack = kernel.bind([0] * len(launch.params))
-            self._steps.append(_Step(launch, kernel, pack, tuple(source(p) for p in launch.params),
-                                     (launch.grid, 1, 1), (launch.block, 1, 1), copy))
+        self._steps = self._build_steps(program, module)
+        self._fork = Event(self.ctx) if len(self.streams) > 1 else None
+        self._joins = [(self.streams[s], Event(self.ctx)) for s in sorted(plan.tails()) if s]
         # glue has no byte dtype; arena sizes are multiples of 256 bytes.
         self.arena = DeviceBuffer((program.arena_bytes // 4,), np.int32, self.stream) if program.arena_bytes else None
         self._arg_dtypes = [t.dtype.numpy for t in program.arg_types]
+        # A call's outputs share one allocation: one allocator call, and a loop that feeds its
+        # results back in sees the same few addresses again and again, so it replays the graphs
+        # it captured for them.
+        self._out_layout, self._out_bytes = [], 0
+        for t in program.output_types:
+            self._out_layout.append((t.shape, t.dtype, self._out_bytes))
+            self._out_bytes += -(-t.nbytes // ALIGNMENT) * ALIGNMENT
+        # When every result is a fresh output (the usual case), results need no case analysis.
+        self._plain_results = [(r.slot, r.type) for r in program.results] \
+            if all(r.kind == "output" for r in program.results) else None
         self._lock = threading.Lock()
         self._copy = drv.load().cuMemcpyDtoDAsync
+
+    def _build_steps(self, program: CudaProgram, module: Any) -> list[_Step]:
+        plan = program.plan.streams
+        n_args, n_outs = len(program.arg_types), len(program.output_types)
+
+        def source(place: Place) -> tuple[int, int]:
+            if place.kind == "arena":
+                return (n_args + n_outs, place.offset)
+            return ((0 if place.kind == "argument" else n_args) + place.slot, place.offset)
+
+        events = {k: Event(self.ctx) for k in plan.recorded}
+        seen: set[tuple[int, int]] = set()
+        steps = []
+        for k, launch in enumerate(program.launches):
+            s = plan.streams[k]
+            places = launch.params + ((launch.copy[1],) if launch.copy else ())
+            reads = [p.slot for p in places if p.kind == "argument"]
+            first = tuple(a for a in dict.fromkeys(reads) if (s, a) not in seen)
+            seen.update((s, a) for a in first)
+            copy = (source(launch.copy[0]), source(launch.copy[1]), launch.copy[2]) if launch.copy else None
+            kernel = module.get_function(launch.symbol) if launch.grid else None
+            steps.append(_Step(
+                launch.symbol, self.streams[s], kernel,
+                kernel.bind([0] * len(launch.params)) if kernel else None,
+                tuple(source(p) for p in launch.params), (launch.grid, 1, 1), (launch.block, 1, 1),
+                copy, tuple(events[j] for j in plan.waits[k]), events.get(k), first))
+        return steps
 
     # --- arguments ---------------------------------------------------------------------------
     def _to_device(self, i: int, a: Any, t: TensorType) -> DeviceBuffer:
         buf = a.device_buffer if isinstance(a, Array) else a if isinstance(a, DeviceBuffer) else None
         if buf is not None and buf.stream.ctx is self.ctx:
-            if buf.shape != t.shape or buf.dtype != t.dtype:
-                raise BackendError(f"cuda: argument {i} is {buf.dtype}{list(buf.shape)}; the program "
-                                   f"was compiled for {t}")
-            buf.prepare_for(self.stream)
+            if buf.shape != t.shape or (buf.dtype is not t.dtype and buf.dtype != t.dtype):
+                raise BackendError(f"cuda: argument {i} of {self.name} is {buf.dtype}{list(buf.shape)}; "
+                                   f"the program was compiled for {t}")
             return buf
         x = np.asarray(a, dtype=self._arg_dtypes[i])
         if x.shape != t.shape:
-            raise BackendError(f"cuda: argument {i} has shape {x.shape}; the program was compiled for {t}")
-        return DeviceBuffer.from_numpy(x, self.stream)
+            raise BackendError(f"cuda: argument {i} of {self.name} has shape {x.shape}; the program "
+                               f"was compiled for {t}")
+        with profiler.span("copy", f"upload {t}"):
+            return DeviceBuffer.from_numpy(x, self.ctx.copy_stream)
 
+    # --- calls -------------------------------------------------------------------------------
     def __call__(self, *args: Any) -> list[Array]:
         program = self.program
         if len(args) != len(program.arg_types):
-            raise BackendError(f"cuda: the program takes {len(program.arg_types)} arguments, got {len(args)}")
-        stream = self.stream
+            raise BackendError(f"cuda: {self.name} takes {len(program.arg_types)} arguments, got {len(args)}")
+        s0 = self.stream
         buffers = [self._to_device(i, a, t) for i, (a, t) in enumerate(zip(args, program.arg_types))]
-        outputs = [DeviceBuffer(t.shape, t.dtype, stream) for t in program.output_types]
+        outputs = DeviceBuffer.carve(self._out_layout, self._out_bytes, s0) if self._out_layout else []
         if self.poison is not None:
             for buf in outputs + ([self.arena] if self.arena else []):
                 buf.fill_bytes(self.poison)
         bases = [b.ptr for b in buffers] + [o.ptr for o in outputs] + [self.arena.ptr if self.arena else 0]
-        handle = stream.handle
+        prof = profiler.active()
         with self._lock:
-            for step in self._steps:
-                if step.copy:
-                    (dst, dst_off), (src, src_off), nbytes = step.copy
-                    drv.check(self._copy(bases[dst] + dst_off, bases[src] + src_off, nbytes, handle),
-                              "cuMemcpyDtoDAsync", step.launch.symbol)
-                if step.kernel is not None:
-                    step.pack.pack([bases[b] + off for b, off in step.sources])
-                    step.kernel.launch_packed(step.pack, step.grid, step.block, stream)
+            if prof is not None or not self.use_graphs or not self._replay(bases, buffers):
+                self.graph_stats.direct += 1
+                self._enqueue(bases, buffers, prof)
+            done = Event(self.ctx).record(s0)
         for buf in outputs:
-            buf.mark_written()
-        return [self._result(r, args, buffers, outputs) for r in program.results]
+            buf.mark_written(s0, done)
+        if self._plain_results is not None:
+            return [Array(outputs[slot], t) for slot, t in self._plain_results]
+        return [self._result(r, args, buffers, outputs, done) for r in program.results]
 
-    def _result(self, r, args: Sequence[Any], buffers: list[DeviceBuffer], outputs: list[DeviceBuffer]) -> Array:
+    def _replay(self, bases: list[int], buffers: list[DeviceBuffer]) -> bool:
+        """Launch the graph for these addresses (capturing it if new); False to launch directly."""
+        key = tuple(bases)
+        graph = self._graphs.get(key)
+        if graph is None:
+            graph = self._capture(key)
+            if graph is None:
+                return False
+        else:
+            self._graphs.move_to_end(key)
+            self.graph_stats.replays += 1
+        for buf in buffers:
+            buf.prepare_for(self.stream)
+        graph.launch(self.stream)
+        return True
+
+    def _capture(self, key: tuple[int, ...]) -> Graph | None:
+        stats = self.graph_stats
+        if stats.captures >= 2 * GRAPH_CACHE and stats.captures > stats.replays:
+            self.use_graphs = False
+            log.info("glue.cuda: %s launches kernels directly from now on: its buffer addresses changed "
+                     "on %d of %d calls, so graph replays would not pay for their captures",
+                     self.name, stats.captures, stats.captures + stats.replays)
+            return None
+        if not self._steps:
+            return None
+        try:
+            graph = capture(self.stream, lambda: self._enqueue(list(key), None, None))
+        except drv.CudaError as exc:
+            self.use_graphs = False
+            log.warning("glue.cuda: %s cannot be captured as a CUDA graph (%s); launching its kernels "
+                        "directly", self.name, exc)
+            return None
+        stats.captures += 1
+        self._graphs[key] = graph
+        if len(self._graphs) > GRAPH_CACHE:
+            self.stream.synchronize()  # the evicted graph may still be running
+            self._graphs.popitem(last=False)
+        return graph
+
+    def _enqueue(self, bases: list[int], buffers: list[DeviceBuffer] | None, prof: Any) -> None:
+        """Queue every step on its stream, forking from stream 0 and joining back. `buffers`
+        (None while capturing a graph) are waited for where each stream first reads them."""
+        s0, handle = self.stream, None
+        if self._fork is not None:
+            self._fork.record(s0)
+            for stream in self.streams[1:]:
+                stream.wait(self._fork)
+        for step in self._steps:
+            stream = step.stream
+            handle = stream.handle
+            for event in step.waits:
+                stream.wait(event)
+            if buffers is not None:
+                for a in step.first_args:
+                    buffers[a].prepare_for(stream)
+            start = Event(self.ctx, timing=True).record(stream) if prof is not None else None
+            if step.copy:
+                (dst, dst_off), (src, src_off), nbytes = step.copy
+                drv.check(self._copy(bases[dst] + dst_off, bases[src] + src_off, nbytes, handle),
+                          "cuMemcpyDtoDAsync", step.name)
+            if step.kernel is not None:
+                step.pack.pack([bases[b] + off for b, off in step.sources])
+                step.kernel.launch_packed(step.pack, step.grid, step.block, stream)
+            if start is not None:
+                end = Event(self.ctx, timing=True).record(stream)
+                prof.add_device(self.ctx, lambda: _anchor(self.ctx), stream.label, "kernel", step.name,
+                                start, end, {"grid": step.grid[0], "block": step.block[0]})
+            if step.record is not None:
+                step.record.record(stream)
+        for stream, event in self._joins:
+            s0.wait(event.record(stream))
+
+    def _result(self, r, args: Sequence[Any], buffers: list[DeviceBuffer], outputs: list[DeviceBuffer],
+                done: Event) -> Array:
         if r.kind == "output":
-            return Array(outputs[r.slot])
+            return Array(outputs[r.slot], r.type)
         if r.kind == "literal":
             return Array(np.full(r.type.shape, r.value, r.type.dtype.numpy))
         source = buffers[r.slot]
         if not r.copy:  # a donated argument's buffer, which the kernels wrote
-            source.mark_written()
+            source.mark_written(self.stream, done)
             if source.shape == r.type.shape and source.dtype == r.type.dtype:
-                return Array(source)
+                return Array(source, r.type)
         if r.copy and not isinstance(args[r.slot], (Array, DeviceBuffer)):
             return Array(np.array(args[r.slot], dtype=r.type.dtype.numpy))
         copy = DeviceBuffer(r.type.shape, r.type.dtype, self.stream)
+        source.prepare_for(self.stream)
         drv.check(self._copy(copy.ptr, source.ptr, copy.nbytes, self.stream.handle), "cuMemcpyDtoDAsync")
         copy.mark_written()
         return Array(copy)
@@ -154,7 +298,7 @@ class CudaExecutable:
 
 
 def device_put(value: Any) -> Array:
-    """A `glue.Array` holding `value` in GPU memory (uploaded on the default stream)."""
+    """A `glue.Array` holding `value` in GPU memory (uploaded on the context's copy stream)."""
     if isinstance(value, Array) and value.device_buffer is not None:
         return value
-    return Array(DeviceBuffer.from_numpy(np.asarray(value), get_context().stream))
+    return Array(DeviceBuffer.from_numpy(np.asarray(value)))

@@ -21,13 +21,15 @@ class Array(ArrayOperators):
     __slots__ = ("_value", "_device", "aval")
     __array_priority__ = 100
 
-    def __init__(self, value: Any):
+    def __init__(self, value: Any, aval: TensorType | None = None):
+        """`aval`, when the caller knows it, must be the value's type (backends pass their
+        programs' output types, which makes the next call's signature check cheap)."""
         if isinstance(value, np.ndarray):
             self._value, self._device = value, None
-            self.aval = TensorType(tuple(value.shape), dt.from_numpy(value.dtype))
+            self.aval = aval or TensorType(tuple(value.shape), dt.from_numpy(value.dtype))
         else:
             self._value, self._device = None, value
-            self.aval = TensorType(tuple(value.shape), value.dtype)
+            self.aval = aval or TensorType(tuple(value.shape), value.dtype)
 
     @property
     def device_buffer(self) -> Any:
@@ -45,7 +47,7 @@ class Array(ArrayOperators):
         return self
 
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
-        value = self._host() if dtype is None else self._host().astype(dtype)
+        value = self._host() if dtype is None else self._host().astype(dtype, copy=False)
         return value.copy() if copy else value
 
     def __repr__(self) -> str:

@@ -14,15 +14,15 @@ import logging
 import os
 import shutil
 import subprocess
-from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 
+from glue import profiler
 from glue.frontend.array import Array
 from glue.backends import get_backend
 from glue.errors import GlueError
-from glue.frontend.pytree import PyTreeDef, leaf_paths, tree_flatten, tree_unflatten
+from glue.frontend.pytree import PyTreeDef, flatten_call, leaf_paths, tree_flatten, tree_unflatten
 from glue.frontend.tracing import current_trace, trace_flat, type_of
 from glue.ir import ClosedGraph, TensorType
 
@@ -33,20 +33,13 @@ _ARRAY_TYPES = (np.ndarray, Array)
 _STAGE_SUFFIX = {"graph": "dot", "llvm": "ll", "ptx": "ptx", "asm": "s"}
 
 
-@dataclass(frozen=True)
-class Signature:
-    """What a compiled program is specialised to; the key of the jit cache."""
+class Signature(NamedTuple):
+    """What a compiled program is specialised to; the key of the jit cache. A tuple, because
+    every call builds one and looks it up."""
 
     treedef: PyTreeDef
     types: tuple[TensorType, ...]
     statics: tuple[tuple[Any, Any], ...]
-
-    def __post_init__(self) -> None:
-        # Hashed once: every call looks its signature up in the caches.
-        object.__setattr__(self, "_hash", hash((self.treedef, self.types, self.statics)))
-
-    def __hash__(self) -> int:
-        return self._hash
 
     def explain_difference(self, old: "Signature") -> str:
         if self.statics != old.statics:
@@ -59,6 +52,10 @@ class Signature:
         paths = leaf_paths(args_tree, "args") + leaf_paths(kwargs_tree, "kwargs")
         changed = [f"{p} {a} -> {b}" for p, a, b in zip(paths, old.types, self.types) if a != b]
         return "argument types changed: " + "; ".join(changed)
+
+
+def _types(values: Sequence[Any]) -> tuple[TensorType, ...]:
+    return tuple([v.aval if v.__class__ is Array else type_of(v) for v in values])
 
 
 class _ArgSpec:
@@ -79,8 +76,11 @@ class _ArgSpec:
             return []
 
     def split(self, args: tuple, kwargs: dict) -> tuple[Signature, list[Any]]:
-        if not kwargs and not self.static_nums and all(type(a) in _ARRAY_TYPES for a in args):
-            return Signature(self._flat_treedef(len(args)), tuple(map(type_of, args)), ()), list(args)
+        if not kwargs and not self.static_nums:  # the common calls, kept lean
+            if all(type(a) in _ARRAY_TYPES for a in args):
+                return Signature(self._flat_treedef(len(args)), _types(args), ()), list(args)
+            leaves, treedef = flatten_call(args)
+            return Signature(treedef, _types(leaves), ()), leaves
         dyn_args = tuple(a for i, a in enumerate(args) if i not in self.static_nums)
         dyn_kwargs = {k: v for k, v in kwargs.items() if k not in self.static_names}
         statics = tuple((i, a) for i, a in enumerate(args) if i in self.static_nums) + \
@@ -91,8 +91,7 @@ class _ArgSpec:
             raise GlueError(f"static arguments of {self.fn.__name__} must be hashable; got "
                             f"{[type(v).__name__ for _, v in statics]}") from None
         leaves, treedef = tree_flatten((dyn_args, dyn_kwargs))
-        types = tuple(type_of(x) for x in leaves)
-        return Signature(treedef, types, statics), leaves
+        return Signature(treedef, _types(leaves), statics), leaves
 
     @functools.lru_cache(maxsize=None)
     def _flat_treedef(self, n: int) -> PyTreeDef:
@@ -128,7 +127,8 @@ class Lowered:
         self.out_tree = out_tree
         self.signature = signature
         self.spec = spec
-        self._backend_lowered = backend.lower(closed.graph, donated=donated, name=name)
+        with profiler.span("compile", f"lower {name}", backend=backend.name):
+            self._backend_lowered = backend.lower(closed.graph, donated=donated, name=name)
         self.backend = backend
 
     @property
@@ -147,7 +147,8 @@ class Lowered:
         dump_dir = os.environ.get("GLUE_DUMP")
         if dump_dir:
             self.dump(dump_dir)
-        return Compiled(self, self._backend_lowered.compile())
+        with profiler.span("compile", f"compile {self.name}", backend=self.backend.name):
+            return Compiled(self, self._backend_lowered.compile())
 
     def dump(self, directory: str) -> list[str]:
         """Write every stage into `directory` as `<n>.<function>.<stage>.<ext>`, `n` counting the
@@ -183,6 +184,8 @@ class Compiled:
         self.lowered = lowered
         self.executable = executable
         self.check = os.environ.get("GLUE_CHECK") == "1"
+        self._consts = tuple(lowered.closed.consts)
+        self._out_tree = lowered.out_tree
 
     @property
     def kernels(self) -> list[Any]:
@@ -211,11 +214,10 @@ class Compiled:
     def call_tree(self, leaves: Sequence[Any]) -> Any:
         """Run on the flat dynamic leaves; the outputs come back in the function's pytree."""
         outs = self.call_flat(leaves)
-        return tree_unflatten(self.lowered.out_tree,
-                              [o if isinstance(o, Array) else Array(np.asarray(o)) for o in outs])
+        return tree_unflatten(self._out_tree, [o if o.__class__ is Array else Array(np.asarray(o)) for o in outs])
 
     def call_flat(self, leaves: Sequence[Any]) -> list[Any]:
-        args = tuple(self.lowered.closed.consts) + tuple(leaves)
+        args = self._consts + tuple(leaves) if self._consts else leaves
         outs = self.executable(*args)
         if self.check:
             self._check_against_reference(args, outs)
@@ -258,7 +260,8 @@ class Jitted:
             if self._last is not None and current_trace() is None:
                 log.info("glue.jit: retracing %s because %s", self.name, sig.explain_difference(self._last))
             flat = self.spec.flat_fn(sig)
-            closed = trace_flat(flat, sig.types, self.name)
+            with profiler.span("compile", f"trace {self.name}"):
+                closed = trace_flat(flat, sig.types, self.name)
             self._traced[sig] = (closed, flat.out_tree[-1])
         if current_trace() is None:
             self._last = sig
@@ -288,11 +291,14 @@ class Jitted:
             # Inlined by tracing straight through `fn`, so that an enclosing transform sees
             # every call it makes (stop_gradient records its cuts in the transform's trace).
             return self.fn(*args, **kwargs)
-        closed, out_tree, sig, leaves = self.trace(*args, **kwargs)
+        sig, leaves = self.spec.split(args, kwargs)
         compiled = self._compiled.get(sig)
         if compiled is None:
             compiled = self._compiled[sig] = self.lower(*args, **kwargs).compile()
-        return compiled.call_tree(leaves)
+        if profiler.active() is None:
+            return compiled.call_tree(leaves)
+        with profiler.span("call", self.name):
+            return compiled.call_tree(leaves)
 
 
 def jit(fn: Callable | None = None, *, backend: str | None = None, static_argnums: Sequence[int] | int = (),

@@ -50,24 +50,61 @@ _NODES = {
 }
 
 
-def _children(tree: Any) -> tuple[str, tuple[Any, ...], tuple[Any, ...]] | None:
-    split = _NODES.get(type(tree))
-    return split(tree) if split else None
-
-
 def tree_flatten(tree: Any) -> tuple[list[Any], PyTreeDef]:
     """The leaves of `tree` (left to right, dict keys sorted) and its structure."""
     leaves: list[Any] = []
     return leaves, _walk(tree, leaves)
 
 
+# Structures seen so far, keyed by kind, the ids of the (interned) children and the dict keys,
+# so that flattening the same shape of tree again (every call of a jitted function) builds no
+# new PyTreeDef and hashes only ints and strings.
+_INTERNED: dict[tuple[str, tuple[int, ...], tuple[Any, ...]], PyTreeDef] = {}
+
+
 def _walk(node: Any, leaves: list[Any]) -> PyTreeDef:
-    split = _children(node)
+    split = _NODES.get(node.__class__)
     if split is None:
         leaves.append(node)
         return LEAF
-    kind, kids, keys = split
-    return PyTreeDef(kind, tuple(_walk(k, leaves) for k in kids), keys)
+    kind, kids, keys = split(node)
+    defs = []
+    for kid in kids:
+        if kid.__class__ in _NODES:
+            defs.append(_walk(kid, leaves))
+        else:  # a leaf, inline: most children are
+            leaves.append(kid)
+            defs.append(LEAF)
+    key = (kind, tuple(map(id, defs)), keys)
+    treedef = _INTERNED.get(key)
+    if treedef is None:
+        treedef = _INTERNED[key] = PyTreeDef(kind, tuple(defs), keys)
+    return treedef
+
+
+_CALLS: dict[tuple[Any, ...], PyTreeDef] = {}
+
+
+def flatten_call(args: tuple[Any, ...]) -> tuple[list[Any], PyTreeDef]:
+    """`tree_flatten((args, {}))`: a call's positional arguments and no keywords, without a walk
+    when each argument is a leaf or a flat list or tuple of leaves (most calls)."""
+    leaves: list[Any] = []
+    shape = []
+    for a in args:
+        cls = a.__class__
+        if cls not in _NODES:
+            leaves.append(a)
+            shape.append(None)
+        elif (cls is list or cls is tuple) and not any(x.__class__ in _NODES for x in a):
+            leaves.extend(a)
+            shape.append((cls, len(a)))
+        else:
+            return tree_flatten((args, {}))
+    key = tuple(shape)
+    treedef = _CALLS.get(key)
+    if treedef is None:
+        treedef = _CALLS[key] = tree_flatten((args, {}))[1]
+    return leaves, treedef
 
 
 def tree_unflatten(treedef: PyTreeDef, leaves: list[Any]) -> Any:
@@ -81,9 +118,15 @@ def _build(node: PyTreeDef, it: Any) -> Any:
     # garbage collection.
     if node.kind == "leaf":
         return next(it)
-    kids = [_build(c, it) for c in node.children]
-    return {"none": lambda: None, "tuple": lambda: tuple(kids), "list": lambda: kids,
-            "dict": lambda: dict(zip(node.keys, kids))}[node.kind]()
+    return _BUILD[node.kind](node, [_build(c, it) for c in node.children])
+
+
+_BUILD: dict[str, Callable[[PyTreeDef, list[Any]], Any]] = {
+    "none": lambda node, kids: None,
+    "tuple": lambda node, kids: tuple(kids),
+    "list": lambda node, kids: kids,
+    "dict": lambda node, kids: dict(zip(node.keys, kids)),
+}
 
 
 def tree_map(fn: Callable[..., Any], tree: Any, *rest: Any) -> Any:

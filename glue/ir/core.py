@@ -21,6 +21,13 @@ class TensorType:
     shape: tuple[int, ...]
     dtype: DType
 
+    def __post_init__(self) -> None:
+        # Hashed once: types key the jit cache on every call, and every compiler table.
+        object.__setattr__(self, "_hash", hash((self.shape, self.dtype)))
+
+    def __hash__(self) -> int:
+        return self._hash
+
     @property
     def ndim(self) -> int:
         return len(self.shape)

@@ -204,8 +204,13 @@ class _Fuser:
     def join_one_as_home(self, i: int, users: set[int], readers: set[int]) -> bool:
         """Compute the value in one consumer kernel, which also writes it for the others.
 
-        That kernel must not itself depend on a kernel that reads the value (a cycle)."""
-        for gid in sorted(users, key=lambda g: min(self.groups[g])):
+        That kernel must not itself depend on a kernel that reads the value (a cycle). Kernels
+        without reductions are tried first: there the value can still reach its own producer's
+        kernel as an epilogue (a reduction kernel cannot take in a contraction)."""
+        def order(g: int) -> tuple[bool, int]:
+            return any(self.eqns[j].primitive in REDUCTIONS for j in self.groups[g]), min(self.groups[g])
+
+        for gid in sorted(users, key=order):
             others = readers - {gid}
             if others & self.ancestors(gid):
                 continue

@@ -2,9 +2,14 @@
 
 Arguments stay where the caller put them; outputs get buffers of their own (or the buffer of a
 donated argument of the same size that is dead by then); every intermediate gets an offset in
-one arena. Offsets come from liveness over the kernel order, packed best-fit by decreasing
-size, and a kernel may write an output over an input that dies in it when it reads that input
-only at the position it writes (elementwise in place).
+one arena, packed best-fit by decreasing size; and a kernel may write an output over an input
+that dies in it when it reads that input only at the position it writes (in place).
+
+Liveness follows the stream plan's happens-before order, not the list order of the kernels:
+two values may share memory only when every kernel that touches one finishes before any kernel
+that touches the other starts, on every run. On one stream that is plain interval liveness; on
+several, a value read by one stream stays reserved until the kernels that follow it are
+ordered after that read, so no stream overwrites what another may still be reading.
 """
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ from typing import Sequence
 
 from glue.ir import Graph, TensorType, Var
 from glue.scheduler.kernel_ir import Expr, FromValue, InBounds, Index, Kernel, Load, Op
+from glue.scheduler.streams import StreamPlan, plan_streams
 
 ALIGNMENT = 256  # bytes: cudaMalloc's alignment, a multiple of every vector width we load
 
@@ -96,31 +102,41 @@ def reads_only_where_written(kernel: Kernel, input_slot: int, output_slot: int) 
     return all(ld.index == stores[0].index and not ld.mask for ld in mine)
 
 
-def plan_memory(graph: Graph, kernels: Sequence[Kernel], donated: Sequence[int] = ()) -> MemoryPlan:
+def plan_memory(graph: Graph, kernels: Sequence[Kernel], donated: Sequence[int] = (),
+                streams: StreamPlan | None = None) -> MemoryPlan:
+    """Placements for every value; `streams` gives the order kernels run in (default: one
+    stream, the list order)."""
+    order = streams or plan_streams(kernels, max_streams=1)
     args = list(graph.constvars) + list(graph.invars)
     placements = {v.id: Placement("argument", i, v.type) for i, v in enumerate(args)}
     outputs = [a for a in graph.outvars if isinstance(a, Var) and a.id not in placements]
     produced: dict[int, int] = {}
+    users: dict[int, int] = {}  # value -> bit mask of the kernels that write or read it
     last_use: dict[int, int] = {}
     types: dict[int, TensorType] = {}
     for k, kernel in enumerate(kernels):
         for b in kernel.inputs:
             last_use[b.value_id] = k
+            users[b.value_id] = users.get(b.value_id, 0) | 1 << k
         for b in kernel.outputs:
             produced[b.value_id] = k
             types[b.value_id] = b.type
+            users[b.value_id] = users.get(b.value_id, 0) | 1 << k
     lifetimes = {vid: (k, last_use.get(vid, k)) for vid, k in produced.items()}
     output_ids = list(dict.fromkeys(v.id for v in outputs))
     donors = {graph.invars[i].id: len(graph.constvars) + i for i in donated}
-    for j, vid in enumerate(output_ids):
+    n_fresh = 0  # fresh output buffers are numbered without gaps: donated outputs take none
+    for vid in output_ids:
         donor = next((d for d, slot in donors.items() if args[slot].type.nbytes == types[vid].nbytes
-                      and _free_by(d, vid, kernels, last_use, produced[vid])), None)
+                      and _free_by(d, vid, kernels, users, produced[vid], order)), None)
         if donor is not None:
             placements[vid] = Placement("donated", donors.pop(donor), types[vid])
         else:
-            placements[vid] = Placement("output", j, types[vid])
+            placements[vid] = Placement("output", n_fresh, types[vid])
+            n_fresh += 1
     intermediates = [vid for vid in produced if vid not in placements]
-    arena = _pack(intermediates, lifetimes, types, _in_place_pairs(kernels, intermediates, last_use))
+    in_place = _in_place_pairs(kernels, intermediates, users, order)
+    arena = _pack(intermediates, users, types, in_place, order)
     placements.update({vid: Placement("arena", off, types[vid]) for vid, off in arena[0].items()})
     return MemoryPlan(
         placements, arena[1], sum(v.type.nbytes for v in args),
@@ -129,20 +145,26 @@ def plan_memory(graph: Graph, kernels: Sequence[Kernel], donated: Sequence[int] 
         lifetimes)
 
 
-def _free_by(donor: int, vid: int, kernels: Sequence[Kernel], last_use: dict[int, int], k: int) -> bool:
+def _dead_by(mask: int, k: int, order: StreamPlan) -> bool:
+    """Whether every kernel in `mask` other than k finishes before kernel k starts."""
+    return not (mask & ~(1 << k)) & ~order.ancestors[k]
+
+
+def _free_by(donor: int, vid: int, kernels: Sequence[Kernel], users: dict[int, int], k: int,
+             order: StreamPlan) -> bool:
     """Whether the donated argument `donor` is dead when kernel `k` writes `vid`: read only by
-    earlier kernels, or by kernel k itself only where it writes `vid`."""
-    last = last_use.get(donor, -1)
-    if last < k:
-        return True
+    kernels that finish before k, or by kernel k itself only where it writes `vid`."""
+    readers = users.get(donor, 0)
+    if not _dead_by(readers, k, order):
+        return False
     kernel = kernels[k]
     slots = [i for i, b in enumerate(kernel.inputs) if b.value_id == donor]
     out = next(o for o, b in enumerate(kernel.outputs) if b.value_id == vid)
-    return last == k and all(reads_only_where_written(kernel, i, out) for i in slots)
+    return all(reads_only_where_written(kernel, i, out) for i in slots)
 
 
-def _in_place_pairs(kernels: Sequence[Kernel], intermediates: list[int],
-                    last_use: dict[int, int]) -> dict[int, int]:
+def _in_place_pairs(kernels: Sequence[Kernel], intermediates: list[int], users: dict[int, int],
+                    order: StreamPlan) -> dict[int, int]:
     """output value -> input value whose memory it may take over."""
     candidates = set(intermediates)
     pairs: dict[int, int] = {}
@@ -152,7 +174,8 @@ def _in_place_pairs(kernels: Sequence[Kernel], intermediates: list[int],
             if out.value_id not in candidates:
                 continue
             for i, inp in enumerate(kernel.inputs):
-                if (inp.value_id in candidates and inp.value_id not in taken and last_use[inp.value_id] == k
+                if (inp.value_id in candidates and inp.value_id not in taken
+                        and _dead_by(users[inp.value_id], k, order)
                         and inp.type.nbytes == out.type.nbytes
                         and reads_only_where_written(kernel, i, o)):
                     pairs[out.value_id] = inp.value_id
@@ -161,9 +184,11 @@ def _in_place_pairs(kernels: Sequence[Kernel], intermediates: list[int],
     return pairs
 
 
-def _pack(values: list[int], lifetimes: dict[int, tuple[int, int]], types: dict[int, TensorType],
-          in_place: dict[int, int]) -> tuple[dict[int, int], int]:
-    """Arena offsets, best fit by decreasing size; in-place chains share one slot."""
+def _pack(values: list[int], users: dict[int, int], types: dict[int, TensorType],
+          in_place: dict[int, int], order: StreamPlan) -> tuple[dict[int, int], int]:
+    """Arena offsets, best fit by decreasing size; in-place chains share one slot. Two slots
+    may overlap in memory only when all kernels touching one happen before all touching the
+    other."""
     root = {v: v for v in values}
 
     def find(v: int) -> int:
@@ -176,13 +201,19 @@ def _pack(values: list[int], lifetimes: dict[int, tuple[int, int]], types: dict[
     slots: dict[int, list[int]] = {}
     for v in values:
         slots.setdefault(find(v), []).append(v)
-    spans = {r: (min(lifetimes[v][0] for v in vs), max(lifetimes[v][1] for v in vs)) for r, vs in slots.items()}
+    touch = {r: _or(users[v] for v in vs) for r, vs in slots.items()}
+    # the kernels that happen before every kernel touching the slot
+    after = {r: _and(order.ancestors[k] for k in _bits(touch[r])) for r in slots}
+
+    def disjoint(a: int, b: int) -> bool:
+        return not touch[a] & ~after[b] or not touch[b] & ~after[a]
+
     sizes = {r: _align(max(types[v].nbytes for v in vs)) for r, vs in slots.items()}
+    first = {r: min(_bits(touch[r])) for r in slots}
     offsets: dict[int, int] = {}
     end = 0
-    for r in sorted(slots, key=lambda r: (-sizes[r], spans[r])):
-        busy = sorted((offsets[o], offsets[o] + sizes[o]) for o in offsets
-                      if spans[o][0] <= spans[r][1] and spans[r][0] <= spans[o][1])
+    for r in sorted(slots, key=lambda r: (-sizes[r], first[r])):
+        busy = sorted((offsets[o], offsets[o] + sizes[o]) for o in offsets if not disjoint(o, r))
         best, cursor = None, 0
         for lo, hi in busy + [(None, None)]:
             gap = (lo if lo is not None else float("inf")) - cursor
@@ -193,3 +224,21 @@ def _pack(values: list[int], lifetimes: dict[int, tuple[int, int]], types: dict[
         offsets[r] = best[0]
         end = max(end, best[0] + sizes[r])
     return {v: offsets[find(v)] for v in values}, end
+
+
+def _bits(mask: int) -> list[int]:
+    return [i for i in range(mask.bit_length()) if mask >> i & 1]
+
+
+def _or(masks) -> int:
+    out = 0
+    for m in masks:
+        out |= m
+    return out
+
+
+def _and(masks) -> int:
+    out = -1
+    for m in masks:
+        out &= m
+    return out

@@ -1,5 +1,5 @@
-"""`schedule(graph) -> Plan`: simplify, fuse into kernels, plan memory; and the text of each
-scheduler stage ("optimized", "fusion", "kernels", "memory", "graph")."""
+"""`schedule(graph) -> Plan`: simplify, fuse into kernels, assign streams, plan memory; and the
+text of each scheduler stage ("optimized", "fusion", "kernels", "streams", "memory", "graph")."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -11,8 +11,9 @@ from glue.scheduler.fusion import Fusion, fuse
 from glue.scheduler.kernel_ir import Kernel
 from glue.scheduler.memory import MemoryPlan, plan_memory
 from glue.scheduler.passes import optimize
+from glue.scheduler.streams import StreamPlan, plan_streams
 
-STAGES = ("optimized", "fusion", "kernels", "memory", "graph")
+STAGES = ("optimized", "fusion", "kernels", "streams", "memory", "graph")
 
 
 @dataclass
@@ -21,6 +22,7 @@ class Plan:
 
     graph: Graph
     fusion: Fusion
+    streams: StreamPlan
     memory: MemoryPlan
 
     @property
@@ -35,6 +37,8 @@ class Plan:
             return str(self.fusion)
         if stage == "kernels":
             return "\n\n".join(str(k) for k in self.kernels)
+        if stage == "streams":
+            return self.streams.text(self.kernels)
         if stage == "memory":
             return self.memory.text(names)
         if stage == "graph":
@@ -42,11 +46,14 @@ class Plan:
         raise KeyError(stage)
 
 
-def schedule(graph: Graph, donated: Sequence[int] = ()) -> Plan:
-    """The Plan for `graph`; `donated` lists invar positions whose buffers outputs may reuse."""
+def schedule(graph: Graph, donated: Sequence[int] = (), max_streams: int = 1) -> Plan:
+    """The Plan for `graph`; `donated` lists invar positions whose buffers outputs may reuse;
+    independent kernels go on up to `max_streams` streams (1 for a target that runs kernels one
+    at a time)."""
     optimized = optimize(graph)
     fusion = fuse(optimized)
-    return Plan(optimized, fusion, plan_memory(optimized, fusion.kernels, donated))
+    streams = plan_streams(fusion.kernels, max_streams)
+    return Plan(optimized, fusion, streams, plan_memory(optimized, fusion.kernels, donated, streams))
 
 
 def graph_dot(graph: Graph, fusion: Fusion, names: dict[int, str]) -> str:

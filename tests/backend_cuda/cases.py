@@ -6,6 +6,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
+import glue
 import glue.nn as nn
 import glue.numpy as gnp
 from glue.frontend.tracing import bind
@@ -40,6 +41,16 @@ def bias_gelu(x, b):
 
 def mlp(x, w1, b1, w2):
     return gnp.tanh(x @ w1 + b1) @ w2
+
+
+def _mlp_loss(w1, w2, x, y):
+    return ((gnp.tanh(gnp.tanh(x @ w1) @ w2) - y) ** 2).mean()
+
+
+def train_step(w1, w2, x, y):
+    """A small-batch SGD step: thin matmuls with deep K, the kernels that slice K among warps."""
+    loss, (g1, g2) = glue.value_and_grad(_mlp_loss, argnums=(0, 1))(w1, w2, x, y)
+    return w1 - 0.1 * g1, w2 - 0.1 * g2, loss
 
 
 def scatter(table, ids, grads):
@@ -97,6 +108,9 @@ WORKLOADS = {
     "row_stats_f64": (row_stats, [((3, 1500), np.float64)]),
     "row_stats_i32": (lambda x: (gnp.argmax(x, axis=-1), x.sum(-1), x.min(-1)), [((3, 999), np.int32)]),
     "transposed": (transposed, [((6, 5), np.float32), ((5, 6), np.float32)]),
+    "train_step": (train_step, [((100, 72), np.float32), ((72, 96), np.float32), ((5, 100), np.float32),
+                                ((5, 96), np.float32)]),
+    "thin_matmul": (lambda a, b: gnp.tanh(a @ b), [((3, 260), np.float32), ((260, 7), np.float32)]),
 }
 
 

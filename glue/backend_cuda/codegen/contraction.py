@@ -9,6 +9,11 @@ of A and a TK x TN tile of B in shared memory (operands already converted to the
 type), then every thread accumulates its RM x RN outputs, which sit SM = TM / RM rows and
 SN = TN / RN columns apart so that a warp reads consecutive shared-memory words. The epilogue
 (bias, activation, cast, residual: the kernel's row-level stores) runs on the accumulators.
+
+Tiles are 64 x 64 x 16 for large products. A small product (the matmuls of a small-batch
+training step) would then fill a few multiprocessors and leave the rest idle, so its tiles
+shrink (down to 16 x 16) until about one block per multiprocessor exists, and its steps over
+K deepen (up to 64) so each trip round the latency-bound loop does more.
 """
 from __future__ import annotations
 
@@ -23,9 +28,14 @@ from glue.codegen.types import I64, register_type
 from glue.scheduler.kernel_ir import Expr, Op
 
 TILE = 64
+MIN_TILE = 16
 TK = 16
+MAX_TK = 64
+STAGED_PER_THREAD = 32  # operand elements a thread stages per step of K on a small tile
 MICRO = 4
 MIN_THREADS = 64
+K_SLICES = 4  # thread groups that share a small tile, each taking a quarter of every K step
+MIN_BLOCKS = 128  # about one block per multiprocessor: below that, smaller tiles finish sooner
 
 
 def split_operands(ke: KernelEmitter) -> tuple[Expr, Expr, list[int], list[int], list[int]] | None:
@@ -57,6 +67,11 @@ def emit_contraction(ke: KernelEmitter) -> tuple[int, int, str] | None:
     extent = lambda dims: math.prod(k.parallel[d] for d in dims)  # noqa: E731
     m_size, n_size, batches, depth = extent(m_dims), extent(n_dims), extent(batch_dims), math.prod(k.reduce)
     tm, tn = min(TILE, pow2_at_least(m_size)), min(TILE, pow2_at_least(n_size))
+    while batches * -(-m_size // tm) * -(-n_size // tn) < MIN_BLOCKS and max(tm, tn) > MIN_TILE:
+        if tm >= tn:  # a small product is latency-bound: spread it over more multiprocessors
+            tm //= 2
+        else:
+            tn //= 2
     rm, rn = min(MICRO, tm), min(MICRO, tn)
     while (tm // rm) * (tn // rn) < MIN_THREADS and (rm > 1 or rn > 1):
         if rn >= rm:
@@ -64,17 +79,31 @@ def emit_contraction(ke: KernelEmitter) -> tuple[int, int, str] | None:
         else:
             rm //= 2
     sm, sn = tm // rm, tn // rn
-    threads = sm * sn
+    # A small tile's loop over K is latency-bound (load, barrier, a few multiply-adds, barrier):
+    # deeper steps issue more independent loads at once and take fewer trips round the loop,
+    # and slicing each step's K among several thread groups puts more warps on the
+    # multiprocessor to hide the latency (the slices' sums are added at the end).
+    small = tm * tn < TILE * TILE
+    slices = K_SLICES if small and depth >= K_SLICES * TK else 1
+    threads = sm * sn * slices
+    tk = TK
+    while small and tk < min(MAX_TK, pow2_at_least(depth)) and 2 * tk * (tm + tn) <= STAGED_PER_THREAD * threads:
+        tk *= 2
+    per_slice = tk // slices
     tiles_m, tiles_n = -(-m_size // tm), -(-n_size // tn)
     reduction = k.reductions[0]
     acc_type = register_type(reduction.dtype)
-    a_tile = ke.shared(acc_type, TK * (tm + 1))
-    b_tile = ke.shared(acc_type, TK * tn)
+    a_tile = ke.shared(acc_type, tk * (tm + 1))
+    b_tile = ke.shared(acc_type, tk * tn)
     c = lambda v: ir.Constant(I64, v)  # noqa: E731
 
     batch, tile_m, tile_n = unflatten(b, ke.block_index(), [batches, tiles_m, tiles_n])
     tid = ke.thread_index()
-    tx, ty = b.urem(tid, c(sn)), b.udiv(tid, c(sn))
+    group = sm * sn
+    local, piece = (b.urem(tid, c(group)), b.udiv(tid, c(group))) if slices > 1 else (tid, c(0))
+    tx, ty = b.urem(local, c(sn)), b.udiv(local, c(sn))
+    a_base = b.add(ty, b.mul(piece, c(per_slice * (tm + 1))))
+    b_base = b.add(tx, b.mul(piece, c(per_slice * tn)))
     m0, n0 = b.mul(tile_m, c(tm)), b.mul(tile_n, c(tn))
     batch_coords = unflatten(b, batch, [k.parallel[d] for d in batch_dims]) if batch_dims else []
 
@@ -93,12 +122,12 @@ def emit_contraction(ke: KernelEmitter) -> tuple[int, int, str] | None:
     def stage(tile: ir.Value, expr: Expr, k0: ir.Value, size: int, is_a: bool) -> None:
         """Evaluate an operand on its tile into shared memory: A's tile is TM x TK with K
         fastest (the lhs's usual layout), B's TK x TN with N fastest; out-of-range points are 0."""
-        count = TK * (tm if is_a else tn)
+        count = tk * (tm if is_a else tn)
         for q in range(-(-count // threads)):
             e = b.add(tid, c(q * threads))
             in_tile = b.icmp_unsigned("<", e, c(count))
             if is_a:
-                kk, i = b.urem(e, c(TK)), b.udiv(e, c(TK))
+                kk, i = b.urem(e, c(tk)), b.udiv(e, c(tk))
                 slot = b.add(b.mul(kk, c(tm + 1)), i)
             else:
                 i, kk = b.urem(e, c(tn)), b.udiv(e, c(tn))
@@ -115,15 +144,15 @@ def emit_contraction(ke: KernelEmitter) -> tuple[int, int, str] | None:
                 b.store(value, ke.shared_at(tile, slot, acc_type))
 
     def step(b: ir.IRBuilder, kstep: ir.Value, accs: list[ir.Value]):
-        k0 = b.mul(kstep, c(TK))
+        k0 = b.mul(kstep, c(tk))
         stage(a_tile, a_expr, k0, m_size, True)
         stage(b_tile, b_expr, k0, n_size, False)
         ke.barrier()
         accs = list(accs)
-        for kk in range(TK):
-            a_vals = [b.load(ke.shared_at(a_tile, b.add(ty, c(kk * (tm + 1) + i * sm)), acc_type), typ=acc_type)
+        for kk in range(per_slice):
+            a_vals = [b.load(ke.shared_at(a_tile, b.add(a_base, c(kk * (tm + 1) + i * sm)), acc_type), typ=acc_type)
                       for i in range(rm)]
-            b_vals = [b.load(ke.shared_at(b_tile, b.add(tx, c(kk * tn + j * sn)), acc_type), typ=acc_type)
+            b_vals = [b.load(ke.shared_at(b_tile, b.add(b_base, c(kk * tn + j * sn)), acc_type), typ=acc_type)
                       for j in range(rn)]
             for i in range(rm):
                 for j in range(rn):
@@ -133,12 +162,26 @@ def emit_contraction(ke: KernelEmitter) -> tuple[int, int, str] | None:
         return accs
 
     zero = reductions.identity("sum", reduction.dtype)
-    accs = loop(b, 0, -(-depth // TK), step, [zero] * (rm * rn), name="kstep", vectorize=False)
+    accs = loop(b, 0, -(-depth // tk), step, [zero] * (rm * rn), name="kstep", vectorize=False)
+    first = None
+    if slices > 1:  # slice 0 adds the other slices' sums to its own, in slice order
+        partial = ke.shared(acc_type, slices * group * rm * rn)
+        for q in range(rm * rn):
+            slot = b.add(b.mul(b.add(b.mul(c(q), c(slices)), piece), c(group)), local)
+            b.store(accs[q], ke.shared_at(partial, slot, acc_type))
+        ke.barrier()
+        first = b.icmp_unsigned("==", piece, c(0))
+        for q in range(rm * rn):
+            for p in range(1, slices):
+                other = b.load(ke.shared_at(partial, b.add(c((q * slices + p) * group), local), acc_type),
+                               typ=acc_type)
+                accs[q] = reductions.combine(b, "sum", accs[q], other, reduction.dtype)
     for i in range(rm):
         for j in range(rn):
             m = b.add(m0, b.add(ty, c(i * sm)))
             n = b.add(n0, b.add(tx, c(j * sn)))
             ok = b.and_(b.icmp_unsigned("<", m, c(m_size)), b.icmp_unsigned("<", n, c(n_size)))
+            ok = b.and_(ok, first) if first is not None else ok
             with b.if_then(ok):
                 dims = point(m, n, None)[:len(k.parallel)] + [None] * len(k.reduce)
                 em = ke.emitter(dims)
@@ -146,4 +189,5 @@ def emit_contraction(ke: KernelEmitter) -> tuple[int, int, str] | None:
                 for s in k.stores:
                     ke.store(em, s)
     b.ret_void()
-    return batches * tiles_m * tiles_n, threads, f"tiled {tm}x{tn}x{TK} micro {rm}x{rn}"
+    sliced = f" k-slices {slices}" if slices > 1 else ""
+    return batches * tiles_m * tiles_n, threads, f"tiled {tm}x{tn}x{tk} micro {rm}x{rn}{sliced}"

@@ -80,7 +80,9 @@ class Context:
         self._dev = drv.call(driver.cuDeviceGet, index)
         self.handle = drv.call(driver.cuDevicePrimaryCtxRetain, self._dev)
         self._current = threading.local()
+        self._streams_lock = threading.Lock()
         self.make_current()
+        self._compute: list[Stream] = [self.stream]
 
     def make_current(self, force: bool = False) -> None:
         """Make this context current in the calling host thread (cheap after the first time;
@@ -102,8 +104,27 @@ class Context:
 
     @cached_property
     def stream(self) -> Stream:
-        """The default stream: a non-blocking stream, so work never serialises with stream 0."""
-        return Stream(self)
+        """The default stream: a non-blocking stream, so work never serialises with stream 0.
+        Programs run here (their stream 0) and their results are ready in its order."""
+        return Stream(self, label="compute 0")
+
+    def compute_streams(self, n: int) -> list[Stream]:
+        """The default stream and n - 1 more, shared by every program that runs branches in
+        parallel (a program forks onto them from the default stream and joins back)."""
+        with self._streams_lock:
+            while len(self._compute) < n:
+                self._compute.append(Stream(self, label=f"compute {len(self._compute)}"))
+        return self._compute[:n]
+
+    @cached_property
+    def copy_stream(self) -> Stream:
+        """Host-to-device uploads, so inputs in transit do not hold back unrelated kernels."""
+        return Stream(self, label="copy h2d")
+
+    @cached_property
+    def readback_stream(self) -> Stream:
+        """Device-to-host copies: a read waits for its array's writes only."""
+        return Stream(self, label="copy d2h")
 
     @cached_property
     def allocator(self) -> CachingAllocator:

@@ -13,6 +13,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from glue import profiler
 from glue.backend_cuda.runtime import driver as drv
 from glue.backend_cuda.runtime.allocator import Block
 from glue.backend_cuda.runtime.context import get_context
@@ -23,6 +24,18 @@ from glue.ir import dtypes as dt
 _glue_dtype = lru_cache(maxsize=None)(dt.from_numpy)  # the uncached lookup scans every dtype
 
 
+class _Shared:
+    """An allocation several buffers live in; it goes back when the last of them dies."""
+
+    __slots__ = ("allocator", "block")
+
+    def __init__(self, allocator: Any, block: Block):
+        self.allocator, self.block = allocator, block
+
+    def __del__(self) -> None:
+        self.allocator.free(self.block)
+
+
 class DeviceBuffer:
     """A C-contiguous array in device memory.
 
@@ -31,7 +44,7 @@ class DeviceBuffer:
     """
 
     __slots__ = ("shape", "dtype", "nbytes", "ptr", "stream", "event", "_written_on", "_block",
-                 "_allocator")
+                 "_allocator", "_shared")
 
     def __init__(self, shape: Sequence[int], dtype: Any, stream: Stream | None = None):
         """Uninitialised device memory for an array of `shape` and `dtype`."""
@@ -42,9 +55,29 @@ class DeviceBuffer:
         self.stream = stream
         self._allocator = stream.ctx.allocator
         self._block: Block = self._allocator.allocate(self.nbytes, stream)
+        self._shared: _Shared | None = None
         self.ptr = self._block.ptr
-        self.event = Event(stream.ctx)
+        self.event: Event | None = None
         self._written_on: Stream | None = None
+
+    @classmethod
+    def carve(cls, layout: Sequence[tuple[tuple[int, ...], dt.DType, int]], total: int,
+              stream: Stream) -> list[DeviceBuffer]:
+        """Buffers of the given (shape, glue dtype, byte offset) in one allocation of `total`
+        bytes, which goes back to the allocator when the last of them dies: one allocator call
+        for all the outputs of a program call, at addresses that repeat from call to call."""
+        allocator = stream.ctx.allocator
+        shared = _Shared(allocator, allocator.allocate(total, stream))
+        out = []
+        for shape, dtype, offset in layout:
+            buf = cls.__new__(cls)
+            buf.shape, buf.dtype, buf.stream = shape, dtype, stream
+            buf.nbytes = math.prod(shape) * dtype.itemsize
+            buf._allocator, buf._block, buf._shared = allocator, shared.block, shared
+            buf.ptr = shared.block.ptr + offset
+            buf.event = buf._written_on = None
+            out.append(buf)
+        return out
 
     @classmethod
     def from_numpy(cls, array: Any, stream: Stream | None = None) -> DeviceBuffer:
@@ -52,45 +85,54 @@ class DeviceBuffer:
         but `array` may be changed at once."""
         array = np.asarray(array)
         dtype = _glue_dtype(array.dtype)
-        buf = cls(array.shape, dtype, stream)
+        buf = cls(array.shape, dtype, stream or get_context().copy_stream)
         upload(buf.ptr, np.ascontiguousarray(array, dtype=dtype.numpy), buf.stream)
         buf.mark_written()
         return buf
 
     def __del__(self) -> None:
         try:
-            self._allocator.free(self._block)
+            if self._shared is None:
+                self._allocator.free(self._block)
         except AttributeError:  # __init__ failed before allocating
             pass
 
-    def mark_written(self, stream: Stream | None = None) -> None:
-        """Record that work just queued on `stream` (default: the buffer's) writes this buffer."""
+    def mark_written(self, stream: Stream | None = None, event: Event | None = None) -> None:
+        """Record that work just queued on `stream` (default: the buffer's) writes this buffer;
+        `event`, when given, was recorded on that stream right after that work (one event can
+        serve every output of a call)."""
         stream = stream or self.stream
-        self.event.record(stream)
+        self.event = event or Event(stream.ctx).record(stream)
         self._written_on = stream
 
     def prepare_for(self, stream: Stream) -> None:
         """Before queuing work on `stream` that uses this buffer: order it after the buffer's last
         write, and keep the memory from reuse until that work is done."""
+        if self._written_on is not None and self._written_on is not stream:
+            stream.wait(self.event)
         if stream is not self.stream:
-            if self._written_on is not None and self._written_on is not stream:
-                stream.wait(self.event)
             self._allocator.record_use(self._block, stream)
 
     def is_ready(self) -> bool:
         """True when every queued write of this buffer has finished."""
-        return self.event.query()
+        return self.event is None or self.event.query()
 
     def block_until_ready(self) -> DeviceBuffer:
-        self.event.synchronize()
+        if self.event is not None:
+            with profiler.span("wait", "block_until_ready"):
+                self.event.synchronize()
         return self
 
     def to_host(self) -> np.ndarray:
-        """A new NumPy array with the values, once every queued write has finished."""
+        """A new NumPy array with the values, once every queued write has finished. The copy runs
+        on the context's readback stream, so it waits for this buffer's writes only, not for work
+        queued after them."""
         out = np.empty(self.shape, self.dtype.numpy)
-        if self._written_on is not None and self._written_on is not self.stream:
-            self.stream.wait(self.event)
-        download(out, self.ptr, self.stream)
+        readback = self.stream.ctx.readback_stream
+        if self._written_on is not None:
+            readback.wait(self.event)
+        with profiler.span("copy", f"download {self.dtype}{list(self.shape)}"):
+            download(out, self.ptr, readback)
         return out
 
     def fill_bytes(self, value: int) -> DeviceBuffer:

@@ -68,12 +68,12 @@ class Stream:
     """A non-blocking CUDA stream of one context (no implicit ordering with stream 0).
     Streams are not destroyed: glue keeps a few for the whole process."""
 
-    __slots__ = ("handle", "ctx")
+    __slots__ = ("handle", "ctx", "label")
 
-    def __init__(self, ctx: Context, priority: int = 0):
+    def __init__(self, ctx: Context, priority: int = 0, label: str = "stream"):
         driver = drv.load()
         ctx.make_current()
-        self.ctx = ctx
+        self.ctx, self.label = ctx, label
         self.handle = int(drv.call(driver.cuStreamCreateWithPriority,
                                    driver.CUstream_flags.CU_STREAM_NON_BLOCKING, priority))
 
@@ -96,4 +96,4 @@ class Stream:
         return not err
 
     def __repr__(self) -> str:
-        return f"Stream(0x{self.handle:x})"
+        return f"Stream({self.label}, 0x{self.handle:x})"

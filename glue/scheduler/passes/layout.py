@@ -1,6 +1,7 @@
 """Layout folding: transposes, reshapes and broadcasts that compose into one or do nothing,
-slices and pads that keep the whole array, and layout changes of a splat (a broadcast literal),
-which are that splat in the new shape."""
+slices and pads that keep the whole array, layout changes of a splat (a broadcast literal),
+which are that splat in the new shape, and the transpose of a matrix product, which is the
+product with its operands swapped (so the epilogue that follows can fuse into it)."""
 from __future__ import annotations
 
 from glue.ir import Eqn
@@ -27,9 +28,25 @@ def _transpose(eqn: Eqn, ctx: Sweep) -> Replacement:
         x, perm = inner.inputs[0], tuple(first[p] for p in perm)
     if perm == tuple(range(len(perm))):
         return x
+    if inner is not None and inner.primitive == "dot_general" and ctx.uses(x) == 1:
+        swapped = _swapped_dot(eqn, inner, perm)
+        if swapped is not None:
+            return (swapped,)
     if x is not eqn.inputs[0]:
         return (derive(eqn, "transpose", (x,), permutation=perm),)
     return _of_splat(eqn, ctx)
+
+
+def _swapped_dot(eqn: Eqn, dot: Eqn, perm: tuple[int, ...]) -> Eqn | None:
+    """dot_general(rhs, lhs) when `perm` moves the product's rhs-free dims before its lhs-free
+    ones (keeping the batch dims first): (A B)^T = B^T A^T without moving any data."""
+    lhs, rhs = dot.inputs
+    (lc, rc), (lb, rb) = dot.param_dict["dimension_numbers"]
+    nb = len(lb)
+    nl, nr = lhs.type.ndim - len(lc) - nb, rhs.type.ndim - len(rc) - nb
+    if perm != tuple(range(nb)) + tuple(range(nb + nl, nb + nl + nr)) + tuple(range(nb, nb + nl)):
+        return None
+    return derive(eqn, "dot_general", (rhs, lhs), dimension_numbers=((rc, lc), (rb, lb)))
 
 
 def _reshape(eqn: Eqn, ctx: Sweep) -> Replacement:

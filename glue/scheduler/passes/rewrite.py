@@ -19,13 +19,21 @@ Replacement = Union[Atom, tuple[Eqn, ...], None]
 
 
 class Sweep:
-    """What a rule may ask about the graph being rebuilt: the equation that defines an atom."""
+    """What a rule may ask about the graph being rebuilt: the equation that defines an atom, and
+    how many times the graph given to the sweep uses a variable (as an input or an output)."""
 
-    def __init__(self) -> None:
+    def __init__(self, graph: Graph | None = None) -> None:
         self._producers: dict[int, Eqn] = {}
+        self._uses: dict[int, int] = {}
+        for a in [a for e in graph.eqns for a in e.inputs] + list(graph.outvars) if graph else ():
+            if isinstance(a, Var):
+                self._uses[a.id] = self._uses.get(a.id, 0) + 1
 
     def producer(self, atom: Atom) -> Eqn | None:
         return self._producers.get(atom.id) if isinstance(atom, Var) else None
+
+    def uses(self, atom: Atom) -> int:
+        return self._uses.get(atom.id, 0) if isinstance(atom, Var) else 0
 
     def add(self, eqn: Eqn) -> None:
         for v in eqn.outvars:
@@ -41,7 +49,7 @@ def sweep(graph: Graph, rule: Rule, subst: Mapping[int, Atom] | None = None,
     """`graph` with `rule` applied to every equation in order; `subst` replaces uses of vars from
     the start, and `prologue` equations (which may define its replacements) come first."""
     env: dict[int, Atom] = dict(subst or {})
-    ctx = Sweep()
+    ctx = Sweep(graph)
     eqns = list(prologue)
     for eqn in eqns:
         ctx.add(eqn)

@@ -1,0 +1,62 @@
+"""CUDA graphs: a program's launches captured once from its streams and replayed as one launch.
+
+`capture(stream, enqueue)` runs `enqueue()` with `stream` in capture mode: the launches, copies
+and event waits it queues (on `stream` and on any stream it forks from it through events) are
+recorded instead of run, and come back as an instantiated `Graph`, whose `launch(stream)`
+replays them all in a single driver call. The kernel parameters, buffer addresses included,
+are fixed at capture; a caller whose addresses change captures again (see the executor).
+Capture uses the thread-local mode, so other host threads may go on allocating and launching.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from glue.backend_cuda.runtime import driver as drv
+from glue.backend_cuda.runtime.stream import Stream
+
+
+class Graph:
+    """An instantiated CUDA graph (a `CUgraphExec`) and the graph it came from."""
+
+    __slots__ = ("graph", "exec", "nodes", "_launch")
+
+    def __init__(self, graph: int, exec_: int, nodes: int):
+        self.graph, self.exec, self.nodes = graph, exec_, nodes
+        self._launch = drv.load().cuGraphLaunch
+
+    def launch(self, stream: Stream) -> None:
+        """Queue one replay of the whole graph on `stream`."""
+        err, = self._launch(self.exec, stream.handle)
+        if err:
+            raise drv.error_for("cuGraphLaunch", err, detail=f"a graph of {self.nodes} nodes on {stream}")
+
+    def __del__(self) -> None:
+        try:
+            driver = drv.load()
+            driver.cuGraphExecDestroy(self.exec)
+            driver.cuGraphDestroy(self.graph)
+        except Exception:  # interpreter shutdown: the driver may be gone already
+            pass
+
+
+def capture(stream: Stream, enqueue: Callable[[], None]) -> Graph:
+    """The work `enqueue()` queues on `stream` (and on streams forked from it), as a graph."""
+    driver = drv.load()
+    stream.ctx.make_current()
+    drv.call(driver.cuStreamBeginCapture, stream.handle,
+             driver.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+    try:
+        enqueue()
+    except BaseException:
+        err, graph = driver.cuStreamEndCapture(stream.handle)  # leave the stream usable
+        if not err and int(graph):
+            driver.cuGraphDestroy(graph)
+        raise
+    graph = drv.call(driver.cuStreamEndCapture, stream.handle)
+    try:
+        nodes = drv.call(driver.cuGraphGetNodes, graph, 0)[1]
+        exec_ = drv.call(driver.cuGraphInstantiate, graph, 0)
+    except BaseException:
+        driver.cuGraphDestroy(graph)
+        raise
+    return Graph(int(graph), int(exec_), int(nodes))

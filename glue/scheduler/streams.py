@@ -1,0 +1,108 @@
+"""The stream plan: which stream each kernel runs on, and which events order them.
+
+Kernels form a DAG through the values they pass (a kernel depends on the kernels that produce
+its inputs). The plan walks the kernels in program order and puts each one on a stream:
+
+- the stream of a producer it depends on, when that producer is still the stream's last
+  kernel (the dependency then costs nothing: work on one stream runs in order);
+- otherwise a stream whose last kernel already happens before it, or a new stream while
+  fewer than `max_streams` exist, so that independent branches overlap on the device;
+- otherwise the stream whose last kernel is the oldest.
+
+A dependency on a kernel of another stream becomes a wait on the event recorded after that
+kernel, unless it is already implied by an earlier wait (waits are transitive). The plan also
+gives the happens-before relation (`before`), which the memory plan uses so that no stream
+writes memory another stream may still read. Stream 0 is the program's own stream: every call
+starts there (the other streams fork from it) and joins back into it at the end.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from glue.scheduler.kernel_ir import Kernel
+
+MAX_STREAMS = 4
+
+
+@dataclass(frozen=True)
+class StreamPlan:
+    """Per kernel (in program order): its stream, the kernels it depends on, and the kernels on
+    other streams whose events it waits for. `ancestors[k]` is a bit mask of every kernel that
+    happens before kernel k."""
+
+    streams: tuple[int, ...]
+    deps: tuple[tuple[int, ...], ...]
+    waits: tuple[tuple[int, ...], ...]
+    ancestors: tuple[int, ...]
+
+    @property
+    def n_streams(self) -> int:
+        return max(self.streams, default=0) + 1
+
+    @property
+    def recorded(self) -> frozenset[int]:
+        """Kernels after which an event must be recorded (some other stream waits for them)."""
+        return frozenset(j for ws in self.waits for j in ws)
+
+    def before(self, i: int, j: int) -> bool:
+        """Whether kernel i finishes before kernel j starts, on every run."""
+        return bool(self.ancestors[j] >> i & 1)
+
+    def tails(self) -> dict[int, int]:
+        """stream -> its last kernel: what stream 0 waits for at the end of a call."""
+        return {s: k for k, s in enumerate(self.streams)}
+
+    def text(self, kernels: Sequence[Kernel]) -> str:
+        lines = [f"{self.n_streams} stream(s); {sum(map(len, self.waits))} cross-stream wait(s)"]
+        for k, kernel in enumerate(kernels):
+            deps = f" after {', '.join(f'k{d}' for d in self.deps[k])}" if self.deps[k] else ""
+            waits = f"; waits for {', '.join(f'k{w}@s{self.streams[w]}' for w in self.waits[k])}" \
+                if self.waits[k] else ""
+            lines.append(f"  s{self.streams[k]} k{k} {kernel.name} ({kernel.kind}){deps}{waits}")
+        joins = [f"s{s} after k{k}" for s, k in sorted(self.tails().items()) if s]
+        if joins:
+            lines.append(f"  s0 joins {', '.join(joins)}")
+        return "\n".join(lines)
+
+
+def kernel_deps(kernels: Sequence[Kernel]) -> list[tuple[int, ...]]:
+    """For each kernel, the earlier kernels that produce its inputs."""
+    producer: dict[int, int] = {}
+    deps = []
+    for k, kernel in enumerate(kernels):
+        deps.append(tuple(sorted({producer[b.value_id] for b in kernel.inputs if b.value_id in producer})))
+        for b in kernel.outputs:
+            producer[b.value_id] = k
+    return deps
+
+
+def plan_streams(kernels: Sequence[Kernel], max_streams: int = MAX_STREAMS) -> StreamPlan:
+    deps = kernel_deps(kernels)
+    streams: list[int] = []
+    waits: list[tuple[int, ...]] = []
+    ancestors: list[int] = []
+    tail: list[int] = []  # stream -> its last kernel so far
+    for k, ds in enumerate(deps):
+        stream = next((streams[d] for d in reversed(ds) if tail[streams[d]] == d), None)
+        if stream is None:
+            needed = 0
+            for d in ds:
+                needed |= ancestors[d] | 1 << d
+            stream = next((s for s, t in enumerate(tail) if needed >> t & 1), None)
+            if stream is None and len(tail) < max_streams:
+                stream = len(tail)
+                tail.append(-1)
+            if stream is None:  # every stream busy with unrelated work: the one idle longest
+                stream = min(range(len(tail)), key=tail.__getitem__)
+        known = ancestors[tail[stream]] | 1 << tail[stream] if tail[stream] >= 0 else 0
+        mine = []
+        for d in sorted(ds, reverse=True):  # a later producer's wait may cover earlier ones
+            if not known >> d & 1:
+                mine.append(d)
+                known |= ancestors[d] | 1 << d
+        streams.append(stream)
+        waits.append(tuple(sorted(mine)))
+        ancestors.append(known)
+        tail[stream] = k
+    return StreamPlan(tuple(streams), tuple(deps), tuple(waits), tuple(ancestors))

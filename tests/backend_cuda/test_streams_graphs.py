@@ -1,0 +1,143 @@
+"""Streams, CUDA graphs and the lean call path on a GPU (every test is marked `cuda`): replayed
+graphs and direct multi-stream launches both match the reference, independent branches run on
+two streams, a donated input's buffer holds the output, a training loop replays its graph, and
+`glue.profile` shows each stream's kernels."""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import glue
+import glue.numpy as gnp
+from glue.backend_cuda import CudaBackend
+from glue.backend_cuda.executor import device_put
+from glue.ir import dtypes as dt
+from glue.reference import run_graph
+from glue.reference.compare import mismatch
+from glue.testing.check import tolerance_dtypes
+from glue.testing.strategies import graph_inputs, programs
+
+pytestmark = pytest.mark.cuda
+EXAMPLES = int(os.environ.get("GLUE_CUDA_EXAMPLES", "200")) // 2
+
+
+def _compare(graph, inputs, outs, label):
+    want = run_graph(graph, [np.asarray(a) for a in inputs], float64=True)
+    for i, (got, w, d) in enumerate(zip(outs, want, tolerance_dtypes(graph))):
+        problem = mismatch(np.asarray(got), w, d)
+        assert problem is None, f"{label}: output {i}: {problem}\n{graph}"
+
+
+@given(st.data())
+@settings(max_examples=EXAMPLES, deadline=None)
+def test_replayed_graphs_and_direct_launches_match_the_reference(data):
+    graph = data.draw(programs(dtypes=(dt.float32, dt.int32, dt.bfloat16), max_eqns=12, max_side=6))
+    inputs = [device_put(a) for a in data.draw(graph_inputs(graph))]
+    exe = CudaBackend().lower(graph, name="random").compile()
+    exe.poison = 0xFF
+    exe.use_graphs = False
+    _compare(graph, inputs, exe(*inputs), "direct launches")
+    exe.use_graphs = True
+    for n in range(4):  # the outputs alternate between two addresses: two captures, two replays
+        _compare(graph, inputs, exe(*inputs), f"graph call {n}")
+    if exe._steps:
+        assert exe.graph_stats.captures >= 1 and exe.graph_stats.replays >= 1
+
+
+def _branches(a, b):
+    return gnp.tanh(a @ a).sum(axis=1), gnp.exp(b).sum(axis=0)
+
+
+def test_independent_branches_run_on_two_streams_and_replay():
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((64, 64)).astype(np.float32)
+    b = rng.standard_normal((32, 128)).astype(np.float32)
+    f = glue.jit(_branches, backend="cuda")
+    da, db = device_put(a), device_put(b)
+    for _ in range(5):
+        out = f(da, db)
+    exe = next(iter(f._compiled.values())).executable
+    assert len(exe.streams) == 2
+    assert exe.graph_stats.replays >= 2 and exe.graph_stats.captures <= 3
+    np.testing.assert_allclose(np.asarray(out[0]), np.tanh(a.astype(np.float64) @ a).sum(1), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(np.asarray(out[1]), np.exp(b.astype(np.float64)).sum(0), rtol=1e-5)
+
+
+def test_numpy_inputs_are_uploaded_and_each_call_sees_its_own_values():
+    f = glue.jit(_branches, backend="cuda")
+    rng = np.random.default_rng(1)
+    for _ in range(4):
+        a = rng.standard_normal((16, 16)).astype(np.float32)
+        b = rng.standard_normal((8, 16)).astype(np.float32)
+        got = f(a, b)
+        np.testing.assert_allclose(np.asarray(got[1]), np.exp(b.astype(np.float64)).sum(0), rtol=1e-5)
+        np.testing.assert_allclose(np.asarray(got[0]), np.tanh(a.astype(np.float64) @ a).sum(1),
+                                   rtol=1e-4, atol=1e-4)
+
+
+def test_a_donated_input_buffer_holds_the_output():
+    f = glue.jit(lambda x: gnp.tanh(x) * 2.0, backend="cuda", donate_argnums=0)
+    host = np.linspace(-2, 2, 4096, dtype=np.float32)
+    x = device_put(host)
+    ptr = x.device_buffer.ptr
+    y = f(x)
+    assert y.device_buffer.ptr == ptr
+    np.testing.assert_allclose(np.asarray(y), np.tanh(host) * 2, rtol=2e-6, atol=1e-6)
+
+
+def _loss(ws, x, y):
+    h = x
+    for w in ws:
+        h = gnp.tanh(h @ w)
+    return ((h - y) ** 2).mean()
+
+
+def _sgd(ws, x, y):
+    loss, gs = glue.value_and_grad(_loss)(ws, x, y)
+    return [w - 0.1 * g for w, g in zip(ws, gs)], loss
+
+
+@pytest.mark.parametrize("donate", [False, True])
+def test_a_training_loop_replays_its_graph_and_matches_the_reference(donate):
+    rng = np.random.default_rng(2)
+    ws0 = [(rng.standard_normal((32, 32)) * 0.2).astype(np.float32) for _ in range(3)]
+    x, y = rng.standard_normal((8, 32)).astype(np.float32), rng.standard_normal((8, 32)).astype(np.float32)
+    step = glue.jit(_sgd, backend="cuda", donate_argnums=(0,) if donate else ())
+    ref = glue.jit(_sgd, backend="reference")
+    ws, want = [device_put(w) for w in ws0], list(ws0)
+    dx, dy = device_put(x), device_put(y)
+    for _ in range(6):
+        ws, loss = step(ws, dx, dy)
+        want, want_loss = ref(want, x, y)
+    for got, w in zip(ws, want):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(w), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(float(loss), float(want_loss), rtol=1e-4)
+    stats = next(iter(step._compiled.values())).executable.graph_stats
+    assert stats.replays >= 3 and stats.captures <= 3, stats  # the loss alternates between two blocks
+
+
+def test_profile_shows_the_kernels_of_each_stream(tmp_path):
+    f = glue.jit(_branches, backend="cuda")
+    a, b = np.ones((64, 64), np.float32), np.ones((32, 128), np.float32)
+    path = tmp_path / "trace.json"
+    with glue.profile(str(path)):
+        for _ in range(2):
+            out = f(a, b)
+        np.asarray(out[0])
+    trace = json.loads(path.read_text())["traceEvents"]
+    tracks = {e["tid"]: e["args"]["name"] for e in trace if e["ph"] == "M" and e["name"] == "thread_name"
+              and e["pid"] == 2}
+    kernels = [e for e in trace if e["ph"] == "X" and e["cat"] == "kernel"]
+    assert len(kernels) == 2 * len(next(iter(f._compiled.values())).kernels)
+    assert {tracks[e["tid"]] for e in kernels} == {"compute 0", "compute 1"}
+    assert all(e["dur"] > 0 for e in kernels)
+    host = {e["cat"] for e in trace if e["ph"] == "X" and e["pid"] == 1}
+    assert {"compile", "call", "copy"} <= host
+    calls = [e for e in trace if e.get("cat") == "call"]
+    first_kernel = min(e["ts"] for e in kernels)
+    assert calls[0]["ts"] <= first_kernel  # the device time base lines up with the host's

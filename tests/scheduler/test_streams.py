@@ -1,0 +1,100 @@
+"""The stream plan: independent kernels on separate streams, every dependency ordered by stream
+order or an event, and a memory plan that never lets one stream overwrite what another reads."""
+import numpy as np
+from hypothesis import given, settings
+
+import glue
+import glue.numpy as gnp
+from glue.scheduler.memory import reads_only_where_written
+from glue.scheduler.plan import schedule
+from glue.scheduler.streams import MAX_STREAMS
+from glue.testing import programs
+
+
+def plan_for(fn, *args, max_streams=MAX_STREAMS):
+    return schedule(glue.make_ir(fn)(*args).graph, (), max_streams)
+
+
+def happens_before(streams):
+    """i -> the kernels that finish before kernel i starts, from the stream order and the waits
+    alone (not from the plan's own `ancestors`)."""
+    preds = {k: set(w) for k, w in enumerate(streams.waits)}
+    last = {}
+    for k, s in enumerate(streams.streams):
+        if s in last:
+            preds[k].add(last[s])
+        last[s] = k
+    closure = {}
+    for k in range(len(streams.streams)):
+        closure[k] = set(preds[k])
+        for p in preds[k]:
+            closure[k] |= closure[p]
+    return closure
+
+
+def test_two_independent_branches_use_two_streams():
+    def f(a, b):
+        return gnp.tanh(a @ a).sum(axis=1), gnp.exp(b).sum(axis=0)
+
+    plan = plan_for(f, np.ones((16, 16), np.float32), np.ones((8, 32), np.float32))
+    s = plan.streams
+    assert s.n_streams == 2, plan.as_text("streams")
+    assert not any(s.waits), "independent branches need no events"
+    text = plan.as_text("streams")
+    assert "2 stream(s)" in text and "s0 joins s1" in text
+
+
+def test_a_chain_stays_on_one_stream():
+    def f(x):
+        return gnp.exp(gnp.tanh(x @ x).sum(axis=1))
+
+    plan = plan_for(f, np.ones((16, 16), np.float32))
+    assert plan.streams.n_streams == 1 and not any(plan.streams.waits)
+
+
+def test_a_join_waits_for_the_other_branch():
+    def f(a, b):
+        return (gnp.tanh(a @ a).sum(axis=1) + gnp.exp(b).sum(axis=0)).sum()
+
+    plan = plan_for(f, np.ones((16, 16), np.float32), np.ones((4, 16), np.float32))
+    s = plan.streams
+    assert s.n_streams == 2
+    (joiner,) = [k for k, w in enumerate(s.waits) if w]
+    assert all(s.before(d, joiner) for d in s.deps[joiner])
+
+
+def test_one_stream_when_asked():
+    def f(a, b):
+        return gnp.exp(a).sum(axis=0), gnp.exp(b).sum(axis=0)
+
+    plan = plan_for(f, np.ones((4, 4), np.float32), np.ones((4, 4), np.float32), max_streams=1)
+    assert plan.streams.n_streams == 1
+
+
+@settings(max_examples=60)
+@given(programs(max_eqns=12))
+def test_dependencies_are_ordered_and_no_stream_overwrites_what_another_reads(graph):
+    plan = schedule(graph, (), MAX_STREAMS)
+    streams, mem = plan.streams, plan.memory
+    before = happens_before(streams)
+    for k, deps in enumerate(streams.deps):
+        assert set(deps) <= before[k], plan.as_text("streams")
+        assert all(streams.before(d, k) for d in deps)
+    users = {}
+    for k, kernel in enumerate(plan.kernels):
+        for b in kernel.inputs + kernel.outputs:
+            users.setdefault(b.value_id, set()).add(k)
+    in_place = {(inp.value_id, out.value_id)
+                for kernel in plan.kernels
+                for i, inp in enumerate(kernel.inputs) for o, out in enumerate(kernel.outputs)
+                if reads_only_where_written(kernel, i, o)}
+    arena = [(v, p) for v, p in mem.placements.items() if p.kind == "arena"]
+    for n, (va, pa) in enumerate(arena):
+        for vb, pb in arena[n + 1:]:
+            if not (pa.slot < pb.slot + pb.type.nbytes and pb.slot < pa.slot + pa.type.nbytes):
+                continue
+            if (va, vb) in in_place or (vb, va) in in_place:
+                continue
+            a_first = all(i in before[j] for i in users[va] for j in users[vb])
+            b_first = all(j in before[i] for i in users[va] for j in users[vb])
+            assert a_first or b_first, (va, vb, plan.as_text("streams"), plan.as_text("memory"))
