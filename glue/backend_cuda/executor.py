@@ -18,8 +18,14 @@ records. A call then:
    - direct: stream 0 forks to the other streams, each launch waits for the events of its
      producers on other streams (and for arguments still being uploaded, just before the
      first kernel that reads them), and the streams join back into stream 0;
-4. records one completion event on stream 0 for all outputs and returns device-backed
-   `glue.Array`s without waiting: reading one (`np.asarray`) or `block_until_ready()` waits.
+4. marks the outputs written on stream 0 and returns device-backed `glue.Array`s without
+   waiting: reading one (`np.asarray`) or `block_until_ready()` waits. No event is recorded
+   per call: an output's event is recorded when something first waits for it (see
+   `DeviceBuffer.ready_event`).
+
+A call's outputs live in one block from the executable's slab pool, which keeps a few blocks
+back as their outputs die, so a loop's calls see the same addresses and rarely reach the
+allocator.
 
 A graph launch waits for all of its arguments at once; the direct path lets kernels start
 while unrelated inputs are still in transit. Calls of one executable run in order on stream 0,
@@ -33,8 +39,8 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import time
 from collections import OrderedDict
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -43,11 +49,11 @@ import numpy as np
 from glue import profiler
 from glue.backend_cuda.codegen import CudaProgram, Place
 from glue.backend_cuda.runtime import driver as drv
-from glue.backend_cuda.runtime.context import Context, get_context
-from glue.backend_cuda.runtime.device_array import DeviceBuffer
+from glue.backend_cuda.runtime.context import get_context
+from glue.backend_cuda.runtime.device_array import DeviceBuffer, SlabPool
 from glue.backend_cuda.runtime.graph import Graph, capture
 from glue.backend_cuda.runtime.module import ArgPack, Kernel
-from glue.backend_cuda.runtime.stream import Event, Stream
+from glue.backend_cuda.runtime.stream import Event, Stream, device_span
 from glue.codegen.analysis import CostAnalysis, MemoryAnalysis
 from glue.errors import BackendError
 from glue.frontend.array import Array
@@ -86,13 +92,6 @@ def _poison_from_env() -> int | None:
     return int(value, 0) if value else None
 
 
-def _anchor(ctx: Context) -> tuple[Event, int]:
-    """A completed timing event and the host time it completed at (the profile's time base)."""
-    event = Event(ctx, timing=True).record(ctx.stream)
-    event.synchronize()
-    return event, time.perf_counter_ns()
-
-
 class CudaExecutable:
     """A program loaded on the GPU; call it with the arguments (constvars' values, then invars')."""
 
@@ -119,10 +118,11 @@ class CudaExecutable:
         # A call's outputs share one allocation: one allocator call, and a loop that feeds its
         # results back in sees the same few addresses again and again, so it replays the graphs
         # it captured for them.
-        self._out_layout, self._out_bytes = [], 0
+        self._out_layout, out_bytes = [], 0
         for t in program.output_types:
-            self._out_layout.append((t.shape, t.dtype, self._out_bytes))
-            self._out_bytes += -(-t.nbytes // ALIGNMENT) * ALIGNMENT
+            self._out_layout.append((t.shape, t.dtype, t.nbytes, out_bytes))
+            out_bytes += -(-t.nbytes // ALIGNMENT) * ALIGNMENT
+        self._slabs = SlabPool(self.ctx.allocator, out_bytes, self.stream)
         # When every result is a fresh output (the usual case), results need no case analysis.
         self._plain_results = [(r.slot, r.type) for r in program.results] \
             if all(r.kind == "output" for r in program.results) else None
@@ -156,6 +156,11 @@ class CudaExecutable:
                 copy, tuple(events[j] for j in plan.waits[k]), events.get(k), first))
         return steps
 
+    def __del__(self) -> None:
+        slabs = getattr(self, "_slabs", None)
+        if slabs is not None:
+            slabs.close()
+
     # --- arguments ---------------------------------------------------------------------------
     def _to_device(self, i: int, a: Any, t: TensorType) -> DeviceBuffer:
         buf = a.device_buffer if isinstance(a, Array) else a if isinstance(a, DeviceBuffer) else None
@@ -178,22 +183,21 @@ class CudaExecutable:
             raise BackendError(f"cuda: {self.name} takes {len(program.arg_types)} arguments, got {len(args)}")
         s0 = self.stream
         buffers = [self._to_device(i, a, t) for i, (a, t) in enumerate(zip(args, program.arg_types))]
-        outputs = DeviceBuffer.carve(self._out_layout, self._out_bytes, s0) if self._out_layout else []
+        outputs = DeviceBuffer.carve(self._out_layout, self._slabs) if self._out_layout else []
         if self.poison is not None:
             for buf in outputs + ([self.arena] if self.arena else []):
                 buf.fill_bytes(self.poison)
+            for buf in outputs:  # written next by the kernels, not by the fill
+                buf.mark_pending(s0)
         bases = [b.ptr for b in buffers] + [o.ptr for o in outputs] + [self.arena.ptr if self.arena else 0]
         prof = profiler.active()
         with self._lock:
             if prof is not None or not self.use_graphs or not self._replay(bases, buffers):
                 self.graph_stats.direct += 1
                 self._enqueue(bases, buffers, prof)
-            done = Event(self.ctx).record(s0)
-        for buf in outputs:
-            buf.mark_written(s0, done)
         if self._plain_results is not None:
             return [Array(outputs[slot], t) for slot, t in self._plain_results]
-        return [self._result(r, args, buffers, outputs, done) for r in program.results]
+        return [self._result(r, args, buffers, outputs) for r in program.results]
 
     def _replay(self, bases: list[int], buffers: list[DeviceBuffer]) -> bool:
         """Launch the graph for these addresses (capturing it if new); False to launch directly."""
@@ -204,11 +208,14 @@ class CudaExecutable:
             if graph is None:
                 return False
         else:
-            self._graphs.move_to_end(key)
+            if len(self._graphs) > 1:
+                self._graphs.move_to_end(key)
             self.graph_stats.replays += 1
+        s0 = self.stream
         for buf in buffers:
-            buf.prepare_for(self.stream)
-        graph.launch(self.stream)
+            if buf.written_on is not s0 or buf.stream is not s0:  # else ordered already
+                buf.prepare_for(s0)
+        graph.launch(s0)
         return True
 
     def _capture(self, key: tuple[int, ...]) -> Graph | None:
@@ -251,32 +258,28 @@ class CudaExecutable:
             if buffers is not None:
                 for a in step.first_args:
                     buffers[a].prepare_for(stream)
-            start = Event(self.ctx, timing=True).record(stream) if prof is not None else None
-            if step.copy:
-                (dst, dst_off), (src, src_off), nbytes = step.copy
-                drv.check(self._copy(bases[dst] + dst_off, bases[src] + src_off, nbytes, handle),
-                          "cuMemcpyDtoDAsync", step.name)
-            if step.kernel is not None:
-                step.pack.pack([bases[b] + off for b, off in step.sources])
-                step.kernel.launch_packed(step.pack, step.grid, step.block, stream)
-            if start is not None:
-                end = Event(self.ctx, timing=True).record(stream)
-                prof.add_device(self.ctx, lambda: _anchor(self.ctx), stream.label, "kernel", step.name,
-                                start, end, {"grid": step.grid[0], "block": step.block[0]})
+            with device_span(stream, "kernel", step.name, grid=step.grid[0], block=step.block[0]) \
+                    if prof is not None else nullcontext():
+                if step.copy:
+                    (dst, dst_off), (src, src_off), nbytes = step.copy
+                    drv.check(self._copy(bases[dst] + dst_off, bases[src] + src_off, nbytes, handle),
+                              "cuMemcpyDtoDAsync", step.name)
+                if step.kernel is not None:
+                    step.pack.pack([bases[b] + off for b, off in step.sources])
+                    step.kernel.launch_packed(step.pack, step.grid, step.block, stream)
             if step.record is not None:
                 step.record.record(stream)
         for stream, event in self._joins:
             s0.wait(event.record(stream))
 
-    def _result(self, r, args: Sequence[Any], buffers: list[DeviceBuffer], outputs: list[DeviceBuffer],
-                done: Event) -> Array:
+    def _result(self, r, args: Sequence[Any], buffers: list[DeviceBuffer], outputs: list[DeviceBuffer]) -> Array:
         if r.kind == "output":
             return Array(outputs[r.slot], r.type)
         if r.kind == "literal":
             return Array(np.full(r.type.shape, r.value, r.type.dtype.numpy))
         source = buffers[r.slot]
         if not r.copy:  # a donated argument's buffer, which the kernels wrote
-            source.mark_written(self.stream, done)
+            source.mark_pending(self.stream)
             if source.shape == r.type.shape and source.dtype == r.type.dtype:
                 return Array(source, r.type)
         if r.copy and not isinstance(args[r.slot], (Array, DeviceBuffer)):

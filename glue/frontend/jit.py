@@ -22,7 +22,7 @@ from glue import profiler
 from glue.frontend.array import Array
 from glue.backends import get_backend
 from glue.errors import GlueError
-from glue.frontend.pytree import PyTreeDef, flatten_call, leaf_paths, tree_flatten, tree_unflatten
+from glue.frontend.pytree import LEAF, PyTreeDef, flatten_call, leaf_paths, tree_flatten, tree_unflatten
 from glue.frontend.tracing import current_trace, trace_flat, type_of
 from glue.ir import ClosedGraph, TensorType
 
@@ -66,6 +66,7 @@ class _ArgSpec:
         names = self._param_names(fn)
         self.static_nums = set(static_argnums) | {names.index(n) for n in static_argnames if n in names}
         self.static_names = set(static_argnames) | {names[i] for i in static_argnums if i < len(names)}
+        self._flat_defs: dict[int, PyTreeDef] = {}
 
     @staticmethod
     def _param_names(fn: Callable) -> list[str]:
@@ -78,7 +79,8 @@ class _ArgSpec:
     def split(self, args: tuple, kwargs: dict) -> tuple[Signature, list[Any]]:
         if not kwargs and not self.static_nums:  # the common calls, kept lean
             if all(type(a) in _ARRAY_TYPES for a in args):
-                return Signature(self._flat_treedef(len(args)), _types(args), ()), list(args)
+                treedef = self._flat_defs.get(len(args)) or self._flat_treedef(len(args))
+                return Signature(treedef, _types(args), ()), list(args)
             leaves, treedef = flatten_call(args)
             return Signature(treedef, _types(leaves), ()), leaves
         dyn_args = tuple(a for i, a in enumerate(args) if i not in self.static_nums)
@@ -93,10 +95,10 @@ class _ArgSpec:
         leaves, treedef = tree_flatten((dyn_args, dyn_kwargs))
         return Signature(treedef, _types(leaves), statics), leaves
 
-    @functools.lru_cache(maxsize=None)
     def _flat_treedef(self, n: int) -> PyTreeDef:
         """The structure of `n` positional array arguments and no keywords (the common call)."""
-        return tree_flatten((tuple(range(n)), {}))[1]
+        treedef = self._flat_defs[n] = tree_flatten((tuple(range(n)), {}))[1]
+        return treedef
 
     def flat_fn(self, sig: Signature) -> Callable[..., list[Any]]:
         """`fn` as a function of the flat dynamic leaves, returning flat outputs."""
@@ -186,6 +188,10 @@ class Compiled:
         self.check = os.environ.get("GLUE_CHECK") == "1"
         self._consts = tuple(lowered.closed.consts)
         self._out_tree = lowered.out_tree
+        # An output whose type equals an argument type gets that very TensorType object as its
+        # aval, so when a loop feeds it back in, the cache lookup compares types by identity.
+        arg_types = {t: t for t in lowered.signature.types}
+        self._avals = [(i, arg_types[t]) for i, t in enumerate(lowered.closed.graph.out_types) if t in arg_types]
 
     @property
     def kernels(self) -> list[Any]:
@@ -214,6 +220,12 @@ class Compiled:
     def call_tree(self, leaves: Sequence[Any]) -> Any:
         """Run on the flat dynamic leaves; the outputs come back in the function's pytree."""
         outs = self.call_flat(leaves)
+        for i, aval in self._avals:
+            if outs[i].__class__ is Array:
+                outs[i].aval = aval
+        if self._out_tree is LEAF:  # one array out: the commonest call, kept short
+            out = outs[0]
+            return out if out.__class__ is Array else Array(np.asarray(out))
         return tree_unflatten(self._out_tree, [o if o.__class__ is Array else Array(np.asarray(o)) for o in outs])
 
     def call_flat(self, leaves: Sequence[Any]) -> list[Any]:

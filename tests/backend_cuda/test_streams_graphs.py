@@ -135,9 +135,53 @@ def test_profile_shows_the_kernels_of_each_stream(tmp_path):
     kernels = [e for e in trace if e["ph"] == "X" and e["cat"] == "kernel"]
     assert len(kernels) == 2 * len(next(iter(f._compiled.values())).kernels)
     assert {tracks[e["tid"]] for e in kernels} == {"compute 0", "compute 1"}
+    copies = [e for e in trace if e["ph"] == "X" and e["cat"] == "copy" and e["pid"] == 2]
+    assert {tracks[e["tid"]] for e in copies} == {"copy h2d", "copy d2h"}
+    assert len([e for e in copies if tracks[e["tid"]] == "copy h2d"]) == 2 * 2  # a and b, each call
     assert all(e["dur"] > 0 for e in kernels)
     host = {e["cat"] for e in trace if e["ph"] == "X" and e["pid"] == 1}
     assert {"compile", "call", "copy"} <= host
     calls = [e for e in trace if e.get("cat") == "call"]
     first_kernel = min(e["ts"] for e in kernels)
     assert calls[0]["ts"] <= first_kernel  # the device time base lines up with the host's
+
+
+def test_a_call_records_no_event_until_its_result_is_waited_for():
+    f = glue.jit(lambda x: x * 3.0, backend="cuda")
+    x = device_put(np.arange(8, dtype=np.float32))
+    y = f(x)
+    assert y.device_buffer.event is None
+    z = f(y)  # the same stream: ordered without an event
+    assert y.device_buffer.event is None
+    np.testing.assert_array_equal(np.asarray(z), np.arange(8) * 9)
+    assert z.device_buffer.event is not None and z.device_buffer.is_ready()
+
+
+def test_outputs_reuse_their_programs_blocks():
+    f = glue.jit(lambda x: (x + 1.0, x * 2.0), backend="cuda")
+    x = device_put(np.ones(1000, np.float32))
+    first = f(x)
+    ptr = first[0].device_buffer.ptr
+    del first
+    again = f(x)
+    assert again[0].device_buffer.ptr == ptr
+    np.testing.assert_array_equal(np.asarray(again[1]), np.full(1000, 2.0, np.float32))
+
+
+def test_a_failed_capture_falls_back_to_direct_launches(monkeypatch, caplog):
+    from glue.backend_cuda import executor
+    from glue.backend_cuda.runtime.driver import CudaError
+
+    def refuse(stream, enqueue):
+        raise CudaError("cuStreamBeginCapture", 900)
+
+    monkeypatch.setattr(executor, "capture", refuse)
+    f = glue.jit(_branches, backend="cuda")
+    a, b = np.ones((8, 8), np.float32), np.ones((4, 8), np.float32)
+    with caplog.at_level("WARNING", logger="glue"):
+        out = f(a, b)
+        out = f(a, b)
+    stats = next(iter(f._compiled.values())).executable.graph_stats
+    assert stats.direct == 2 and stats.captures == 0
+    assert "cannot be captured" in caplog.text
+    np.testing.assert_allclose(np.asarray(out[1]), np.full(8, 4 * np.e, np.float32), rtol=1e-6)

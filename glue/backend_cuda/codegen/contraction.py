@@ -13,7 +13,7 @@ SN = TN / RN columns apart so that a warp reads consecutive shared-memory words.
 Tiles are 64 x 64 x 16 for large products. A small product (the matmuls of a small-batch
 training step) would then fill a few multiprocessors and leave the rest idle, so its tiles
 shrink (down to 16 x 16) until about one block per multiprocessor exists, and its steps over
-K deepen (up to 64) so each trip round the latency-bound loop does more.
+K deepen (up to 256) so that the loop, bound by the latency of its loads, takes few trips.
 """
 from __future__ import annotations
 
@@ -30,8 +30,9 @@ from glue.scheduler.kernel_ir import Expr, Op
 TILE = 64
 MIN_TILE = 16
 TK = 16
-MAX_TK = 64
-STAGED_PER_THREAD = 32  # operand elements a thread stages per step of K on a small tile
+MAX_TK = 256
+STAGED_PER_THREAD = 64  # operand elements a thread stages per step of K on a small tile
+SMEM_BUDGET = 40 << 10  # bytes of staged tiles: under the 48 KiB a block gets without opting in
 MICRO = 4
 MIN_THREADS = 64
 K_SLICES = 4  # thread groups that share a small tile, each taking a quarter of every K step
@@ -87,7 +88,8 @@ def emit_contraction(ke: KernelEmitter) -> tuple[int, int, str] | None:
     slices = K_SLICES if small and depth >= K_SLICES * TK else 1
     threads = sm * sn * slices
     tk = TK
-    while small and tk < min(MAX_TK, pow2_at_least(depth)) and 2 * tk * (tm + tn) <= STAGED_PER_THREAD * threads:
+    while small and tk < min(MAX_TK, pow2_at_least(depth)) and 2 * tk * (tm + tn) <= STAGED_PER_THREAD * threads \
+            and 2 * tk * (tm + 1 + tn) * 4 + slices * tm * tn * 4 <= SMEM_BUDGET:
         tk *= 2
     per_slice = tk // slices
     tiles_m, tiles_n = -(-m_size // tm), -(-n_size // tn)

@@ -1,9 +1,11 @@
 """`DeviceBuffer`: the device storage behind a `glue.Array` on a GPU.
 
-A buffer has a shape, a glue dtype, a block from the caching allocator, the stream it belongs to
-and a completion event, recorded after the last queued work that writes it. Everything about it
-is asynchronous: uploading returns once the data is staged, kernels that write it call
-`mark_written`, and only `to_host()` / `block_until_ready()` make the host wait.
+A buffer has a shape, a glue dtype, a block from the caching allocator (or a share of a block a
+program call's outputs live in), the stream it belongs to and a completion event, recorded after
+the last queued work that writes it: at once (`mark_written`) or when first needed
+(`mark_pending`, which program calls use, so a call records no event). Everything about it is
+asynchronous: uploading returns once the data is staged, and only `to_host()` /
+`block_until_ready()` make the host wait.
 """
 from __future__ import annotations
 
@@ -17,33 +19,66 @@ from glue import profiler
 from glue.backend_cuda.runtime import driver as drv
 from glue.backend_cuda.runtime.allocator import Block
 from glue.backend_cuda.runtime.context import get_context
-from glue.backend_cuda.runtime.stream import Event, Stream
+from glue.backend_cuda.runtime.stream import Event, Stream, device_span
 from glue.backend_cuda.runtime.transfer import download, upload
 from glue.ir import dtypes as dt
 
 _glue_dtype = lru_cache(maxsize=None)(dt.from_numpy)  # the uncached lookup scans every dtype
 
 
+class SlabPool:
+    """Blocks of one size that one program's calls carve their outputs from, kept back when
+    their outputs die so the next call takes one without asking the allocator. A block some
+    other stream used goes back to the allocator instead (which waits for that stream)."""
+
+    __slots__ = ("allocator", "nbytes", "stream", "spare", "closed")
+    KEEP = 4
+
+    def __init__(self, allocator: Any, nbytes: int, stream: Stream):
+        self.allocator, self.nbytes, self.stream = allocator, nbytes, stream
+        self.spare: list[Block] = []
+        self.closed = False
+
+    def take(self) -> Block:
+        try:
+            return self.spare.pop()
+        except IndexError:
+            return self.allocator.allocate(self.nbytes, self.stream)
+
+    def give_back(self, block: Block) -> None:
+        if self.closed or block.other_streams or len(self.spare) >= self.KEEP:
+            self.allocator.free(block)
+        else:  # only this pool's stream used it: reuse on that stream is ordered after its work
+            self.spare.append(block)
+
+    def close(self) -> None:
+        """Return every kept block to the allocator; later blocks go there too."""
+        self.closed = True
+        while self.spare:
+            self.allocator.free(self.spare.pop())
+
+
 class _Shared:
     """An allocation several buffers live in; it goes back when the last of them dies."""
 
-    __slots__ = ("allocator", "block")
+    __slots__ = ("pool", "block")
 
-    def __init__(self, allocator: Any, block: Block):
-        self.allocator, self.block = allocator, block
+    def __init__(self, pool: SlabPool):
+        self.pool, self.block = pool, pool.take()
 
     def __del__(self) -> None:
-        self.allocator.free(self.block)
+        self.pool.give_back(self.block)
 
 
 class DeviceBuffer:
     """A C-contiguous array in device memory.
 
     `ptr` is the device address (kernels take the buffer itself for a pointer parameter), `stream`
-    the stream its work is ordered on, `event` the point after its last queued write.
+    the stream its work is ordered on, `event` the point after its last queued write (None
+    until recorded: see `ready_event`).
     """
 
-    __slots__ = ("shape", "dtype", "nbytes", "ptr", "stream", "event", "_written_on", "_block",
+    __slots__ = ("shape", "dtype", "nbytes", "ptr", "stream", "event", "written_on", "_block",
                  "_allocator", "_shared")
 
     def __init__(self, shape: Sequence[int], dtype: Any, stream: Stream | None = None):
@@ -58,24 +93,23 @@ class DeviceBuffer:
         self._shared: _Shared | None = None
         self.ptr = self._block.ptr
         self.event: Event | None = None
-        self._written_on: Stream | None = None
+        self.written_on: Stream | None = None
 
     @classmethod
-    def carve(cls, layout: Sequence[tuple[tuple[int, ...], dt.DType, int]], total: int,
-              stream: Stream) -> list[DeviceBuffer]:
-        """Buffers of the given (shape, glue dtype, byte offset) in one allocation of `total`
-        bytes, which goes back to the allocator when the last of them dies: one allocator call
-        for all the outputs of a program call, at addresses that repeat from call to call."""
-        allocator = stream.ctx.allocator
-        shared = _Shared(allocator, allocator.allocate(total, stream))
+    def carve(cls, layout: Sequence[tuple[tuple[int, ...], dt.DType, int, int]], pool: SlabPool) -> list[DeviceBuffer]:
+        """Buffers of the given (shape, glue dtype, bytes, byte offset) in one block from `pool`,
+        which goes back when the last of them dies: one allocation for all the outputs of a
+        program call, at addresses that repeat from call to call. They are marked pending on the
+        pool's stream (`mark_pending`): the caller queues their writes there next."""
+        shared = _Shared(pool)
+        stream, allocator, block = pool.stream, pool.allocator, shared.block
         out = []
-        for shape, dtype, offset in layout:
+        for shape, dtype, nbytes, offset in layout:
             buf = cls.__new__(cls)
-            buf.shape, buf.dtype, buf.stream = shape, dtype, stream
-            buf.nbytes = math.prod(shape) * dtype.itemsize
-            buf._allocator, buf._block, buf._shared = allocator, shared.block, shared
-            buf.ptr = shared.block.ptr + offset
-            buf.event = buf._written_on = None
+            buf.shape, buf.dtype, buf.nbytes, buf.stream, buf.written_on = shape, dtype, nbytes, stream, stream
+            buf._allocator, buf._block, buf._shared = allocator, block, shared
+            buf.ptr = block.ptr + offset
+            buf.event = None
             out.append(buf)
         return out
 
@@ -86,7 +120,8 @@ class DeviceBuffer:
         array = np.asarray(array)
         dtype = _glue_dtype(array.dtype)
         buf = cls(array.shape, dtype, stream or get_context().copy_stream)
-        upload(buf.ptr, np.ascontiguousarray(array, dtype=dtype.numpy), buf.stream)
+        with device_span(buf.stream, "copy", f"upload {dtype}{list(buf.shape)}", bytes=buf.nbytes):
+            upload(buf.ptr, np.ascontiguousarray(array, dtype=dtype.numpy), buf.stream)
         buf.mark_written()
         return buf
 
@@ -97,30 +132,44 @@ class DeviceBuffer:
         except AttributeError:  # __init__ failed before allocating
             pass
 
-    def mark_written(self, stream: Stream | None = None, event: Event | None = None) -> None:
-        """Record that work just queued on `stream` (default: the buffer's) writes this buffer;
-        `event`, when given, was recorded on that stream right after that work (one event can
-        serve every output of a call)."""
+    def mark_written(self, stream: Stream | None = None) -> None:
+        """Record that work just queued on `stream` (default: the buffer's) writes this buffer."""
         stream = stream or self.stream
-        self.event = event or Event(stream.ctx).record(stream)
-        self._written_on = stream
+        self.event = Event(stream.ctx).record(stream)
+        self.written_on = stream
+
+    def mark_pending(self, stream: Stream) -> None:
+        """Like `mark_written`, but the event is recorded only when something first waits for
+        this buffer (see `ready_event`): a program call then costs no driver call for it."""
+        self.event, self.written_on = None, stream
+
+    def ready_event(self) -> Event | None:
+        """An event after this buffer's last write (None if it was never written). A pending
+        write's event is recorded now, so it also covers work queued on that stream since the
+        write: waiting on it may wait longer than needed (as a stream synchronisation would),
+        never less."""
+        if self.event is None and self.written_on is not None:
+            self.event = Event(self.stream.ctx).record(self.written_on)
+        return self.event
 
     def prepare_for(self, stream: Stream) -> None:
         """Before queuing work on `stream` that uses this buffer: order it after the buffer's last
         write, and keep the memory from reuse until that work is done."""
-        if self._written_on is not None and self._written_on is not stream:
-            stream.wait(self.event)
+        if self.written_on is not None and self.written_on is not stream:
+            stream.wait(self.ready_event())
         if stream is not self.stream:
             self._allocator.record_use(self._block, stream)
 
     def is_ready(self) -> bool:
         """True when every queued write of this buffer has finished."""
-        return self.event is None or self.event.query()
+        event = self.ready_event()
+        return event is None or event.query()
 
     def block_until_ready(self) -> DeviceBuffer:
-        if self.event is not None:
+        event = self.ready_event()
+        if event is not None:
             with profiler.span("wait", "block_until_ready"):
-                self.event.synchronize()
+                event.synchronize()
         return self
 
     def to_host(self) -> np.ndarray:
@@ -129,9 +178,10 @@ class DeviceBuffer:
         queued after them."""
         out = np.empty(self.shape, self.dtype.numpy)
         readback = self.stream.ctx.readback_stream
-        if self._written_on is not None:
-            readback.wait(self.event)
-        with profiler.span("copy", f"download {self.dtype}{list(self.shape)}"):
+        if self.written_on is not None:
+            readback.wait(self.ready_event())
+        name = f"download {self.dtype}{list(self.shape)}"
+        with profiler.span("copy", name), device_span(readback, "copy", name, bytes=self.nbytes):
             download(out, self.ptr, readback)
         return out
 

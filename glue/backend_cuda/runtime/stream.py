@@ -1,15 +1,18 @@
 """CUDA streams and events: the ordering glue's asynchronous work is built on.
 
-Every device buffer belongs to a stream and carries an event recorded after the last work that
-writes it; a consumer on another stream waits on that event on the device (`Stream.wait`), and
-the host waits on it only when it reads values. Events are plentiful (one per buffer), so their
+Every device buffer belongs to a stream and knows the stream of its last write, with an event
+recorded after that write (at once, or when first needed); a consumer on another stream waits on
+that event on the device (`Stream.wait`), and the host waits on it only when it reads values. Events are plentiful (one per buffer), so their
 driver handles are pooled per context: an `Event` returns its handle to the pool when the
 Python object dies, so no live object ever shares a handle.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import time
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Iterator
 
+from glue import profiler
 from glue.backend_cuda.runtime import driver as drv
 
 if TYPE_CHECKING:
@@ -97,3 +100,24 @@ class Stream:
 
     def __repr__(self) -> str:
         return f"Stream({self.label}, 0x{self.handle:x})"
+
+
+def _anchor(ctx: Context) -> tuple[Event, int]:
+    """A completed timing event and the host time it completed at: a profile's device time base."""
+    event = Event(ctx, timing=True).record(ctx.stream)
+    event.synchronize()
+    return event, time.perf_counter_ns()
+
+
+@contextmanager
+def device_span(stream: Stream, cat: str, name: str, **args: Any) -> Iterator[None]:
+    """While a `glue.profile` is open: the work queued on `stream` inside the block, timed with
+    events, as an interval on that stream's track. Otherwise nothing."""
+    prof = profiler.active()
+    if prof is None:
+        yield
+        return
+    start = Event(stream.ctx, timing=True).record(stream)
+    yield
+    end = Event(stream.ctx, timing=True).record(stream)
+    prof.add_device(stream.ctx, lambda: _anchor(stream.ctx), stream.label, cat, name, start, end, args)
