@@ -65,25 +65,39 @@ def _loop_us(run_steps: Callable[[int], Any], sync: Callable[[Any], None]) -> tu
     return statistics.median(walls), statistics.median(hosts)
 
 
+def _carried(step: Callable[[Any], Any], state: Any) -> Callable[[int], Any]:
+    """run(n): n calls of `step`, each on the previous call's result (the first on `state`),
+    returning the last; the next run goes on from there."""
+    box = [state]
+
+    def run(n: int) -> Any:
+        value = box[0]
+        for _ in range(n):
+            value = step(value)
+        box[0] = value
+        return value
+
+    return run
+
+
+def _tiny_us(add: Callable[[Any], Any], z: Any, sync: Callable[[Any], None]) -> tuple[float, float]:
+    """(wall, host) us per call of `add`, called back to back on its own results."""
+    run, per = _carried(add, z), TINY // STEPS
+    wall, host = _loop_us(lambda n: run(per * n), sync)
+    return wall / per, host / per
+
+
 def glue_mlp(donate: bool) -> dict:
     step = glue.jit(_step, backend="cuda", donate_argnums=(0,) if donate else ())
     ws0, x0, y0 = _mlp_data()
     x, y = device_put(x0), device_put(y0)
-    state = {"ws": [device_put(w.copy()) for w in ws0]}
-
-    def run_steps(n: int) -> Any:
-        ws = state["ws"]
-        for _ in range(n):
-            ws, loss = step(ws, x, y)
-        state["ws"] = ws
-        return loss
-
+    run_steps = _carried(lambda state: step(state[0], x, y), ([device_put(w.copy()) for w in ws0], None))
     # one step checked against NumPy first (on fresh weights, not the donated ones)
     (new, loss) = step([device_put(w) for w in ws0], x, y)
     want_new, want_loss = _numpy_step(ws0, x0, y0)
     err = max(float(np.abs(np.asarray(a) - b).max()) for a, b in zip(new, want_new))
     err = max(err, abs(float(loss) - want_loss))
-    wall, host = _loop_us(run_steps, lambda out: out.block_until_ready())
+    wall, host = _loop_us(run_steps, lambda out: out[1].block_until_ready())
     compiled = next(iter(step._compiled.values()))
     exe = compiled.executable
     stats = exe.graph_stats
@@ -96,22 +110,26 @@ def mlp_kernel_times() -> list[tuple[str, float]]:
     """Each kernel of the MLP step and its device time (us, median of 5 profiled steps, launched
     directly with timing events: see glue.profile)."""
     import json
+    import os
     import tempfile
 
     step = glue.jit(_step, backend="cuda")
     ws0, x0, y0 = _mlp_data()
     ws, x, y = [device_put(w) for w in ws0], device_put(x0), device_put(y0)
     ws, loss = step(ws, x, y)
-    path = tempfile.mktemp(suffix=".json")
-    with glue.profile(path):
-        for _ in range(5):
-            ws, loss = step(ws, x, y)
-        loss.block_until_ready()
-    events = [e for e in json.load(open(path))["traceEvents"] if e.get("cat") == "kernel"]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "trace.json")
+        with glue.profile(path):
+            for _ in range(5):
+                ws, loss = step(ws, x, y)
+            loss.block_until_ready()
+        with open(path) as f:
+            trace = json.load(f)["traceEvents"]
     durations: dict[str, list[float]] = {}
-    for e in events:
-        durations.setdefault(e["name"], []).append(e["dur"])
-    calls = [e for e in json.load(open(path))["traceEvents"] if e.get("cat") == "call"]
+    for e in trace:
+        if e.get("cat") == "kernel":
+            durations.setdefault(e["name"], []).append(e["dur"])
+    calls = [e for e in trace if e.get("cat") == "call"]
     rows = [(name, statistics.median(v)) for name, v in durations.items()]
     rows.append(("(step, host call, profiled)", statistics.median(e["dur"] for e in calls)))
     return rows
@@ -171,21 +189,11 @@ def _numpy_step(ws: list[np.ndarray], x: np.ndarray, y: np.ndarray) -> tuple[lis
 def glue_tiny() -> list[dict]:
     add = glue.jit(lambda v: v + 1, backend="cuda")
     z = device_put(np.ones(16, np.float32))
-    z = add(z)
-    z.block_until_ready()
-
-    def run(n: int) -> Any:
-        nonlocal z
-        for _ in range(n):
-            z = add(z)
-        return z
-
-    wall, host = _loop_us(lambda n: run(TINY // STEPS * n), lambda out: out.block_until_ready())
-    scale = STEPS / (TINY // STEPS * STEPS)
+    wall, host = _tiny_us(add, add(z), lambda out: out.block_until_ready())
     sync = _median_us(lambda: add(z).block_until_ready())
     stats = next(iter(add._compiled.values())).executable.graph_stats
     runs = f"{stats.replays} replays / {stats.captures} captures / {stats.direct} direct"
-    return [{"workload": TINY_ENQUEUE, "peer": "glue", "us": wall * scale, "host": host * scale, "runs": runs},
+    return [{"workload": TINY_ENQUEUE, "peer": "glue", "us": wall, "host": host, "runs": runs},
             {"workload": TINY_SYNC, "peer": "glue", "us": sync}]
 
 
@@ -262,12 +270,7 @@ def torch_rows() -> list[dict]:
                        ("torch.compile reduce-overhead", torch.compile(step_t, mode="reduce-overhead"))):
         ws = [torch.from_numpy(w).cuda().requires_grad_(True) for w in ws0]
         x, y = torch.from_numpy(x0).cuda(), torch.from_numpy(y0).cuda()
-
-        def run_steps(n: int, step=step, ws=ws) -> Any:
-            for _ in range(n):
-                loss = step(ws, x, y)
-            return loss
-
+        run_steps = _carried(lambda loss, step=step, ws=ws: step(ws, x, y), None)  # updates ws in place
         try:
             wall, host = _loop_us(run_steps, lambda out: torch.cuda.synchronize())
         except Exception as exc:  # a broken peer must not stop the others
@@ -275,16 +278,8 @@ def torch_rows() -> list[dict]:
             continue
         rows.append({"workload": MLP, "peer": peer, "us": wall, "host": host})
     z = torch.ones(16, device="cuda")
-
-    def tiny(n: int) -> Any:
-        nonlocal z
-        for _ in range(n):
-            z = z + 1
-        return z
-
-    wall, host = _loop_us(lambda n: tiny(TINY // STEPS * n), lambda out: torch.cuda.synchronize())
-    scale = STEPS / (TINY // STEPS * STEPS)
-    rows.append({"workload": TINY_ENQUEUE, "peer": "torch eager", "us": wall * scale, "host": host * scale})
+    wall, host = _tiny_us(lambda v: v + 1, z, lambda out: torch.cuda.synchronize())
+    rows.append({"workload": TINY_ENQUEUE, "peer": "torch eager", "us": wall, "host": host})
 
     def call_sync() -> None:
         z.add(1)
@@ -310,31 +305,14 @@ def jax_rows() -> list[dict]:
         return [w - 0.01 * g for w, g in zip(ws, gs)], loss
 
     ws0, x0, y0 = _mlp_data()
-    state = {"ws": [jnp.asarray(w) for w in ws0]}
     x, y = jnp.asarray(x0), jnp.asarray(y0)
-
-    def run_steps(n: int) -> Any:
-        ws = state["ws"]
-        for _ in range(n):
-            ws, loss = step_j(ws, x, y)
-        state["ws"] = ws
-        return ws
-
+    run_steps = _carried(lambda state: step_j(state[0], x, y), ([jnp.asarray(w) for w in ws0], None))
     wall, host = _loop_us(run_steps, jax.block_until_ready)
     rows = [{"workload": MLP, "peer": "jax.jit", "us": wall, "host": host}]
     add = jax.jit(lambda v: v + 1)
-    z = jnp.ones(16)
-    z = add(z)
-
-    def tiny(n: int) -> Any:
-        nonlocal z
-        for _ in range(n):
-            z = add(z)
-        return z
-
-    wall, host = _loop_us(lambda n: tiny(TINY // STEPS * n), jax.block_until_ready)
-    scale = STEPS / (TINY // STEPS * STEPS)
-    rows.append({"workload": TINY_ENQUEUE, "peer": "jax.jit", "us": wall * scale, "host": host * scale})
+    z = add(jnp.ones(16))
+    wall, host = _tiny_us(add, z, jax.block_until_ready)
+    rows.append({"workload": TINY_ENQUEUE, "peer": "jax.jit", "us": wall, "host": host})
     rows.append({"workload": TINY_SYNC, "peer": "jax.jit", "us": _median_us(lambda: add(z).block_until_ready())})
     return rows
 

@@ -13,7 +13,9 @@ ordered after that read, so no stream overwrites what another may still be readi
 """
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
+from functools import reduce
 from typing import Sequence
 
 from glue.ir import Graph, TensorType, Var
@@ -201,9 +203,9 @@ def _pack(values: list[int], users: dict[int, int], types: dict[int, TensorType]
     slots: dict[int, list[int]] = {}
     for v in values:
         slots.setdefault(find(v), []).append(v)
-    touch = {r: _or(users[v] for v in vs) for r, vs in slots.items()}
+    touch = {r: reduce(operator.or_, (users[v] for v in vs)) for r, vs in slots.items()}
     # the kernels that happen before every kernel touching the slot
-    after = {r: _and(order.ancestors[k] for k in _bits(touch[r])) for r in slots}
+    after = {r: reduce(operator.and_, (order.ancestors[k] for k in _bits(touch[r]))) for r in slots}
 
     def disjoint(a: int, b: int) -> bool:
         return not touch[a] & ~after[b] or not touch[b] & ~after[a]
@@ -228,17 +230,3 @@ def _pack(values: list[int], users: dict[int, int], types: dict[int, TensorType]
 
 def _bits(mask: int) -> list[int]:
     return [i for i in range(mask.bit_length()) if mask >> i & 1]
-
-
-def _or(masks) -> int:
-    out = 0
-    for m in masks:
-        out |= m
-    return out
-
-
-def _and(masks) -> int:
-    out = -1
-    for m in masks:
-        out &= m
-    return out

@@ -10,6 +10,9 @@ import glue
 import glue.nn as nn
 import glue.numpy as gnp
 from glue.frontend.tracing import bind
+from glue.reference import run_graph
+from glue.reference.compare import mismatch
+from glue.testing.check import tolerance_dtypes
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 
@@ -197,3 +200,12 @@ NN_CASES = [
 ]
 
 ALL_CASES = NUMPY_CASES + NN_CASES
+
+
+def assert_matches_reference(graph, inputs, outs, label):
+    """Each output within the reference's tolerance of the float64 reference result."""
+    want = run_graph(graph, [np.asarray(a) for a in inputs], float64=True)
+    assert len(outs) == len(want)
+    for i, (got, w, d) in enumerate(zip(outs, want, tolerance_dtypes(graph))):
+        problem = mismatch(np.asarray(got), w, d)
+        assert problem is None, f"{label}: output {i}: {problem}\n{graph}"

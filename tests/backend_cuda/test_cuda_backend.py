@@ -21,7 +21,7 @@ from glue.reference.compare import mismatch
 from glue.testing import check
 from glue.testing.check import tolerance_dtypes
 from glue.testing.strategies import graph_inputs, programs
-from tests.backend_cuda.cases import ALL_CASES, BF16, WORKLOADS, f32, layernorm, rng_arrays, softmax, xent
+from tests.backend_cuda.cases import ALL_CASES, assert_matches_reference, BF16, WORKLOADS, f32, layernorm, rng_arrays, softmax, xent
 
 pytestmark = pytest.mark.cuda
 ALL_DTYPES = (dt.float32, dt.int32, dt.bool_, dt.bfloat16, dt.float16, dt.int64, dt.float64)
@@ -34,14 +34,6 @@ def poisoned_outputs(monkeypatch):
     monkeypatch.setenv("GLUE_CUDA_POISON", "0xff")
 
 
-def _compare(graph, inputs, outs, label):
-    want = run_graph(graph, [np.asarray(a) for a in inputs], float64=True)
-    assert len(outs) == len(want)
-    for i, (got, w, d) in enumerate(zip(outs, want, tolerance_dtypes(graph))):
-        problem = mismatch(np.asarray(got), w, d)
-        assert problem is None, f"{label}: output {i}: {problem}\n{graph}"
-
-
 @given(st.data())
 @settings(max_examples=EXAMPLES, deadline=None)
 def test_random_programs_match_the_reference(data):
@@ -50,7 +42,7 @@ def test_random_programs_match_the_reference(data):
     exe = CudaBackend().lower(graph, name="random").compile()
     for poison in (0xFF, 0x00):  # an unwritten element fails under one of the two
         exe.poison = poison
-        _compare(graph, inputs, exe(*inputs), f"random program (poison {poison:#x})")
+        assert_matches_reference(graph, inputs, exe(*inputs), f"random program (poison {poison:#x})")
 
 
 @pytest.mark.parametrize("name", sorted(WORKLOADS))

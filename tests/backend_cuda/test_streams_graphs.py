@@ -17,20 +17,11 @@ import glue.numpy as gnp
 from glue.backend_cuda import CudaBackend
 from glue.backend_cuda.executor import device_put
 from glue.ir import dtypes as dt
-from glue.reference import run_graph
-from glue.reference.compare import mismatch
-from glue.testing.check import tolerance_dtypes
 from glue.testing.strategies import graph_inputs, programs
+from tests.backend_cuda.cases import assert_matches_reference
 
 pytestmark = pytest.mark.cuda
 EXAMPLES = int(os.environ.get("GLUE_CUDA_EXAMPLES", "200")) // 2
-
-
-def _compare(graph, inputs, outs, label):
-    want = run_graph(graph, [np.asarray(a) for a in inputs], float64=True)
-    for i, (got, w, d) in enumerate(zip(outs, want, tolerance_dtypes(graph))):
-        problem = mismatch(np.asarray(got), w, d)
-        assert problem is None, f"{label}: output {i}: {problem}\n{graph}"
 
 
 @given(st.data())
@@ -41,10 +32,10 @@ def test_replayed_graphs_and_direct_launches_match_the_reference(data):
     exe = CudaBackend().lower(graph, name="random").compile()
     exe.poison = 0xFF
     exe.use_graphs = False
-    _compare(graph, inputs, exe(*inputs), "direct launches")
+    assert_matches_reference(graph, inputs, exe(*inputs), "direct launches")
     exe.use_graphs = True
     for n in range(4):  # the outputs alternate between two addresses: two captures, two replays
-        _compare(graph, inputs, exe(*inputs), f"graph call {n}")
+        assert_matches_reference(graph, inputs, exe(*inputs), f"graph call {n}")
     if exe._steps:
         assert exe.graph_stats.captures >= 1 and exe.graph_stats.replays >= 1
 
