@@ -29,16 +29,16 @@ allocator.
 
 A graph launch waits for all of its arguments at once; the direct path lets kernels start
 while unrelated inputs are still in transit. Calls of one executable run in order on stream 0,
-so they share the arena. While a `glue.profile` is open, calls launch directly with timing
-events around each kernel. `GLUE_CUDA_GRAPHS=0` turns replay off. `poison` (or
-`GLUE_CUDA_POISON=0xff`) fills outputs and the arena with that byte before each call, so tests
-catch elements no kernel writes.
+so they share the arena. Programs queue their launches under the context's `enqueue_lock`, so
+a graph being captured takes in no other thread's work. While a `glue.profile` is open, calls
+launch directly with timing events around each kernel. `GLUE_CUDA_GRAPHS=0` turns replay off.
+`poison` (or `GLUE_CUDA_POISON=0xff`) fills outputs and the arena with that byte before each
+call, so tests catch elements no kernel writes.
 """
 from __future__ import annotations
 
 import logging
 import os
-import threading
 from collections import OrderedDict
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -126,7 +126,6 @@ class CudaExecutable:
         # When every result is a fresh output (the usual case), results need no case analysis.
         self._plain_results = [(r.slot, r.type) for r in program.results] \
             if all(r.kind == "output" for r in program.results) else None
-        self._lock = threading.Lock()
         self._copy = drv.load().cuMemcpyDtoDAsync
 
     def _build_steps(self, program: CudaProgram, module: Any) -> list[_Step]:
@@ -191,7 +190,7 @@ class CudaExecutable:
                 buf.mark_pending(s0)
         bases = [b.ptr for b in buffers] + [o.ptr for o in outputs] + [self.arena.ptr if self.arena else 0]
         prof = profiler.active()
-        with self._lock:
+        with self.ctx.enqueue_lock:
             if prof is not None or not self.use_graphs or not self._replay(bases, buffers):
                 self.graph_stats.direct += 1
                 self._enqueue(bases, buffers, prof)

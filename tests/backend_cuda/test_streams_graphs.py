@@ -176,3 +176,30 @@ def test_a_failed_capture_falls_back_to_direct_launches(monkeypatch, caplog):
     assert stats.direct == 2 and stats.captures == 0
     assert "cannot be captured" in caplog.text
     np.testing.assert_allclose(np.asarray(out[1]), np.full(8, 4 * np.e, np.float32), rtol=1e-6)
+
+
+def test_two_threads_calling_while_graphs_are_captured():
+    import threading
+
+    x = np.random.default_rng(3).standard_normal((64, 64)).astype(np.float32)
+    fns = [glue.jit(lambda v, k=k: (gnp.tanh(v * k).sum(axis=0), gnp.exp(v).sum(axis=1)), backend="cuda")
+           for k in (1.0, 2.0)]
+    got, errors = {}, []
+
+    def work(i):
+        try:
+            dx = device_put(x)
+            for _ in range(20):
+                out = fns[i](dx)
+            got[i] = np.asarray(out[0])
+        except Exception as exc:  # reported below, in the test's own thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    for i, k in enumerate((1.0, 2.0)):
+        np.testing.assert_allclose(got[i], np.tanh(x.astype(np.float64) * k).sum(0), rtol=1e-5, atol=1e-5)

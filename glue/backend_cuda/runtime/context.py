@@ -81,6 +81,12 @@ class Context:
         self.handle = drv.call(driver.cuDevicePrimaryCtxRetain, self._dev)
         self._current = threading.local()
         self._streams_lock = threading.Lock()
+        # Held while a program queues its launches on the compute streams (or captures them as a
+        # graph), and while an event is recorded on one of them: stream capture takes in
+        # whatever any thread queues on a capturing stream, so nothing else may land there.
+        # Reentrant: a program's launches wait for their inputs' events, which may be recorded
+        # then.
+        self.enqueue_lock = threading.RLock()
         self.make_current()
         self._compute: list[Stream] = [self.stream]
 

@@ -149,7 +149,9 @@ class DeviceBuffer:
         write: waiting on it may wait longer than needed (as a stream synchronisation would),
         never less."""
         if self.event is None and self.written_on is not None:
-            self.event = Event(self.stream.ctx).record(self.written_on)
+            ctx = self.stream.ctx
+            with ctx.enqueue_lock:  # not into a graph another thread is capturing
+                self.event = Event(ctx).record(self.written_on)
         return self.event
 
     def prepare_for(self, stream: Stream) -> None:
