@@ -272,6 +272,17 @@ def test_sweep(jit, name, dtype):
     _check(jit, name, x, mask=mask)
 
 
+def test_tanh_f32_just_below_powers_of_two(jit):
+    """float32 tanh's worst cases (2.42 ulp of the exact result): x below 2^j by at most 2^2j,
+    where tanh x stays below the power of two while e^2x - 1 has passed twice it."""
+    windows = []
+    for j in range(-11, -1):
+        top = np.float32(2.0 ** j).view(np.uint32)
+        count = min(1 << (j + 24), 1 << 17)
+        windows.append(top - np.arange(1, count + 1, dtype=np.uint32))
+    _check(jit, "tanh", np.concatenate(windows).view(np.float32))
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "f64"])
 @pytest.mark.parametrize("name", ["sin", "cos"])
 def test_sin_cos_stay_bounded_beyond_their_range(jit, name, dtype):
