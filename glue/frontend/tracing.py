@@ -9,6 +9,7 @@ can trace a function, rewrite its Graph, and inline the result into whatever enc
 from __future__ import annotations
 
 import contextlib
+import threading
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
@@ -67,21 +68,31 @@ def _escaped(tracer: "Tracer") -> GlueError:
                      f"{describe_location(user_frame_location())}")
 
 
-_TRACES: list[Trace] = []
+class _TraceStack(threading.local):
+    """The traces open in one host thread, innermost last: each thread traces on its own, so
+    one thread's jitted call never lands in another thread's trace."""
+
+    def __init__(self) -> None:
+        self.traces: list[Trace] = []
+
+
+_STACK = _TraceStack()
 
 
 def current_trace() -> Trace | None:
-    return _TRACES[-1] if _TRACES else None
+    traces = _STACK.traces
+    return traces[-1] if traces else None
 
 
 @contextlib.contextmanager
 def new_trace(name: str) -> Iterator[Trace]:
     trace = Trace(name)
-    _TRACES.append(trace)
+    traces = _STACK.traces
+    traces.append(trace)
     try:
         yield trace
     finally:
-        _TRACES.pop()
+        traces.pop()
         trace.active = False
 
 

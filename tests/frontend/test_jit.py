@@ -193,3 +193,30 @@ def test_default_backend_runs():
     out = f(X)
     assert isinstance(out, glue.Array)
     np.testing.assert_allclose(out, X - 1)
+
+
+def test_threads_trace_independently():
+    """Each host thread has its own trace stack: a jitted call in one thread never lands in the
+    trace another thread has open."""
+    import threading
+
+    start = threading.Barrier(2)
+    results, errors = {}, []
+
+    def work(k):
+        try:
+            start.wait()
+            for n in range(40):
+                f = glue.jit(lambda x, n=n: gnp.tanh(x * (k + n)).sum(), backend="reference")
+                results[k, n] = float(f(np.ones(50, np.float32)))
+        except Exception as exc:  # reported by the test's own thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in (1, 2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[:1]
+    for (k, n), value in results.items():
+        assert value == pytest.approx(50 * np.tanh(k + n), rel=1e-5)
