@@ -244,7 +244,7 @@ class CudaExecutable:
     def _enqueue(self, bases: list[int], buffers: list[DeviceBuffer] | None, prof: Any) -> None:
         """Queue every step on its stream, forking from stream 0 and joining back. `buffers`
         (None while capturing a graph) are waited for where each stream first reads them."""
-        s0, handle = self.stream, None
+        s0 = self.stream
         if self._fork is not None:
             self._fork.record(s0)
             for stream in self.streams[1:]:

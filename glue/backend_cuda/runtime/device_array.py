@@ -176,8 +176,8 @@ class DeviceBuffer:
 
     def to_host(self) -> np.ndarray:
         """A new NumPy array with the values, once every queued write has finished. The copy runs
-        on the context's readback stream, so it waits for this buffer's writes only, not for work
-        queued after them."""
+        on the context's readback stream, after this buffer's `ready_event`: other streams' work
+        does not hold it back."""
         out = np.empty(self.shape, self.dtype.numpy)
         readback = self.stream.ctx.readback_stream
         if self.written_on is not None:
