@@ -5,7 +5,7 @@
     print(glue.make_ir(f)(x, w))
 """
 from glue.frontend.array import Array
-from glue.backends import available_backends, default_backend_name
+from glue.backends import available_backends, default_backend_name, device_put
 from glue.backend_cuda.runtime.context import devices
 from glue.errors import (BackendError, ConcretizationError, GlueError, GlueTypeError, ParseError,
                          VerifyError)
@@ -15,7 +15,7 @@ from glue.profiler import profile
 from glue.frontend.transforms import grad, jvp, stop_gradient, value_and_grad, vjp, vmap
 
 __all__ = ["Array", "BackendError", "ConcretizationError", "GlueError", "GlueTypeError", "ParseError",
-           "VerifyError", "available_backends", "default_backend_name", "devices", "jit", "make_ir", "profile",
+           "VerifyError", "available_backends", "default_backend_name", "device_put", "devices", "jit", "make_ir", "profile",
            "tree_flatten", "tree_map", "tree_unflatten",
            "grad", "jvp", "stop_gradient", "value_and_grad", "vjp", "vmap"]
 __version__ = "0.1.0"

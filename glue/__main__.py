@@ -69,10 +69,12 @@ def main() -> None:
     _check_step(step, reference, params, x, labels)
 
     print("\nTraining (SGD, lr 0.1):")
-    lr = np.float32(0.1)
+    # The batch and the rate live where the backend computes, so a step uploads nothing; the
+    # parameters each step returns are already there.
+    batch, lr = [glue.device_put(v, backend) for v in (x, labels)], glue.device_put(np.float32(0.1), backend)
     t0 = time.perf_counter()
     for i in range(args.steps):
-        params, loss = step(params, x, labels, lr)
+        params, loss = step(params, *batch, lr)
         if i % 10 == 0 or i == args.steps - 1:
             print(f"  step {i:3d}  loss {float(loss):.4f}")
     elapsed = time.perf_counter() - t0

@@ -6,6 +6,8 @@ import os
 from functools import lru_cache
 from typing import Any
 
+import numpy as np
+
 from glue.errors import GlueError
 
 # name -> (module, class); modules are imported only when the backend is asked for.
@@ -47,3 +49,15 @@ def get_backend(name: str | None = None) -> Any:
     if cls is None:
         raise GlueError(f"backend {name!r} is not available here; available: {available_backends()}")
     return cls()
+
+
+def device_put(value: Any, backend: str | None = None) -> Any:
+    """`value` as a `glue.Array` in the memory `backend` (default: the default backend) computes
+    in: GPU memory for cuda, host memory otherwise. Inputs that many calls use are worth putting
+    there once, as with `jax.device_put`: a NumPy argument is uploaded again at every call."""
+    put = getattr(get_backend(backend), "device_put", None)
+    if put is not None:
+        return put(value)
+    from glue.frontend.array import Array
+
+    return value if isinstance(value, Array) else Array(np.asarray(value))

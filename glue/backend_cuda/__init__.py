@@ -10,7 +10,7 @@ PTX.
 from __future__ import annotations
 
 from functools import cached_property
-from typing import Sequence
+from typing import Any, Sequence
 
 from glue.backend_cuda.codegen import CudaProgram, build_program
 from glue.backend_cuda.ptx import DEFAULT_ARCH, PTX_FEATURES, ptx_for_module
@@ -74,6 +74,12 @@ class CudaBackend:
     def is_available() -> bool:
         """True only when the NVIDIA driver initialises and a GPU exists; never raises."""
         return driver.available()
+
+    @staticmethod
+    def device_put(value: Any) -> Any:
+        from glue.backend_cuda.executor import device_put
+
+        return device_put(value)
 
     def lower(self, graph: Graph, *, donated: Sequence[int] = (), name: str = "fn",
               arch: str | None = None) -> CudaLowered:

@@ -220,3 +220,11 @@ def test_threads_trace_independently():
     assert not errors, errors[:1]
     for (k, n), value in results.items():
         assert value == pytest.approx(50 * np.tanh(k + n), rel=1e-5)
+
+
+def test_device_put_keeps_values_where_the_backend_computes():
+    a = glue.device_put(np.arange(3, dtype=np.float32), "cpu")
+    assert isinstance(a, glue.Array) and np.asarray(a).tolist() == [0.0, 1.0, 2.0]
+    assert glue.device_put(a, "cpu") is a
+    f = glue.jit(lambda v: v * 2, backend="cpu")
+    assert np.asarray(f(a)).tolist() == [0.0, 2.0, 4.0]
