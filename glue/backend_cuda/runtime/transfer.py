@@ -14,6 +14,7 @@ stage: there the direct copy was no faster (benchmarks/cuda_launch.py measures b
 from __future__ import annotations
 
 import ctypes
+import threading
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -53,22 +54,28 @@ class PinnedPool:
     def __init__(self, ctx: Context, limit: int = 256 << 20):
         self.ctx, self.limit, self.pinned_bytes = ctx, limit, 0
         self._idle: dict[int, list[PinnedBuffer]] = {}
+        self._lock = threading.Lock()  # host threads upload and download at the same time
 
     def acquire(self, nbytes: int) -> PinnedBuffer:
         size = max(_MIN_BUFFER, 1 << (nbytes - 1).bit_length())
-        buffers = self._idle.setdefault(size, [])
-        for i, buf in enumerate(buffers):
-            if buf.done():
-                return buffers.pop(i)
-        if buffers and self.pinned_bytes + size > self.limit:
-            buffers[0].event.synchronize()
-            return buffers.pop(0)
+        with self._lock:
+            buffers = self._idle.setdefault(size, [])
+            for i, buf in enumerate(buffers):
+                if buf.done():
+                    return buffers.pop(i)
+            oldest = buffers.pop(0) if buffers and self.pinned_bytes + size > self.limit else None
+        if oldest is not None:  # at the limit: wait for the oldest copy rather than pin more
+            oldest.event.synchronize()
+            return oldest
         self.ctx.make_current()
-        self.pinned_bytes += size
-        return PinnedBuffer(int(drv.call(drv.load().cuMemHostAlloc, size, 0)), size)
+        buf = PinnedBuffer(int(drv.call(drv.load().cuMemHostAlloc, size, 0)), size)
+        with self._lock:
+            self.pinned_bytes += size
+        return buf
 
     def release(self, buf: PinnedBuffer) -> None:
-        self._idle[buf.size].append(buf)
+        with self._lock:
+            self._idle[buf.size].append(buf)
 
 
 def _byte_view(array: np.ndarray) -> np.ndarray:
