@@ -78,6 +78,7 @@ def kernel_deps(kernels: Sequence[Kernel]) -> list[tuple[int, ...]]:
 
 
 def plan_streams(kernels: Sequence[Kernel], max_streams: int = MAX_STREAMS) -> StreamPlan:
+    """The stream plan of `kernels` (in program order) on at most `max_streams` streams."""
     deps = kernel_deps(kernels)
     streams: list[int] = []
     waits: list[tuple[int, ...]] = []
