@@ -10,26 +10,15 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
 
 from llvmlite import ir
 
 from glue.backend_cpu.kernels import KernelBuilder, KernelFunction, Operand
 from glue.backend_cpu.matmul import blocked_contraction
 from glue.backend_cpu.target import host
-from glue.ir import Literal, TensorType
+from glue.ir import TensorType
 from glue.scheduler.memory import Placement
-from glue.scheduler.plan import Plan
-
-
-@dataclass(frozen=True)
-class Result:
-    """How to produce graph output `i`: kind is output | donated | argument | literal."""
-
-    kind: str
-    slot: int
-    type: TensorType
-    value: Any = None
+from glue.scheduler.plan import Plan, Result
 
 
 @dataclass
@@ -78,11 +67,4 @@ def build_program(plan: Plan, name: str = "fn") -> Program:
         if built is None:
             built = KernelBuilder(module, kernel, symbol, inputs, outs).build()
         functions.append(built)
-    results = []
-    for a in graph.outvars:
-        if isinstance(a, Literal):
-            results.append(Result("literal", -1, a.type, a.value))
-            continue
-        p = placements[a.id]
-        results.append(Result(p.kind, p.slot, a.type))
-    return Program(plan, str(module), functions, [v.type for v in args], output_types, results)
+    return Program(plan, str(module), functions, [v.type for v in args], output_types, plan.results())

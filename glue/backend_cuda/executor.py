@@ -277,11 +277,11 @@ class CudaExecutable:
         if r.kind == "literal":
             return Array(np.full(r.type.shape, r.value, r.type.dtype.numpy))
         source = buffers[r.slot]
-        if not r.copy:  # a donated argument's buffer, which the kernels wrote
+        if r.kind == "donated":  # the argument's buffer, which the kernels wrote
             source.mark_pending(self.stream)
             if source.shape == r.type.shape and source.dtype == r.type.dtype:
                 return Array(source, r.type)
-        if r.copy and not isinstance(args[r.slot], (Array, DeviceBuffer)):
+        elif not isinstance(args[r.slot], (Array, DeviceBuffer)):  # a host input returned
             return Array(np.array(args[r.slot], dtype=r.type.dtype.numpy))
         copy = DeviceBuffer(r.type.shape, r.type.dtype, self.stream)
         source.prepare_for(self.stream)

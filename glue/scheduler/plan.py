@@ -3,9 +3,9 @@ text of each scheduler stage ("optimized", "fusion", "kernels", "streams", "memo
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
-from glue.ir import Graph, Literal, Var
+from glue.ir import Graph, Literal, TensorType, Var
 from glue.ir.printer import graph_var_names
 from glue.scheduler.fusion import Fusion, fuse
 from glue.scheduler.kernel_ir import Kernel
@@ -14,6 +14,18 @@ from glue.scheduler.passes import optimize
 from glue.scheduler.streams import StreamPlan, plan_streams
 
 STAGES = ("optimized", "fusion", "kernels", "streams", "memory", "graph")
+
+
+@dataclass(frozen=True)
+class Result:
+    """How a graph output comes back from a call. kind is output (fresh output buffer `slot`),
+    donated (argument `slot`'s buffer, which the kernels wrote), argument (a copy of argument
+    `slot`: an input the program returns) or literal (`value` everywhere)."""
+
+    kind: str
+    slot: int
+    type: TensorType
+    value: Any = None
 
 
 @dataclass
@@ -28,6 +40,12 @@ class Plan:
     @property
     def kernels(self) -> list[Kernel]:
         return self.fusion.kernels
+
+    def results(self) -> list[Result]:
+        """How each of the graph's outputs is produced, in order."""
+        placements = self.memory.placements
+        return [Result("literal", -1, a.type, a.value) if isinstance(a, Literal) else
+                Result(placements[a.id].kind, placements[a.id].slot, a.type) for a in self.graph.outvars]
 
     def as_text(self, stage: str) -> str:
         names = graph_var_names(self.graph)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
 
 from llvmlite import ir
 
@@ -20,21 +19,9 @@ from glue.backend_cuda.codegen.data import emit_data
 from glue.backend_cuda.codegen.pointwise import emit_pointwise
 from glue.backend_cuda.codegen.rows import emit_rows
 from glue.backend_cuda.ptx import DEFAULT_ARCH
-from glue.ir import Literal, TensorType
+from glue.ir import TensorType
 from glue.scheduler.memory import Placement
-from glue.scheduler.plan import Plan
-
-
-@dataclass(frozen=True)
-class Result:
-    """How graph output i is produced: kind is output | argument (a donated argument's buffer,
-    or a copy of an argument that is itself an output when `copy`) | literal."""
-
-    kind: str
-    slot: int
-    type: TensorType
-    value: Any = None
-    copy: bool = False
+from glue.scheduler.plan import Plan, Result
 
 
 @dataclass
@@ -92,16 +79,8 @@ def build_program(plan: Plan, name: str = "fn", arch: str = DEFAULT_ARCH) -> Cud
         launches.append(Launch(symbol, kernel, grid, block, ke.places, strategy, copy))
     args = list(graph.constvars) + list(graph.invars)
     outputs = sorted((p for p in placements.values() if p.kind == "output"), key=lambda p: p.slot)
-    results = []
-    for a in graph.outvars:
-        if isinstance(a, Literal):
-            results.append(Result("literal", -1, a.type, a.value))
-            continue
-        p = placements[a.id]
-        results.append(Result("output" if p.kind == "output" else "argument", p.slot, a.type,
-                              copy=p.kind == "argument"))
     return CudaProgram(plan, _launch_bounds(str(module), launches), launches, [v.type for v in args],
-                       [p.type for p in outputs], results)
+                       [p.type for p in outputs], plan.results())
 
 
 __all__ = ["CudaProgram", "Launch", "Place", "Result", "build_program"]
