@@ -1,6 +1,8 @@
-"""Pytrees: nested tuples, lists, dicts and None around array leaves, flattened and rebuilt."""
+"""Pytrees: nested tuples, lists, dicts, namedtuples, OrderedDicts and None around array leaves,
+flattened and rebuilt."""
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -9,7 +11,7 @@ from typing import Any, Callable
 class PyTreeDef:
     """The structure of a pytree without its leaves; hashable, so it can key a cache."""
 
-    kind: str  # leaf | none | tuple | list | dict
+    kind: str  # leaf | none | tuple | list | dict | namedtuple (keys: its class) | odict
     children: tuple["PyTreeDef", ...] = ()
     keys: tuple[Any, ...] = ()
 
@@ -26,9 +28,12 @@ class PyTreeDef:
     def __str__(self) -> str:
         if self.kind in ("leaf", "none"):
             return "*" if self.kind == "leaf" else "None"
-        if self.kind == "dict":
-            return "{" + ", ".join(f"{k!r}: {c}" for k, c in zip(self.keys, self.children)) + "}"
+        if self.kind in ("dict", "odict"):
+            items = "{" + ", ".join(f"{k!r}: {c}" for k, c in zip(self.keys, self.children)) + "}"
+            return items if self.kind == "dict" else f"OrderedDict({items})"
         inner = ", ".join(map(str, self.children))
+        if self.kind == "namedtuple":
+            return f"{self.keys[0].__name__}({inner})"
         return f"({inner},)" if self.kind == "tuple" and len(self.children) == 1 else \
             (f"({inner})" if self.kind == "tuple" else f"[{inner}]")
 
@@ -41,13 +46,29 @@ def _dict_children(tree: dict) -> tuple[str, tuple[Any, ...], tuple[Any, ...]]:
     return "dict", tuple(tree[k] for k in keys), keys
 
 
-# Exact types only: a namedtuple or a dict subclass is a leaf, not a node.
-_NODES = {
+# Node types by exact type. A namedtuple class or OrderedDict (whose keys keep their order) is
+# added on first sight by `_node_split`; any other type, subclasses of the above included, is a
+# leaf.
+_NODES: dict[type, Callable[[Any], tuple[str, tuple[Any, ...], tuple[Any, ...]]]] = {
     type(None): lambda tree: ("none", (), ()),
     tuple: lambda tree: ("tuple", tree, ()),
     list: lambda tree: ("list", tuple(tree), ()),
     dict: _dict_children,
 }
+_LEAF_TYPES: set[type] = set()
+
+
+def _node_split(cls: type) -> Callable[[Any], tuple[str, tuple[Any, ...], tuple[Any, ...]]] | None:
+    """How to split an instance of `cls` into its children, or None for a leaf type."""
+    split = _NODES.get(cls)
+    if split is None and cls not in _LEAF_TYPES:
+        if issubclass(cls, tuple) and hasattr(cls, "_fields"):
+            split = _NODES[cls] = lambda tree: ("namedtuple", tuple(tree), (cls,))
+        elif issubclass(cls, OrderedDict):
+            split = _NODES[cls] = lambda tree: ("odict", tuple(tree.values()), tuple(tree))
+        else:
+            _LEAF_TYPES.add(cls)
+    return split
 
 
 def tree_flatten(tree: Any) -> tuple[list[Any], PyTreeDef]:
@@ -63,14 +84,14 @@ _INTERNED: dict[tuple[str, tuple[int, ...], tuple[Any, ...]], PyTreeDef] = {}
 
 
 def _walk(node: Any, leaves: list[Any]) -> PyTreeDef:
-    split = _NODES.get(node.__class__)
+    split = _node_split(node.__class__)
     if split is None:
         leaves.append(node)
         return LEAF
     kind, kids, keys = split(node)
     defs = []
     for kid in kids:
-        if kid.__class__ in _NODES:
+        if kid.__class__ not in _LEAF_TYPES and _node_split(kid.__class__) is not None:
             defs.append(_walk(kid, leaves))
         else:  # a leaf, inline: most children are
             leaves.append(kid)
@@ -87,15 +108,16 @@ _CALLS: dict[tuple[Any, ...], PyTreeDef] = {}
 
 def flatten_call(args: tuple[Any, ...]) -> tuple[list[Any], PyTreeDef]:
     """`tree_flatten((args, {}))`: a call's positional arguments and no keywords, without a walk
-    when each argument is a leaf or a flat list or tuple of leaves (most calls)."""
+    when each argument is a leaf or a flat list or tuple of leaves of types already seen (most
+    calls)."""
     leaves: list[Any] = []
     shape = []
     for a in args:
         cls = a.__class__
-        if cls not in _NODES:
+        if cls in _LEAF_TYPES:
             leaves.append(a)
             shape.append(None)
-        elif (cls is list or cls is tuple) and not any(x.__class__ in _NODES for x in a):
+        elif (cls is list or cls is tuple) and all(x.__class__ in _LEAF_TYPES for x in a):
             leaves.extend(a)
             shape.append((cls, len(a)))
         else:
@@ -126,6 +148,8 @@ _BUILD: dict[str, Callable[[PyTreeDef, list[Any]], Any]] = {
     "tuple": lambda node, kids: tuple(kids),
     "list": lambda node, kids: kids,
     "dict": lambda node, kids: dict(zip(node.keys, kids)),
+    "namedtuple": lambda node, kids: node.keys[0](*kids),
+    "odict": lambda node, kids: OrderedDict(zip(node.keys, kids)),
 }
 
 
@@ -136,8 +160,13 @@ def tree_map(fn: Callable[..., Any], tree: Any, *rest: Any) -> Any:
 
 
 def leaf_paths(treedef: PyTreeDef, prefix: str = "") -> list[str]:
-    """A readable path (`[0]['w']`) for each leaf, in flattening order."""
+    """A readable path (`[0]['w']`, `.w` for a namedtuple field) for each leaf, in flattening
+    order."""
     if treedef.kind == "leaf":
         return [prefix]
-    keys = treedef.keys if treedef.kind == "dict" else range(len(treedef.children))
-    return [p for k, c in zip(keys, treedef.children) for p in leaf_paths(c, f"{prefix}[{k!r}]")]
+    if treedef.kind == "namedtuple":
+        steps = [f".{name}" for name in treedef.keys[0]._fields]
+    else:
+        keys = treedef.keys if treedef.kind in ("dict", "odict") else range(len(treedef.children))
+        steps = [f"[{k!r}]" for k in keys]
+    return [p for step, c in zip(steps, treedef.children) for p in leaf_paths(c, prefix + step)]

@@ -1,14 +1,21 @@
-"""Pytrees: flattening and rebuilding nested tuples, lists, dicts and None, and jit over them."""
+"""Pytrees: flattening and rebuilding nested tuples, lists, dicts, namedtuples, OrderedDicts and
+None, and jit over them."""
+from collections import OrderedDict, namedtuple
+
 import numpy as np
 from hypothesis import given, strategies as st
 
 import glue
 from glue.frontend.pytree import leaf_paths, tree_flatten, tree_map, tree_unflatten
 
+Pair = namedtuple("Pair", "first second")
+
 pytrees = st.recursive(
     st.one_of(st.none(), st.integers()),
     lambda kids: st.one_of(st.lists(kids, max_size=3), st.lists(kids, max_size=3).map(tuple),
-                           st.dictionaries(st.text("abc", max_size=2), kids, max_size=3)),
+                           st.dictionaries(st.text("abc", max_size=2), kids, max_size=3),
+                           st.tuples(kids, kids).map(lambda t: Pair(*t)),
+                           st.lists(st.tuples(st.text("abc", max_size=2), kids), max_size=3).map(OrderedDict)),
     max_leaves=12)
 
 
@@ -17,7 +24,8 @@ def test_flatten_unflatten_round_trip(tree):
     leaves, treedef = tree_flatten(tree)
     assert all(isinstance(leaf, int) for leaf in leaves)  # None is structure, not a leaf
     assert treedef.num_leaves == len(leaves) == len(leaf_paths(treedef))
-    assert tree_unflatten(treedef, leaves) == tree
+    rebuilt = tree_unflatten(treedef, leaves)
+    assert rebuilt == tree and type(rebuilt) is type(tree)
 
 
 @given(pytrees)
@@ -65,3 +73,17 @@ def test_jit_returns_a_bare_array_and_an_empty_structure():
     assert isinstance(glue.jit(lambda x: x, backend="reference")(np.float32([1])), glue.Array)
     assert glue.jit(lambda x: (), backend="reference")(np.float32([1])) == ()
     assert glue.jit(lambda x: None, backend="reference")(np.float32([1])) is None
+
+
+def test_namedtuples_and_ordered_dicts_are_nodes_under_jit_and_grad():
+    Params = namedtuple("Params", "w b")
+    p = Params(np.ones((3, 2), np.float32), np.zeros(2, np.float32))
+    x = np.ones((4, 3), np.float32)
+    loss = lambda p, x: ((x @ p.w + p.b) ** 2).sum()  # noqa: E731
+    g = glue.jit(glue.grad(loss), backend="cpu")(p, x)
+    assert type(g) is Params
+    np.testing.assert_allclose(np.asarray(g.b), np.full(2, 2 * 4 * 3.0))
+    ordered = OrderedDict([("z", np.ones(2, np.float32)), ("a", np.zeros(2, np.float32))])
+    out = glue.jit(lambda d: OrderedDict((k, v + 1) for k, v in d.items()), backend="cpu")(ordered)
+    assert type(out) is OrderedDict and list(out) == ["z", "a"]
+    assert leaf_paths(tree_flatten(p)[1]) == [".w", ".b"]

@@ -278,7 +278,7 @@ def _prefix_axes(prefix: Any, tree: PyTreeDef, what: str, label: str, path: str)
     or a tuple/list/dict that matches the tree's structure down to where axes are given."""
     if prefix is None or (isinstance(prefix, numbers.Integral) and not isinstance(prefix, bool)):
         return [prefix] * tree.num_leaves
-    if isinstance(prefix, (tuple, list)) and tree.kind in ("tuple", "list") \
+    if isinstance(prefix, (tuple, list)) and tree.kind in ("tuple", "list", "namedtuple") \
             and len(prefix) == len(tree.children):
         return [a for k, (p, c) in enumerate(zip(prefix, tree.children))
                 for a in _prefix_axes(p, c, what, label, f"{path}[{k}]")]
