@@ -11,7 +11,9 @@ decides (the workloads of ../shared/anchors/peers_gpu_kernels_and_loops.py).
 
 For glue each row also reports the host time per step (the loop without its final sync), the
 kernels per step, the streams its plan uses, and how calls ran (graph replays / captures /
-direct launches).
+direct launches). Diagnostics printed before the table: the MLP step's device time alone (its
+graphs replayed back to back), a cProfile of its host path, each kernel's time in a
+`glue.profile` trace, and what each layer of a cached tiny call costs the host.
 """
 from __future__ import annotations
 
