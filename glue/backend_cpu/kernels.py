@@ -46,11 +46,11 @@ from glue.codegen import reductions
 from glue.codegen.buffers import BufferAccess
 from glue.codegen.expr import ExprEmitter, convert
 from glue.codegen.loops import loop, nest, unflatten
-from glue.codegen.scope import Analysis, children, hoist
+from glue.codegen.scope import Analysis, hoist
 from glue.codegen.types import F64, I1, I64, from_memory, memory_type, register_type, to_memory
 from glue.ir import dtypes as dt
 from glue.ir.core import strides
-from glue.scheduler.kernel_ir import Const, Dim, Expr, FromValue, Index, Kernel, Load, Op, Store
+from glue.scheduler.kernel_ir import Const, Dim, Expr, FromValue, Index, Kernel, Load, Op, Store, children
 from glue.scheduler.lowering import EXPENSIVE
 
 PTR = ir.PointerType()

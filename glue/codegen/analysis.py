@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from glue.codegen.scope import Analysis, children
-from glue.scheduler.kernel_ir import Op
+from glue.codegen.scope import Analysis
+from glue.scheduler.kernel_ir import Op, children
 from glue.scheduler.lowering import EXPENSIVE
 from glue.scheduler.plan import Plan
 

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from glue.codegen.expr import ExprEmitter
-from glue.scheduler.kernel_ir import (Clamp, Const, Dim, Div, Expr, FromValue, InBounds, Index, IndexValue,
-                                      Load, Mod, Op, RowValue)
+from glue.scheduler.kernel_ir import (Const, Dim, Expr, FromValue, Index, RowValue, children,
+                                      indices_of)
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ class Analysis:
         if isinstance(e, RowValue):
             return Uses(frozenset(), frozenset((e.k,)))
         out = _NOTHING
-        for index in _indices(e):
+        for index in indices_of(e):
             out = out | self.index_uses(index)
         for child in children(e):
             out = out | self.uses(child)
@@ -65,29 +65,6 @@ class Analysis:
         """Whether `e` varies inside a loop over `dims` that computes the row values `rows`."""
         u = self.uses(e)
         return bool(u.dims & dims or u.rows & rows)
-
-
-def _indices(e: Expr) -> list[Index]:
-    if isinstance(e, Load):
-        return list(e.index) + [i for i, _, _ in e.mask]
-    if isinstance(e, InBounds):
-        return [i for i, _, _ in e.mask]
-    if isinstance(e, IndexValue):
-        return [e.index]
-    return []
-
-
-def children(e: Expr) -> list[Expr]:
-    """The expressions `e` computes from: operands, and data-dependent indices."""
-    out = list(e.args) if isinstance(e, Op) else []
-    stack = _indices(e)
-    while stack:
-        for atom, _ in stack.pop().terms:
-            if isinstance(atom, FromValue):
-                out.append(atom.value)
-            elif isinstance(atom, (Div, Mod, Clamp)):
-                stack.append(atom.index)
-    return out
 
 
 def hoist(emitter: ExprEmitter, exprs: Iterable[Expr], analysis: Analysis, dims: frozenset[int],

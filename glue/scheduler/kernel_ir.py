@@ -12,12 +12,13 @@ expressions to output buffers. Loads read input buffers through index maps: affi
 expressions over the domain dims (broadcast = dim absent, transposes, slices, reshapes that
 split or merge dims), plus floor-div/mod where a reshape does not line up, clamps and
 data-dependent indices (gather). Backends choose how to map the domain onto loops, threads
-and blocks; the scheduler never decides that.
+and blocks; the scheduler never decides that. `children` and `loads_under` walk expressions,
+for the scheduler and for both backends.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any, Union
+from typing import Any, Iterable, Union
 
 from glue.ir import TensorType
 from glue.ir.dtypes import DType
@@ -295,3 +296,44 @@ class Kernel:
         from glue.scheduler.kernel_text import kernel_text
 
         return kernel_text(self)
+
+
+# --- walking expressions ---------------------------------------------------------------------
+
+def indices_of(e: Expr) -> list[Index]:
+    """The index expressions `e` reads at (a load's index and mask, a bound's, an iota's)."""
+    if isinstance(e, Load):
+        return list(e.index) + [i for i, _, _ in e.mask]
+    if isinstance(e, InBounds):
+        return [i for i, _, _ in e.mask]
+    if isinstance(e, IndexValue):
+        return [e.index]
+    return []
+
+
+def children(e: Expr) -> list[Expr]:
+    """The expressions `e` computes from: operands, and data-dependent indices."""
+    out = list(e.args) if isinstance(e, Op) else []
+    stack = indices_of(e)
+    while stack:
+        for atom, _ in stack.pop().terms:
+            if isinstance(atom, FromValue):
+                out.append(atom.value)
+            elif isinstance(atom, (Div, Mod, Clamp)):
+                stack.append(atom.index)
+    return out
+
+
+def loads_under(exprs: Iterable[Expr], found: set[Expr] | None = None) -> list[Load]:
+    """The loads `exprs` read, skipping (and adding to `found`) expressions already visited."""
+    found = set() if found is None else found
+    out, stack = [], list(exprs)
+    while stack:
+        e = stack.pop()
+        if e in found:
+            continue
+        found.add(e)
+        if isinstance(e, Load):
+            out.append(e)
+        stack.extend(children(e))
+    return out

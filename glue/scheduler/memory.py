@@ -19,7 +19,7 @@ from functools import reduce
 from typing import Sequence
 
 from glue.ir import Graph, TensorType, Var
-from glue.scheduler.kernel_ir import Expr, FromValue, InBounds, Index, Kernel, Load, Op
+from glue.scheduler.kernel_ir import Kernel, loads_under
 from glue.scheduler.streams import StreamPlan, plan_streams
 
 ALIGNMENT = 256  # bytes: cudaMalloc's alignment, a multiple of every vector width we load
@@ -68,27 +68,6 @@ def _align(n: int) -> int:
     return (n + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
 
 
-def _loads(expr: Expr, out: list[Load]) -> None:
-    if isinstance(expr, Load):
-        out.append(expr)
-        for index in expr.index:
-            _index_loads(index, out)
-    elif isinstance(expr, Op):
-        for a in expr.args:
-            _loads(a, out)
-    elif isinstance(expr, InBounds):
-        for index, _, _ in expr.mask:
-            _index_loads(index, out)
-
-
-def _index_loads(index: Index, out: list[Load]) -> None:
-    for atom, _ in index.terms:
-        if isinstance(atom, FromValue):
-            _loads(atom.value, out)
-        elif hasattr(atom, "index"):
-            _index_loads(atom.index, out)
-
-
 def reads_only_where_written(kernel: Kernel, input_slot: int, output_slot: int) -> bool:
     """True when the kernel reads input `input_slot` only at the points it writes output
     `output_slot`, so both may share memory. A row kernel qualifies too: it finishes reading a
@@ -97,9 +76,7 @@ def reads_only_where_written(kernel: Kernel, input_slot: int, output_slot: int) 
     if kernel.kind not in ("pointwise", "reduction") or len(stores) != 1 or stores[0].mode != "set" \
             or stores[0].level != "element":
         return False
-    loads: list[Load] = []
-    for value in [r.value for r in kernel.reductions] + [s.value for s in kernel.stores]:
-        _loads(value, loads)
+    loads = loads_under([r.value for r in kernel.reductions] + [s.value for s in kernel.stores])
     mine = [ld for ld in loads if ld.input == input_slot]
     return all(ld.index == stores[0].index and not ld.mask for ld in mine)
 

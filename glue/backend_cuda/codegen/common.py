@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import math
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Sequence
 
 from llvmlite import ir
 
@@ -29,10 +29,10 @@ from glue.codegen import reductions
 from glue.codegen.buffers import BufferAccess
 from glue.codegen.expr import ExprEmitter, convert
 from glue.ir.core import strides
-from glue.codegen.scope import Analysis, children, hoist
+from glue.codegen.scope import Analysis, hoist
 from glue.codegen.types import F32, I1, I8, I32, I64, from_memory, memory_type, to_memory
 from glue.ir import dtypes as dt
-from glue.scheduler.kernel_ir import Dim, Expr, Index, Kernel, Load, Reduction, Store
+from glue.scheduler.kernel_ir import Dim, Expr, Index, Kernel, Load, Reduction, Store, children, loads_under
 
 PTR1 = ir.PointerType(addrspace=1)
 PTR3 = ir.PointerType(addrspace=3)
@@ -354,21 +354,6 @@ def reachable(kernel: Kernel, analysis: Analysis) -> list[Expr]:
         seen[e] = None
         stack.extend(children(e))
     return list(seen)
-
-
-def loads_under(exprs: Iterable[Expr], found: set[Expr] | None = None) -> list[Load]:
-    """The loads `exprs` read, skipping (and adding to `found`) expressions already visited."""
-    found = set() if found is None else found
-    out, stack = [], list(exprs)
-    while stack:
-        e = stack.pop()
-        if e in found:
-            continue
-        found.add(e)
-        if isinstance(e, Load):
-            out.append(e)
-        stack.extend(children(e))
-    return out
 
 
 class LaneGroup:

@@ -24,12 +24,11 @@ import math
 
 from llvmlite import ir
 
-from glue.backend_cuda.codegen.common import (KernelEmitter, LaneGroup, Partial, Vectorization, loads_under,
-                                             pow2_at_least, when)
+from glue.backend_cuda.codegen.common import KernelEmitter, LaneGroup, Partial, Vectorization, pow2_at_least, when
 from glue.codegen.loops import loop, unflatten
 from glue.codegen.scope import Analysis, hoist
 from glue.codegen.types import I64
-from glue.scheduler.kernel_ir import Kernel
+from glue.scheduler.kernel_ir import Kernel, loads_under
 
 HOLD = 32            # elements a thread may keep in registers
 TARGET = 16          # elements per thread the register variant aims for
