@@ -202,8 +202,9 @@ def glue_tiny() -> list[dict]:
 
 
 def host_path() -> list[tuple[str, float]]:
-    """Where a cached tiny call's host time goes: each layer of the call path alone, and the
-    driver calls it makes (median us over many calls, nothing waited for)."""
+    """Where a cached call's host time goes, for the tiny add and the MLP step: each layer of
+    the call path alone, and the driver calls it makes (median us over many calls, nothing
+    waited for)."""
     from glue.backend_cuda.runtime import DeviceBuffer, Event, driver, get_context
 
     add = glue.jit(lambda v: v + 1, backend="cuda")
@@ -237,6 +238,20 @@ def host_path() -> list[tuple[str, float]]:
         ("cuEventRecord (glue Event)", _median_us(lambda: Event(ctx).record(s0), 5000)),
         ("DeviceBuffer alloc + free", _median_us(lambda: DeviceBuffer((16,), np.float32, s0), 5000)),
         ("glue.Array wrap", _median_us(lambda: glue.Array(z.device_buffer, z.aval), 5000)),
+    ]
+    step = glue.jit(_step, backend="cuda")
+    ws0, x0, y0 = _mlp_data()
+    state = [[device_put(w) for w in ws0], device_put(x0), device_put(y0)]
+    for _ in range(5):
+        state[0] = step(*state)[0]
+    compiled = next(iter(step._compiled.values()))
+    leaves = [*state[0], state[1], state[2]]
+    graph = list(compiled.executable._graphs.values())[-1]
+    rows += [
+        ("mlp step: jit call (whole path)", _median_us(lambda: step(*state), 2000)),
+        ("mlp step: Compiled.call_tree", _median_us(lambda: compiled.call_tree(leaves), 2000)),
+        ("mlp step: executable call", _median_us(lambda: compiled.executable(*leaves), 2000)),
+        ("mlp step: graph launch", _median_us(lambda: graph.launch(s0), 2000)),
     ]
     ctx.synchronize()
     return rows

@@ -18,6 +18,10 @@ records. A call then:
    - direct: stream 0 forks to the other streams, each launch waits for the events of its
      producers on other streams (and for arguments still being uploaded, just before the
      first kernel that reads them), and the streams join back into stream 0;
+   On sm_90 and later, a kernel that follows another kernel of the program on its stream is
+   a dependent launch (programmatic stream serialization): the GPU places it while its
+   predecessor still runs and it waits there (`griddepcontrol.wait`), so the launch latency
+   between the two overlaps work. `GLUE_CUDA_PDL=0` turns this off;
 4. marks the outputs written on stream 0 and returns device-backed `glue.Array`s without
    waiting: reading one (`np.asarray`) or `block_until_ready()` waits. No event is recorded
    per call: an output's event is recorded when something first waits for it (see
@@ -78,6 +82,8 @@ class _Step:
     waits: tuple[Event, ...]               # events of producers on other streams
     record: Event | None                   # recorded after this step: another stream waits for it
     first_args: tuple[int, ...]            # arguments this stream reads first here
+    dependent: Any = None                  # launch configuration letting it start before its
+                                           # predecessor on the stream (a kernel of this program) ends
 
 
 @dataclass
@@ -105,6 +111,7 @@ class CudaExecutable:
         self._cost = cost
         self.poison: int | None = _poison_from_env()
         self.use_graphs = os.environ.get("GLUE_CUDA_GRAPHS", "1") != "0"
+        self.use_dependent = os.environ.get("GLUE_CUDA_PDL", "1") != "0"
         self.graph_stats = GraphStats()
         self._graphs: OrderedDict[tuple[int, ...], Graph] = OrderedDict()
         module = self.ctx.modules.load(ptx, name) if program.launches else None
@@ -115,6 +122,7 @@ class CudaExecutable:
         # glue has no byte dtype; arena sizes are multiples of 256 bytes.
         self.arena = DeviceBuffer((program.arena_bytes // 4,), np.int32, self.stream) if program.arena_bytes else None
         self._arg_dtypes = [t.dtype.numpy for t in program.arg_types]
+        self._arg_specs = [(t.shape, t.dtype) for t in program.arg_types]
         # A call's outputs share one allocation: one allocator call, and a loop that feeds its
         # results back in sees the same few addresses again and again, so it replays the graphs
         # it captured for them.
@@ -139,7 +147,8 @@ class CudaExecutable:
 
         events = {k: Event(self.ctx) for k in plan.recorded}
         seen: set[tuple[int, int]] = set()
-        steps = []
+        steps: list[_Step] = []
+        last_on: dict[int, _Step] = {}  # the step each stream ran last
         for k, launch in enumerate(program.launches):
             s = plan.streams[k]
             places = launch.params + ((launch.copy[1],) if launch.copy else ())
@@ -153,12 +162,25 @@ class CudaExecutable:
                 kernel.bind([0] * len(launch.params)) if kernel else None,
                 tuple(source(p) for p in launch.params), (launch.grid, 1, 1), (launch.block, 1, 1),
                 copy, tuple(events[j] for j in plan.waits[k]), events.get(k), first))
+            # A kernel whose stream just ran another kernel of this program may be placed on the
+            # GPU early, to wait there (it awaits its producers itself); the first kernel of a
+            # stream follows someone else's work and launches plainly, so that nothing of it can
+            # run before that work ends.
+            previous = last_on.get(s)
+            if self.use_dependent and launch.dependent and kernel and not copy and previous and previous.kernel:
+                steps[-1].dependent = kernel.dependent_config(steps[-1].grid, steps[-1].block, steps[-1].stream)
+            last_on[s] = steps[-1]
         return steps
 
     def __del__(self) -> None:
         slabs = getattr(self, "_slabs", None)
         if slabs is not None:
             slabs.close()
+
+    @property
+    def dependent_launches(self) -> int:
+        """How many of the program's kernels launch before their predecessor on the stream ends."""
+        return sum(step.dependent is not None for step in self._steps)
 
     # --- arguments ---------------------------------------------------------------------------
     def _to_device(self, i: int, a: Any, t: TensorType) -> DeviceBuffer:
@@ -178,32 +200,48 @@ class CudaExecutable:
     # --- calls -------------------------------------------------------------------------------
     def __call__(self, *args: Any) -> list[Array]:
         program = self.program
-        if len(args) != len(program.arg_types):
+        if len(args) != len(self._arg_specs):
             raise BackendError(f"cuda: {self.name} takes {len(program.arg_types)} arguments, got {len(args)}")
-        s0 = self.stream
-        buffers = [self._to_device(i, a, t) for i, (a, t) in enumerate(zip(args, program.arg_types))]
+        s0, ctx = self.stream, self.ctx
+        buffers: list[DeviceBuffer] = []
+        key: list[int] = []  # what a graph depends on: the arguments' and the outputs' addresses
+        unordered: list[DeviceBuffer] = []  # arguments stream 0 is not yet ordered after
+        for a, (shape, dtype) in zip(args, self._arg_specs):
+            buf = a._device if a.__class__ is Array else None  # the usual case, checked inline
+            if buf is None or buf.shape != shape or buf.dtype is not dtype or buf.stream.ctx is not ctx:
+                i = len(buffers)
+                buf = self._to_device(i, a, program.arg_types[i])
+            buffers.append(buf)
+            key.append(buf.ptr)
+            if buf.waited_on is not s0 and (buf.written_on is not s0 or buf.stream is not s0):
+                unordered.append(buf)
         outputs = DeviceBuffer.carve(self._out_layout, self._slabs) if self._out_layout else []
+        if outputs:  # they sit at fixed offsets in one block
+            key.append(outputs[0].ptr)
         if self.poison is not None:
             for buf in outputs + ([self.arena] if self.arena else []):
                 buf.fill_bytes(self.poison)
             for buf in outputs:  # written next by the kernels, not by the fill
                 buf.mark_pending(s0)
-        bases = [b.ptr for b in buffers] + [o.ptr for o in outputs] + [self.arena.ptr if self.arena else 0]
         prof = profiler.active()
-        with self.ctx.enqueue_lock:
-            if prof is not None or not self.use_graphs or not self._replay(bases, buffers):
+        with ctx.enqueue_lock:
+            if prof is not None or not self.use_graphs or not self._replay(tuple(key), buffers, outputs, unordered):
                 self.graph_stats.direct += 1
-                self._enqueue(bases, buffers, prof)
+                self._enqueue(self._bases(buffers, outputs), buffers, prof)
         if self._plain_results is not None:
-            return [Array(outputs[slot], t) for slot, t in self._plain_results]
+            return Array.of_buffers(outputs, self._plain_results)
         return [self._result(r, args, buffers, outputs) for r in program.results]
 
-    def _replay(self, bases: list[int], buffers: list[DeviceBuffer]) -> bool:
+    def _bases(self, buffers: list[DeviceBuffer], outputs: list[DeviceBuffer]) -> list[int]:
+        """The address of every memory place of the call: arguments, outputs, then the arena."""
+        return [b.ptr for b in buffers] + [o.ptr for o in outputs] + [self.arena.ptr if self.arena else 0]
+
+    def _replay(self, key: tuple[int, ...], buffers: list[DeviceBuffer], outputs: list[DeviceBuffer],
+                unordered: list[DeviceBuffer]) -> bool:
         """Launch the graph for these addresses (capturing it if new); False to launch directly."""
-        key = tuple(bases)
         graph = self._graphs.get(key)
         if graph is None:
-            graph = self._capture(key)
+            graph = self._capture(key, self._bases(buffers, outputs))
             if graph is None:
                 return False
         else:
@@ -211,13 +249,12 @@ class CudaExecutable:
                 self._graphs.move_to_end(key)
             self.graph_stats.replays += 1
         s0 = self.stream
-        for buf in buffers:
-            if buf.written_on is not s0 or buf.stream is not s0:  # else ordered already
-                buf.prepare_for(s0)
+        for buf in unordered:
+            buf.prepare_for(s0)
         graph.launch(s0)
         return True
 
-    def _capture(self, key: tuple[int, ...]) -> Graph | None:
+    def _capture(self, key: tuple[int, ...], bases: list[int]) -> Graph | None:
         stats = self.graph_stats
         if stats.captures >= 2 * GRAPH_CACHE and stats.captures > stats.replays:
             self.use_graphs = False
@@ -228,7 +265,7 @@ class CudaExecutable:
         if not self._steps:
             return None
         try:
-            graph = capture(self.stream, lambda: self._enqueue(list(key), None, None))
+            graph = capture(self.stream, lambda: self._enqueue(bases, None, None))
         except drv.CudaError as exc:
             self.use_graphs = False
             log.warning("glue.cuda: %s cannot be captured as a CUDA graph (%s); launching its kernels "
@@ -265,7 +302,12 @@ class CudaExecutable:
                               "cuMemcpyDtoDAsync", step.name)
                 if step.kernel is not None:
                     step.pack.pack([bases[b] + off for b, off in step.sources])
-                    step.kernel.launch_packed(step.pack, step.grid, step.block, stream)
+                    # (not after waiting for an argument here: only a kernel's predecessor on
+                    # its stream may still run when it starts early)
+                    if step.dependent is not None and prof is None and not (buffers and step.first_args):
+                        step.kernel.launch_dependent(step.pack, step.dependent)
+                    else:
+                        step.kernel.launch_packed(step.pack, step.grid, step.block, stream)
             if step.record is not None:
                 step.record.record(stream)
         for stream, event in self._joins:

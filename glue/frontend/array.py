@@ -1,7 +1,7 @@
 """`glue.Array`: a concrete result of a glue computation, interoperable with NumPy."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -30,6 +30,19 @@ class Array(ArrayOperators):
         else:
             self._value, self._device = None, value
             self.aval = aval or TensorType(tuple(value.shape), value.dtype)
+
+    @classmethod
+    def of_buffers(cls, buffers: Sequence[Any], picks: Sequence[tuple[int, TensorType]]) -> list["Array"]:
+        """`[Array(buffers[i], aval) for i, aval in picks]` for device buffers of those types,
+        without the checks: a backend's call path builds one per output, on every call."""
+        out, new = [], cls.__new__
+        for i, aval in picks:
+            array = new(cls)
+            array._value = None
+            array._device = buffers[i]
+            array.aval = aval
+            out.append(array)
+        return out
 
     @property
     def device_buffer(self) -> Any:

@@ -29,7 +29,6 @@ from glue.ir import ClosedGraph, TensorType
 log = logging.getLogger("glue")
 
 _DUMP_COUNT = itertools.count()
-_ARRAY_TYPES = (np.ndarray, Array)
 _STAGE_SUFFIX = {"graph": "dot", "llvm": "ll", "ptx": "ptx", "asm": "s"}
 
 
@@ -66,7 +65,6 @@ class _ArgSpec:
         names = self._param_names(fn)
         self.static_nums = set(static_argnums) | {names.index(n) for n in static_argnames if n in names}
         self.static_names = set(static_argnames) | {names[i] for i in static_argnums if i < len(names)}
-        self._flat_defs: dict[int, PyTreeDef] = {}
 
     @staticmethod
     def _param_names(fn: Callable) -> list[str]:
@@ -78,9 +76,6 @@ class _ArgSpec:
 
     def split(self, args: tuple, kwargs: dict) -> tuple[Signature, list[Any]]:
         if not kwargs and not self.static_nums:  # the common calls, kept lean
-            if all(type(a) in _ARRAY_TYPES for a in args):
-                treedef = self._flat_defs.get(len(args)) or self._flat_treedef(len(args))
-                return Signature(treedef, _types(args), ()), list(args)
             leaves, treedef = flatten_call(args)
             return Signature(treedef, _types(leaves), ()), leaves
         dyn_args = tuple(a for i, a in enumerate(args) if i not in self.static_nums)
@@ -94,11 +89,6 @@ class _ArgSpec:
                             f"{[type(v).__name__ for _, v in statics]}") from None
         leaves, treedef = tree_flatten((dyn_args, dyn_kwargs))
         return Signature(treedef, _types(leaves), statics), leaves
-
-    def _flat_treedef(self, n: int) -> PyTreeDef:
-        """The structure of `n` positional array arguments and no keywords (the common call)."""
-        treedef = self._flat_defs[n] = tree_flatten((tuple(range(n)), {}))[1]
-        return treedef
 
     def flat_fn(self, sig: Signature) -> Callable[..., list[Any]]:
         """`fn` as a function of the flat dynamic leaves, returning flat outputs."""
@@ -219,14 +209,10 @@ class Compiled:
 
     def call_tree(self, leaves: Sequence[Any]) -> Any:
         """Run on the flat dynamic leaves; the outputs come back in the function's pytree."""
-        outs = self.call_flat(leaves)
+        outs = [o if o.__class__ is Array else Array(np.asarray(o)) for o in self.call_flat(leaves)]
         for i, aval in self._avals:
-            if outs[i].__class__ is Array:
-                outs[i].aval = aval
-        if self._out_tree is LEAF:  # one array out: the commonest call, kept short
-            out = outs[0]
-            return out if out.__class__ is Array else Array(np.asarray(out))
-        return tree_unflatten(self._out_tree, [o if o.__class__ is Array else Array(np.asarray(o)) for o in outs])
+            outs[i].aval = aval
+        return outs[0] if self._out_tree is LEAF else tree_unflatten(self._out_tree, outs)
 
     def call_flat(self, leaves: Sequence[Any]) -> list[Any]:
         args = self._consts + tuple(leaves) if self._consts else leaves
@@ -260,6 +246,7 @@ class Jitted:
         self.donate_argnums = tuple(donate_argnums)
         self._traced: dict[Signature, tuple[ClosedGraph, PyTreeDef]] = {}
         self._compiled: dict[Signature, Compiled] = {}
+        self._hot: tuple[Signature | None, Compiled | None] = (None, None)  # the last call's
         self._last: Signature | None = None
 
     @property
@@ -304,9 +291,12 @@ class Jitted:
             # every call it makes (stop_gradient records its cuts in the transform's trace).
             return self.fn(*args, **kwargs)
         sig, leaves = self.spec.split(args, kwargs)
-        compiled = self._compiled.get(sig)
-        if compiled is None:
-            compiled = self._compiled[sig] = self.lower(*args, **kwargs).compile()
+        hot_sig, compiled = self._hot
+        if sig != hot_sig:  # a loop's calls pass the same type objects: compared without hashing
+            compiled = self._compiled.get(sig)
+            if compiled is None:
+                compiled = self._compiled[sig] = self.lower(*args, **kwargs).compile()
+        self._hot = (sig, compiled)
         if profiler.active() is None:
             return compiled.call_tree(leaves)
         with profiler.span("call", self.name):

@@ -117,7 +117,7 @@ def flatten_call(args: tuple[Any, ...]) -> tuple[list[Any], PyTreeDef]:
         if cls in _LEAF_TYPES:
             leaves.append(a)
             shape.append(None)
-        elif (cls is list or cls is tuple) and all(x.__class__ in _LEAF_TYPES for x in a):
+        elif (cls is list or cls is tuple) and all(map(_LEAF_TYPES.__contains__, map(type, a))):
             leaves.extend(a)
             shape.append((cls, len(a)))
         else:
@@ -140,7 +140,7 @@ def _build(node: PyTreeDef, it: Any) -> Any:
     # garbage collection.
     if node.kind == "leaf":
         return next(it)
-    return _BUILD[node.kind](node, [_build(c, it) for c in node.children])
+    return _BUILD[node.kind](node, [next(it) if c is LEAF else _build(c, it) for c in node.children])
 
 
 _BUILD: dict[str, Callable[[PyTreeDef, list[Any]], Any]] = {

@@ -4,10 +4,15 @@ Kernels form a DAG through the values they pass (a kernel depends on the kernels
 its inputs). The plan walks the kernels in program order and puts each one on a stream:
 
 - the stream of a producer it depends on, when that producer is still the stream's last
-  kernel (the dependency then costs nothing: work on one stream runs in order);
-- otherwise a stream whose last kernel already happens before it, or a new stream while
-  fewer than `max_streams` exist, so that independent branches overlap on the device;
-- otherwise the stream whose last kernel is the oldest.
+  kernel and this kernel is the producer's heir: of the producer's consumers, the one with the
+  longest chain of kernels still to run after it. The critical path thus stays on one stream,
+  where a dependency costs nothing (work on one stream runs in order, and on sm_90 the next
+  kernel launches early: see the cuda executor), and side work (a loss, a weight gradient)
+  branches off instead of holding the chain back;
+- otherwise a stream whose last kernel already happens before it (and is not waiting for its
+  heir), or a new stream while fewer than `max_streams` exist, so that independent branches
+  overlap on the device;
+- otherwise the stream whose last kernel is the oldest, preferring streams not kept for an heir.
 
 A dependency on a kernel of another stream becomes a wait on the event recorded after that
 kernel, unless it is already implied by an earlier wait (waits are transitive). The plan also
@@ -77,25 +82,44 @@ def kernel_deps(kernels: Sequence[Kernel]) -> list[tuple[int, ...]]:
     return deps
 
 
+def heirs(deps: Sequence[tuple[int, ...]]) -> dict[int, int]:
+    """kernel -> the consumer that continues its stream: the one with the most kernels still
+    to run after it (the earliest on a tie)."""
+    height = [1] * len(deps)  # kernels on the longest chain from each kernel to the end
+    for k in reversed(range(len(deps))):
+        for d in deps[k]:
+            height[d] = max(height[d], height[k] + 1)
+    heir: dict[int, int] = {}
+    for k, ds in enumerate(deps):
+        for d in ds:
+            if d not in heir or height[k] > height[heir[d]]:
+                heir[d] = k
+    return heir
+
+
 def plan_streams(kernels: Sequence[Kernel], max_streams: int = MAX_STREAMS) -> StreamPlan:
     """The stream plan of `kernels` (in program order) on at most `max_streams` streams."""
     deps = kernel_deps(kernels)
+    heir = heirs(deps)
     streams: list[int] = []
     waits: list[tuple[int, ...]] = []
     ancestors: list[int] = []
     tail: list[int] = []  # stream -> its last kernel so far
     for k, ds in enumerate(deps):
-        stream = next((streams[d] for d in reversed(ds) if tail[streams[d]] == d), None)
+        stream = next((streams[d] for d in reversed(ds) if tail[streams[d]] == d and heir[d] == k), None)
         if stream is None:
             needed = 0
             for d in ds:
                 needed |= ancestors[d] | 1 << d
-            stream = next((s for s, t in enumerate(tail) if needed >> t & 1), None)
+            # a stream whose last kernel awaits its heir is kept for that heir
+            reserved = [heir.get(t, -1) > k for t in tail]
+            stream = next((s for s, t in enumerate(tail) if needed >> t & 1 and not reserved[s]), None)
             if stream is None and len(tail) < max_streams:
                 stream = len(tail)
                 tail.append(-1)
+                reserved.append(False)
             if stream is None:  # every stream busy with unrelated work: the one idle longest
-                stream = min(range(len(tail)), key=tail.__getitem__)
+                stream = min(range(len(tail)), key=lambda s: (reserved[s], tail[s]))
         known = ancestors[tail[stream]] | 1 << tail[stream] if tail[stream] >= 0 else 0
         mine = []
         for d in sorted(ds, reverse=True):  # a later producer's wait may cover earlier ones

@@ -140,7 +140,8 @@ def _runtime() -> ctypes.CDLL:
 def host_ir(nvptx_ir: str) -> str:
     """The module retargeted to the host: no address spaces, plain functions, C intrinsics."""
     text = re.sub(r"\s*addrspace\(\d\)", "", nvptx_ir).replace("define ptx_kernel void", "define void")
-    text = re.sub(r"^.*asm sideeffect \"prefetch.*$", "", text, flags=re.M)  # cache hints: no-ops here
+    # cache hints and grid dependencies (blocks run one kernel at a time here): no-ops
+    text = re.sub(r"^.*asm sideeffect \"(prefetch|griddepcontrol).*$", "", text, flags=re.M)
     text, packs = re.subn(r'asm\s+"cvt\.rn\.bf16x2\.f32 \$0, \$1, \$2;", "=r,f,f"', '@"emu_bf16x2"', text)
     if packs:
         text += '\ndeclare i32 @"emu_bf16x2"(float, float)\n'

@@ -88,6 +88,28 @@ def test_model_shapes_keep_rows_in_registers_without_spills():
         assert not re.search(r"[1-9]\d* bytes spill", report), report
 
 
+@pytest.mark.parametrize("name", sorted(WORKLOADS))
+def test_kernels_await_their_producers_before_touching_memory_on_sm90(name):
+    """A dependent launch may start a kernel while its producer still runs: on sm_90 every
+    kernel must pass `griddepcontrol.wait` before it writes global memory or reads anything but
+    a contraction's constant operand (read-only loads); sm_80 has no such instruction, so its
+    launches stay plain."""
+    fn, specs = WORKLOADS[name]
+    closed = glue.make_ir(fn)(*rng_arrays(0, *specs))
+    for arch, dependent in (("sm_90", True), ("sm_80", False)):
+        low = CudaBackend().lower(closed.graph, arch=arch)
+        bodies = re.split(r"\.entry ", low.as_text("ptx"))[1:]
+        assert len(bodies) == len(low.program.launches)
+        for body, launch in zip(bodies, low.program.launches):
+            assert launch.dependent is dependent
+            wait = body.find("griddepcontrol.wait")
+            assert (wait >= 0) is dependent
+            if dependent:
+                before = re.findall(r"\b(?:ld|st|atom|red)\.global[.\w]*", body[:wait])
+                allowed = {"ld.global.nc.b32", "ld.global.nc.v4.b32"} if launch.kind == "contraction" else set()
+                assert set(before) <= allowed, (launch.name, before)
+
+
 @needs_cc
 @pytest.mark.parametrize("name", sorted(WORKLOADS))
 def test_workload_kernels_compute_the_reference_results(name):

@@ -63,6 +63,36 @@ def test_a_join_waits_for_the_other_branch():
     assert all(s.before(d, joiner) for d in s.deps[joiner])
 
 
+def _mlp_step(ws, x, y):
+    def loss(ws):
+        h = x
+        for w in ws:
+            h = gnp.tanh(h @ w)
+        return ((h - y) ** 2).mean()
+
+    value, grads = glue.value_and_grad(loss)(ws)
+    return [w - 0.1 * g for w, g in zip(ws, grads)], value
+
+
+def test_the_longest_chain_stays_on_stream_0_and_side_work_branches_off():
+    """In a training step the forward and the input-gradient chain are the critical path: each
+    of its kernels continues its producer's stream (no event on it), while the loss and the
+    weight updates that hang off it run on other streams."""
+    ws = [np.ones((16, 16), np.float32)] * 3
+    plan = plan_for(_mlp_step, ws, np.ones((4, 16), np.float32), np.ones((4, 16), np.float32))
+    s = plan.streams
+    height = {}
+    for k in reversed(range(len(s.streams))):
+        height[k] = 1 + max((height[c] for c in range(k + 1, len(s.streams)) if k in s.deps[c]), default=0)
+    chain, k = [0], 0
+    while any(k in d for d in s.deps):
+        k = max((c for c, d in enumerate(s.deps) if k in d), key=lambda c: (height[c], -c))
+        chain.append(k)
+    assert len(chain) >= 6, plan.as_text("streams")
+    assert all(s.streams[k] == 0 and not s.waits[k] for k in chain), plan.as_text("streams")
+    assert s.n_streams > 1
+
+
 def test_one_stream_when_asked():
     def f(a, b):
         return gnp.exp(a).sum(axis=0), gnp.exp(b).sum(axis=0)

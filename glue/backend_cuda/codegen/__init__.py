@@ -64,11 +64,12 @@ def build_program(plan: Plan, name: str = "fn", arch: str = DEFAULT_ARCH) -> Cud
     graph, placements = plan.graph, plan.memory.placements
     module = ir.Module(name=_symbol(name))
     launches = []
+    written = frozenset(_place(placements[b.value_id]) for kernel in plan.kernels for b in kernel.outputs)
     for i, kernel in enumerate(plan.kernels):
         inputs = [_place(placements[b.value_id]) for b in kernel.inputs]
         outputs = [_place(placements[b.value_id]) for b in kernel.outputs]
         symbol = f"glue_{_symbol(name)}_{i}_{_symbol(kernel.name)}"[:120]
-        ke = KernelEmitter(module, kernel, symbol, inputs, outputs, arch)
+        ke = KernelEmitter(module, kernel, symbol, inputs, outputs, arch, written)
         shape = emit_contraction(ke) if kernel.kind == "contraction" else None
         if shape is None:
             shape = _EMIT.get(kernel.kind, emit_rows)(ke)
@@ -76,7 +77,7 @@ def build_program(plan: Plan, name: str = "fn", arch: str = DEFAULT_ARCH) -> Cud
         copy = None
         if kernel.init is not None and inputs[kernel.init] != outputs[0]:
             copy = (outputs[0], inputs[kernel.init], kernel.outputs[0].type.nbytes)
-        launches.append(Launch(symbol, kernel, grid, block, ke.places, strategy, copy))
+        launches.append(Launch(symbol, kernel, grid, block, ke.places, strategy, copy, ke.awaited))
     args = list(graph.constvars) + list(graph.invars)
     outputs = sorted((p for p in placements.values() if p.kind == "output"), key=lambda p: p.slot)
     return CudaProgram(plan, _launch_bounds(str(module), launches), launches, [v.type for v in args],

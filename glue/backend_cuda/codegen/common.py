@@ -13,6 +13,14 @@ element per lane, with every other term a multiple of `width`, become one vector
 whole group (16 bytes for f32 x4 or bf16 x8); every other access stays per lane. bfloat16 moves
 as 32-bit pairs: a shift or a mask widens each half, and on sm_80 and later one
 `cvt.rn.bf16x2.f32` rounds and packs two results.
+
+Dependent launch (sm_90 on): before its first access to memory another kernel may write, every
+kernel runs `griddepcontrol.wait` (wait until the grids this one depends on have finished and
+their writes are visible) and then `griddepcontrol.launch_dependents` (let the next kernel of
+the stream be scheduled now). A kernel launched with programmatic stream serialization (see the
+executor) is then placed on the multiprocessors while its predecessor still runs, so its launch
+latency, and any loads of constant inputs issued before the wait (a contraction's weights),
+overlap that kernel's work; launched without it, the wait does nothing.
 """
 from __future__ import annotations
 
@@ -64,6 +72,7 @@ class Launch:
     params: tuple[Place, ...]
     strategy: str
     copy: tuple[Place, Place, int] | None = None
+    dependent: bool = False   # waits for its producers itself: may launch before they finish
 
     @property
     def name(self) -> str:
@@ -108,9 +117,13 @@ class KernelEmitter(BufferAccess):
     """One kernel function being emitted into a module."""
 
     def __init__(self, module: ir.Module, kernel: Kernel, symbol: str, inputs: Sequence[Place],
-                 outputs: Sequence[Place], arch: str = DEFAULT_ARCH):
+                 outputs: Sequence[Place], arch: str = DEFAULT_ARCH, written: frozenset[Place] = frozenset()):
+        """`written`: every place some kernel of the program writes; the program's arguments
+        outside it hold the same values from the call's start to its end."""
         self.module = module
         self.arch = arch
+        self.constant_inputs = frozenset(i for i, p in enumerate(inputs) if p.kind == "argument" and p not in written)
+        self.awaited = False
         self.kernel = kernel
         self.symbol = symbol
         self.places = tuple(dict.fromkeys(list(inputs) + list(outputs)))
@@ -170,9 +183,31 @@ class KernelEmitter(BufferAccess):
         return self.b.gep(array, [index], inbounds=True, source_etype=ty)
 
     @property
+    def sm(self) -> int:
+        """The target's compute capability as a number (sm_90a -> 90)."""
+        return int(self.arch.removeprefix("sm_").rstrip("a"))
+
+    @property
     def packs_bf16(self) -> bool:
         """Whether the target rounds two floats to bfloat16 in one instruction (sm_80 on)."""
-        return int(self.arch.removeprefix("sm_").rstrip("a")) >= 80
+        return self.sm >= 80
+
+    def await_producers(self) -> None:
+        """On sm_90 and later, wait for the grids this kernel depends on and then release the
+        stream's next kernel (see the module docstring). Emitters call it before touching any
+        memory but constant inputs; a kernel that never does is launched plainly."""
+        if self.sm < 90:
+            return
+        asm = ir.InlineAsm(ir.FunctionType(VOID, []),
+                           "griddepcontrol.wait; griddepcontrol.launch_dependents;", "~{memory}",
+                           side_effect=True)
+        self.b.call(asm, [])
+        self.awaited = True
+
+    def reads_only_constants(self, expr: Expr) -> bool:
+        """Whether every load under `expr` reads a constant input (an argument no kernel of the
+        program writes), so it may be issued before `await_producers`."""
+        return all(ld.input in self.constant_inputs for ld in loads_under([expr]))
 
     def pack_bf16x2(self, low: ir.Value, high: ir.Value) -> ir.Value:
         """Two floats rounded to bfloat16 (nearest even) and packed into a 32-bit word."""

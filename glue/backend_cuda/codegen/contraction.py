@@ -12,7 +12,7 @@ SN = TN / RN columns apart so that a warp reads consecutive shared-memory words.
 
 Tiles are 64 x 64 x 16 for large products. A small product (the matmuls of a small-batch
 training step) would then fill a few multiprocessors and leave the rest idle, so its tiles
-shrink (down to 16 x 16) until about one block per multiprocessor exists, and its steps over
+shrink (down to 8 x 8) until about one block per multiprocessor exists, and its steps over
 K deepen (up to 256) so that the loop, bound by the latency of its loads, takes few trips.
 """
 from __future__ import annotations
@@ -28,7 +28,7 @@ from glue.codegen.types import I64, register_type
 from glue.scheduler.kernel_ir import Expr, Op
 
 TILE = 64
-MIN_TILE = 16
+MIN_TILE = 8
 TK = 16
 MAX_TK = 256
 STAGED_PER_THREAD = 64  # operand elements a thread stages per step of K on a small tile
@@ -145,11 +145,8 @@ def emit_contraction(ke: KernelEmitter) -> tuple[int, int, str] | None:
             with when(b, in_tile if count % threads else None):
                 b.store(value, ke.shared_at(tile, slot, acc_type))
 
-    def step(b: ir.IRBuilder, kstep: ir.Value, accs: list[ir.Value]):
-        k0 = b.mul(kstep, c(tk))
-        stage(a_tile, a_expr, k0, m_size, True)
-        stage(b_tile, b_expr, k0, n_size, False)
-        ke.barrier()
+    def multiply(accs: list[ir.Value]) -> list[ir.Value]:
+        """Accumulate this thread's outputs over the staged step of K."""
         accs = list(accs)
         for kk in range(per_slice):
             a_vals = [b.load(ke.shared_at(a_tile, b.add(a_base, c(kk * (tm + 1) + i * sm)), acc_type), typ=acc_type)
@@ -160,11 +157,35 @@ def emit_contraction(ke: KernelEmitter) -> tuple[int, int, str] | None:
                 for j in range(rn):
                     product = b.fmul(a_vals[i], b_vals[j]) if reduction.dtype.is_float else b.mul(a_vals[i], b_vals[j])
                     accs[i * rn + j] = reductions.combine(b, "sum", accs[i * rn + j], product, reduction.dtype)
+        return accs
+
+    def step(b: ir.IRBuilder, kstep: ir.Value, accs: list[ir.Value]):
+        k0 = b.mul(kstep, c(tk))
+        stage(a_tile, a_expr, k0, m_size, True)
+        stage(b_tile, b_expr, k0, n_size, False)
+        ke.barrier()
+        accs = multiply(accs)
         ke.barrier()
         return accs
 
     zero = reductions.identity("sum", reduction.dtype)
-    accs = loop(b, 0, -(-depth // tk), step, [zero] * (rm * rn), name="kstep", vectorize=False)
+    operands = [(a_tile, a_expr, m_size, True), (b_tile, b_expr, n_size, False)]
+    constant = [ke.reads_only_constants(expr) for _, expr, _, _ in operands]
+    if depth <= tk and any(constant):
+        # One step covers K: an operand that only reads constant inputs (the weights of a
+        # training step) is staged before waiting for the kernel producing the other one, so
+        # under a dependent launch its loads overlap that kernel's tail.
+        for early in (True, False):
+            for (tile, expr, size, is_a), const in zip(operands, constant):
+                if const is early:
+                    stage(tile, expr, c(0), size, is_a)
+            if early:
+                ke.await_producers()
+        ke.barrier()
+        accs = multiply([zero] * (rm * rn))
+    else:
+        ke.await_producers()
+        accs = loop(b, 0, -(-depth // tk), step, [zero] * (rm * rn), name="kstep", vectorize=False)
     first = None
     if slices > 1:  # slice 0 adds the other slices' sums to its own, in slice order
         partial = ke.shared(acc_type, slices * group * rm * rn)

@@ -62,6 +62,7 @@ def _add(ke: KernelEmitter, em: ExprEmitter, store: Store) -> None:
 
 def emit_data(ke: KernelEmitter) -> tuple[int, int, str]:
     """Emit a scatter kernel; returns (grid, block, strategy)."""
+    ke.await_producers()
     k, b = ke.kernel, ke.b
     points = math.prod(k.parallel)
     point = b.add(b.mul(ke.block_index(), ir.Constant(I64, BLOCK)), ke.thread_index())

@@ -19,6 +19,7 @@ UNROLL = 4
 
 def emit_pointwise(ke: KernelEmitter) -> tuple[int, int, str]:
     """Emit the body; returns (grid, block, strategy)."""
+    ke.await_producers()
     k, b = ke.kernel, ke.b
     points = math.prod(k.parallel)
     v = len(k.parallel) - 1 if k.parallel else None

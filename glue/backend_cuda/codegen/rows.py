@@ -197,4 +197,5 @@ class _RowEmitter:
 
 def emit_rows(ke: KernelEmitter) -> tuple[int, int, str]:
     """Emit a row-reduction kernel; returns (grid, block, strategy)."""
+    ke.await_producers()
     return _RowEmitter(ke).build()

@@ -17,7 +17,7 @@ import numpy as np
 
 from glue import profiler
 from glue.backend_cuda.runtime import driver as drv
-from glue.backend_cuda.runtime.allocator import Block
+from glue.backend_cuda.runtime.allocator import Block, CachingAllocator
 from glue.backend_cuda.runtime.context import get_context
 from glue.backend_cuda.runtime.stream import Event, Stream, device_span
 from glue.backend_cuda.runtime.transfer import download, upload
@@ -58,6 +58,19 @@ class SlabPool:
             self.allocator.free(self.spare.pop())
 
 
+class _Owned:
+    """A buffer's own block, freed when the buffer dies. (The finaliser lives here, not on the
+    buffer, so that the buffers carved from a slab die without running Python code.)"""
+
+    __slots__ = ("allocator", "block")
+
+    def __init__(self, allocator: Any, block: Block):
+        self.allocator, self.block = allocator, block
+
+    def __del__(self) -> None:
+        self.allocator.free(self.block)
+
+
 class _Shared:
     """An allocation several buffers live in; it goes back when the last of them dies."""
 
@@ -78,8 +91,8 @@ class DeviceBuffer:
     until recorded: see `ready_event`).
     """
 
-    __slots__ = ("shape", "dtype", "nbytes", "ptr", "stream", "event", "written_on", "_block",
-                 "_allocator", "_shared")
+    __slots__ = ("shape", "dtype", "nbytes", "ptr", "stream", "event", "written_on", "waited_on",
+                 "_block", "_holder")
 
     def __init__(self, shape: Sequence[int], dtype: Any, stream: Stream | None = None):
         """Uninitialised device memory for an array of `shape` and `dtype`."""
@@ -88,12 +101,13 @@ class DeviceBuffer:
         self.dtype = _glue_dtype(dtype)
         self.nbytes = math.prod(self.shape) * self.dtype.itemsize
         self.stream = stream
-        self._allocator = stream.ctx.allocator
-        self._block: Block = self._allocator.allocate(self.nbytes, stream)
-        self._shared: _Shared | None = None
+        allocator = stream.ctx.allocator
+        self._block: Block = allocator.allocate(self.nbytes, stream)
+        self._holder: _Owned | _Shared = _Owned(allocator, self._block)
         self.ptr = self._block.ptr
         self.event: Event | None = None
         self.written_on: Stream | None = None
+        self.waited_on: Stream | None = None  # a stream already prepared (`prepare_for`)
 
     @classmethod
     def carve(cls, layout: Sequence[tuple[tuple[int, ...], dt.DType, int, int]], pool: SlabPool) -> list[DeviceBuffer]:
@@ -102,14 +116,19 @@ class DeviceBuffer:
         program call, at addresses that repeat from call to call. They are marked pending on the
         pool's stream (`mark_pending`): the caller queues their writes there next."""
         shared = _Shared(pool)
-        stream, allocator, block = pool.stream, pool.allocator, shared.block
+        stream, block = pool.stream, shared.block
+        base, new = block.ptr, cls.__new__
         out = []
         for shape, dtype, nbytes, offset in layout:
-            buf = cls.__new__(cls)
-            buf.shape, buf.dtype, buf.nbytes, buf.stream, buf.written_on = shape, dtype, nbytes, stream, stream
-            buf._allocator, buf._block, buf._shared = allocator, block, shared
-            buf.ptr = block.ptr + offset
-            buf.event = None
+            buf = new(cls)
+            buf.shape = shape
+            buf.dtype = dtype
+            buf.nbytes = nbytes
+            buf.ptr = base + offset
+            buf._block = block
+            buf._holder = shared
+            buf.stream = buf.written_on = stream
+            buf.event = buf.waited_on = None
             out.append(buf)
         return out
 
@@ -125,23 +144,16 @@ class DeviceBuffer:
         buf.mark_written()
         return buf
 
-    def __del__(self) -> None:
-        try:
-            if self._shared is None:
-                self._allocator.free(self._block)
-        except AttributeError:  # __init__ failed before allocating
-            pass
-
     def mark_written(self, stream: Stream | None = None) -> None:
         """Record that work just queued on `stream` (default: the buffer's) writes this buffer."""
         stream = stream or self.stream
         self.event = Event(stream.ctx).record(stream)
-        self.written_on = stream
+        self.written_on, self.waited_on = stream, None
 
     def mark_pending(self, stream: Stream) -> None:
         """Like `mark_written`, but the event is recorded only when something first waits for
         this buffer (see `ready_event`): a program call then costs no driver call for it."""
-        self.event, self.written_on = None, stream
+        self.event, self.written_on, self.waited_on = None, stream, None
 
     def ready_event(self) -> Event | None:
         """An event after this buffer's last write (None if it was never written). A pending
@@ -156,11 +168,15 @@ class DeviceBuffer:
 
     def prepare_for(self, stream: Stream) -> None:
         """Before queuing work on `stream` that uses this buffer: order it after the buffer's last
-        write, and keep the memory from reuse until that work is done."""
+        write, and keep the memory from reuse until that work is done. Once done for a stream,
+        this holds until the next write (a loop's unchanging inputs cost nothing)."""
+        if stream is self.waited_on:
+            return
         if self.written_on is not None and self.written_on is not stream:
             stream.wait(self.ready_event())
         if stream is not self.stream:
-            self._allocator.record_use(self._block, stream)
+            CachingAllocator.record_use(self._block, stream)
+        self.waited_on = stream
 
     def is_ready(self) -> bool:
         """True when every queued write of this buffer has finished."""

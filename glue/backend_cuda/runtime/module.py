@@ -145,6 +145,33 @@ class Kernel:
         if err:
             self._check(grid, block, shared_mem, stream, pack, err)
 
+    def dependent_config(self, grid: tuple[int, int, int], block: tuple[int, int, int], stream: Stream) -> Any:
+        """A launch configuration for `launch_dependent` on `stream`: programmatic stream
+        serialization, so the kernel may be placed on the GPU before the stream's previous
+        kernel has finished. Only for kernels that wait for their producers themselves
+        (`griddepcontrol.wait`, see codegen.common)."""
+        driver = drv.load()
+        attr = driver.CUlaunchAttribute()
+        attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        attr.value.programmaticStreamSerializationAllowed = 1
+        config = driver.CUlaunchConfig()
+        config.gridDimX, config.gridDimY, config.gridDimZ = grid
+        config.blockDimX, config.blockDimY, config.blockDimZ = block
+        config.sharedMemBytes = 0
+        config.hStream = stream.handle
+        config.attrs = [attr]
+        config.numAttrs = 1
+        return config
+
+    def launch_dependent(self, pack: ArgPack, config: Any) -> None:
+        """`launch_packed` with a configuration from `dependent_config`."""
+        err, = drv.load().cuLaunchKernelEx(config, self.handle, pack.address, 0)
+        if err:
+            raise drv.error_for("cuLaunchKernelEx", err, self.name,
+                                f"grid=({config.gridDimX}, {config.gridDimY}, {config.gridDimZ}) "
+                                f"block=({config.blockDimX}, {config.blockDimY}, {config.blockDimZ}), "
+                                "dependent launch")
+
     def attributes(self) -> dict[str, int]:
         """Registers per thread, local (spill) and static shared bytes, max threads per block."""
         driver = drv.load()
