@@ -56,11 +56,15 @@ swish = silu
 
 
 def gelu(x: Any, approximate: bool = True) -> Any:
-    """x * Phi(x); `approximate` uses the tanh form (JAX's default), else the exact erf form."""
+    """x * Phi(x); `approximate` uses the tanh form (JAX's default), else the exact erf form.
+
+    The tanh form 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3), is computed as the
+    equal x * sigmoid(2u): one exponential and one reciprocal per element, and no cancellation
+    in 1 + tanh(u) for negative x."""
     x = _floating(x)
     if approximate:
-        inner = gnp.multiply(math.sqrt(2 / math.pi), gnp.add(x, gnp.multiply(0.044715, gnp.power(x, 3))))
-        return gnp.multiply(gnp.multiply(0.5, x), gnp.add(1, gnp.tanh(inner)))
+        inner = gnp.multiply(math.sqrt(8 / math.pi), gnp.add(x, gnp.multiply(0.044715, gnp.power(x, 3))))
+        return gnp.multiply(x, sigmoid(inner))
     cdf = gnp.add(1, bind("erf", gnp.multiply(x, 1 / math.sqrt(2))))
     return gnp.multiply(gnp.multiply(0.5, x), cdf)
 

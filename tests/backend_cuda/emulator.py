@@ -64,6 +64,7 @@ float emu_ex2(float x) { return exp2f(x); }
 float emu_lg2(float x) { return log2f(x); }
 float emu_sqrt(float x) { return sqrtf(x); }
 float emu_rsqrt(float x) { return 1.0f / sqrtf(x); }
+float emu_rcp(float x) { return 1.0f / x; }
 
 typedef struct { void *fn; int nparams; void **params; int32_t block; int32_t thread; } job;
 
@@ -115,6 +116,7 @@ _INTRINSICS = {
     "llvm.nvvm.barrier0": "emu_barrier", "llvm.nvvm.shfl.sync.bfly.i32": "emu_shfl",
     "llvm.nvvm.ex2.approx.f": "emu_ex2", "llvm.nvvm.lg2.approx.f": "emu_lg2",
     "llvm.nvvm.sqrt.approx.f": "emu_sqrt", "llvm.nvvm.rsqrt.approx.f": "emu_rsqrt",
+    "llvm.nvvm.rcp.approx.ftz.f": "emu_rcp",
 }
 
 

@@ -16,9 +16,12 @@ bfloat16 ulp of 2^-8 and a float16 ulp of 2^-11).
 
 float32: exp is `ex2.approx` of x log2(e) with the product's rounding error put back (within
 the hardware's 2 ulp plus half an ulp, against 0.5 ulp for the math library, at a third of the
-instructions); tanh is an odd polynomial below 0.55 and 1 - 2 / (e^2|x| + 1) above. A float division whose divisor varies over fewer domain dims than its dividend
-(a softmax's row sum, a mean's count) multiplies by the divisor's reciprocal, computed once
-(within 1.5 ulp). float64 and every other function keep glue's math library.
+instructions); tanh is an odd polynomial below 0.55 and 1 - 2e / (1 + e) above, and logistic
+1 / (1 + e) (or e / (1 + e) below 0), with e = e^-2|x| or e^-|x| at most 1, so that the
+reciprocal, of a number in [1, 2], is the hardware's estimate refined by one Newton step. A
+float division whose divisor varies over fewer domain dims than its dividend (a softmax's row
+sum, a mean's count) multiplies by the divisor's reciprocal, computed once (within 1.5 ulp).
+float64 and every other function keep glue's math library.
 """
 from __future__ import annotations
 
@@ -113,6 +116,14 @@ def exp_f32(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
     return b.select(finite, corrected, e)
 
 
+def _reciprocal_1_2(b: ir.IRBuilder, d: ir.Value) -> ir.Value:
+    """1 / d for d in [1, 2]: the hardware's estimate and one Newton step (within 1 ulp), a
+    third of the instructions of a correctly rounded division, which must also handle the
+    zeros, infinities and subnormals that cannot occur here."""
+    r = _nvvm(b, "llvm.nvvm.rcp.approx.ftz.f", d)
+    return _fma(b, r, _fma(b, b.fneg(d), r, _c(1.0)), r)
+
+
 def tanh_f32(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
     ax = _fabs(b, x)
     s = b.fmul(x, x)
@@ -120,15 +131,25 @@ def tanh_f32(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
     for c in TANH_P[-2::-1]:
         p = _fma(b, p, s, _c(c))
     small = _fma(b, b.fmul(x, s), p, x)
-    e = exp_f32(b, b.fmul(ax, _c(2.0)))
-    # 2 * (1 / y) rounds as 2 / y does, and a reciprocal costs half a division.
-    large = b.fsub(_c(1.0), b.fmul(_c(2.0), b.fdiv(_c(1.0), b.fadd(e, _c(1.0)))))
+    # tanh|x| = 1 - 2e / (1 + e) with e = e^-2|x| in (0, 1]: nothing overflows.
+    e = exp_f32(b, b.fmul(ax, _c(-2.0)))
+    large = _fma(b, b.fmul(e, _reciprocal_1_2(b, b.fadd(e, _c(1.0)))), _c(-2.0), _c(1.0))
     signed = b.call(intrinsic(b.module, "llvm.copysign", F32, [F32, F32], [F32]), [large, x])
     # NaN fails the compare and takes the polynomial, which keeps it NaN.
     return b.select(b.fcmp_ordered(">=", ax, _c(TANH_SMALL)), signed, small)
 
 
-FAST_F32: dict[str, Callable[[ir.IRBuilder, ir.Value], ir.Value]] = {"exp": exp_f32, "tanh": tanh_f32}
+def logistic_f32(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    """1 / (1 + e^-x) as r = 1 / (1 + e) with e = e^-|x| in (0, 1]: r for x >= 0, e r below
+    (e^x / (1 + e^x)), so nothing overflows and tiny results keep their relative accuracy."""
+    e = exp_f32(b, b.fneg(_fabs(b, x)))
+    r = _reciprocal_1_2(b, b.fadd(e, _c(1.0)))
+    # NaN fails the compare and takes e r, which is NaN.
+    return b.select(b.fcmp_ordered(">=", x, _c(0.0)), r, b.fmul(e, r))
+
+
+FAST_F32: dict[str, Callable[[ir.IRBuilder, ir.Value], ir.Value]] = {
+    "exp": exp_f32, "tanh": tanh_f32, "logistic": logistic_f32}
 
 
 def _is_loose(e: Expr) -> bool:
