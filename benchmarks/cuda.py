@@ -6,9 +6,9 @@ bandwidth ceiling, all in one process on one GPU; then the small-launch loops of
 
 Per workload and peer:
 - per call: host wall clock from the call to its result being ready (median of ITERS calls);
-- kernel: device time per call, from CUDA events around BURST back-to-back calls (glue: of its
-  compiled executable; torch) or the wall clock of such a burst (jax, which has no events),
-  divided by BURST;
+- kernel: device time per call, from CUDA events around BURST back-to-back replays of the CUDA
+  graph a glue call launches, or BURST back-to-back calls (torch), or the wall clock of such a
+  burst (jax, which has no events), divided by BURST;
 - GB/s: the workload's bytes (inputs read once, output written once, as the anchors count them)
   over the kernel time, and that as a percentage of the copy ceiling;
 - host: for glue, the host time until a call returns with its work queued (no waiting);
@@ -162,20 +162,23 @@ def median_us(fn: Callable[[], Any], iters: int = ITERS) -> float:
     return statistics.median(times) * 1e6
 
 
-def glue_times(f: Callable, exe: Callable, args: list) -> dict[str, float]:
-    """Per call through the jitted function; kernel time from events around a burst of calls of
-    the executable itself (the jit frontend's host time per call exceeds some kernels' device
-    time, and the burst must keep the GPU busy)."""
+def glue_times(f: Callable, exe: Any, args: list) -> dict[str, float]:
+    """Per call through the jitted function; kernel time from events around a burst of replays
+    of the CUDA graph the executable's calls launch (the program's device work alone: no host
+    code between the replays), or of calls of the executable where it launches directly."""
     stream = get_context().stream
     for _ in range(WARMUP):
         f(*args).block_until_ready()
     per_call = median_us(lambda: f(*args).block_until_ready())
+    out = exe(*args)
+    graph = exe.last_graph if exe.graph_stats.direct == 0 else None
+    run = (lambda: graph.launch(stream)) if graph is not None else (lambda: exe(*args))
     bursts = []
     for _ in range(5):
         start, end = Event(stream.ctx, timing=True), Event(stream.ctx, timing=True)
         start.record(stream)
         for _ in range(BURST):
-            out = exe(*args)
+            run()
         end.record(stream)
         end.synchronize()
         bursts.append(start.elapsed_ms(end) * 1e3 / BURST)

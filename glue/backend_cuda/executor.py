@@ -178,6 +178,12 @@ class CudaExecutable:
             slabs.close()
 
     @property
+    def last_graph(self) -> Graph | None:
+        """The CUDA graph the latest replayed or captured call used (None before any): replay it
+        with `.launch(stream)` to time the program's device work alone."""
+        return next(reversed(self._graphs.values()), None)
+
+    @property
     def dependent_launches(self) -> int:
         """How many of the program's kernels launch before their predecessor on the stream ends."""
         return sum(step.dependent is not None for step in self._steps)

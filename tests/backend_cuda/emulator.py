@@ -65,6 +65,11 @@ float emu_lg2(float x) { return log2f(x); }
 float emu_sqrt(float x) { return sqrtf(x); }
 float emu_rsqrt(float x) { return 1.0f / sqrtf(x); }
 float emu_rcp(float x) { return 1.0f / x; }
+/* the flush-to-zero forms: the host keeps subnormals, which only makes them more exact */
+float emu_ex2_ftz(float x) { return exp2f(x); }
+float emu_lg2_ftz(float x) { return log2f(x); }
+float emu_sqrt_ftz(float x) { return sqrtf(x); }
+float emu_rsqrt_ftz(float x) { return 1.0f / sqrtf(x); }
 
 typedef struct { void *fn; int nparams; void **params; int32_t block; int32_t thread; } job;
 
@@ -116,7 +121,9 @@ _INTRINSICS = {
     "llvm.nvvm.barrier0": "emu_barrier", "llvm.nvvm.shfl.sync.bfly.i32": "emu_shfl",
     "llvm.nvvm.ex2.approx.f": "emu_ex2", "llvm.nvvm.lg2.approx.f": "emu_lg2",
     "llvm.nvvm.sqrt.approx.f": "emu_sqrt", "llvm.nvvm.rsqrt.approx.f": "emu_rsqrt",
-    "llvm.nvvm.rcp.approx.ftz.f": "emu_rcp",
+    "llvm.nvvm.rcp.approx.ftz.f": "emu_rcp", "llvm.nvvm.ex2.approx.ftz.f": "emu_ex2_ftz",
+    "llvm.nvvm.lg2.approx.ftz.f": "emu_lg2_ftz", "llvm.nvvm.sqrt.approx.ftz.f": "emu_sqrt_ftz",
+    "llvm.nvvm.rsqrt.approx.ftz.f": "emu_rsqrt_ftz",
 }
 
 

@@ -52,10 +52,15 @@ def _symbol(text: str) -> str:
 
 
 def _launch_bounds(llvm_ir: str, launches: list[Launch]) -> str:
-    """Declare each kernel's block size (`.maxntid`); llvmlite cannot attach string attributes."""
+    """Declare each kernel's block size (`.maxntid`) and the blocks that must fit on a
+    multiprocessor where its emitter asks (`.minnctapersm`); llvmlite cannot attach string
+    attributes."""
     for launch in launches:
+        bounds = f'"nvvm.maxntid"="{launch.block}"'
+        if launch.min_blocks:
+            bounds += f' "nvvm.minctasm"="{launch.min_blocks}"'
         header = re.compile(rf'^(define ptx_kernel void @"{launch.symbol}"\(.*\))$', re.M)
-        llvm_ir = header.sub(lambda m: f'{m.group(1)} "nvvm.maxntid"="{launch.block}"', llvm_ir, count=1)
+        llvm_ir = header.sub(lambda m: f'{m.group(1)} {bounds}', llvm_ir, count=1)
     return llvm_ir
 
 
@@ -77,7 +82,7 @@ def build_program(plan: Plan, name: str = "fn", arch: str = DEFAULT_ARCH) -> Cud
         copy = None
         if kernel.init is not None and inputs[kernel.init] != outputs[0]:
             copy = (outputs[0], inputs[kernel.init], kernel.outputs[0].type.nbytes)
-        launches.append(Launch(symbol, kernel, grid, block, ke.places, strategy, copy, ke.awaited))
+        launches.append(Launch(symbol, kernel, grid, block, ke.places, strategy, copy, ke.awaited, ke.min_blocks))
     args = list(graph.constvars) + list(graph.invars)
     outputs = sorted((p for p in placements.values() if p.kind == "output"), key=lambda p: p.slot)
     return CudaProgram(plan, _launch_bounds(str(module), launches), launches, [v.type for v in args],

@@ -73,6 +73,7 @@ class Launch:
     strategy: str
     copy: tuple[Place, Place, int] | None = None
     dependent: bool = False   # waits for its producers itself: may launch before they finish
+    min_blocks: int = 0       # blocks that must fit on a multiprocessor (0: no floor)
 
     @property
     def name(self) -> str:
@@ -124,6 +125,7 @@ class KernelEmitter(BufferAccess):
         self.arch = arch
         self.constant_inputs = frozenset(i for i, p in enumerate(inputs) if p.kind == "argument" and p not in written)
         self.awaited = False
+        self.min_blocks = 0  # set by an emitter that wants a floor on resident blocks
         self.kernel = kernel
         self.symbol = symbol
         self.places = tuple(dict.fromkeys(list(inputs) + list(outputs)))

@@ -11,8 +11,11 @@ to any op that is not plain float arithmetic. Results are then at least as close
 values as rounding at every step; values exact in 16 bits are unchanged.
 
 The transcendental functions of such a chain use the special-function unit (`ex2.approx`,
-`lg2.approx`, `sqrt.approx`, `rsqrt.approx`, `div.approx`: relative errors near 2^-22, against a
-bfloat16 ulp of 2^-8 and a float16 ulp of 2^-11).
+`lg2.approx`, `sqrt.approx`, `rsqrt.approx`, `rcp.approx`: relative errors near 2^-22, against a
+bfloat16 ulp of 2^-8 and a float16 ulp of 2^-11), in their flush-to-zero forms: a float32
+subnormal (below 1.2e-38) in or out of them is zero, which only bfloat16's own subnormals can
+notice. The chain's multiplies and adds may contract into fused multiply-adds, as CUDA C does:
+one rounding instead of two.
 
 float32: exp is `ex2.approx` of x log2(e) with the product's rounding error put back (within
 the hardware's 2 ulp plus half an ulp, against 0.5 ulp for the math library, at a third of the
@@ -39,6 +42,7 @@ from glue.codegen.scope import Analysis
 from glue.scheduler.kernel_ir import Expr, Op
 
 HALF = (dt.bfloat16, dt.float16)
+CONTRACTIBLE = frozenset({"fadd", "fsub", "fmul"})
 ARITHMETIC = frozenset({"add", "sub", "mul", "div", "neg", "abs", "max", "min", "pow", "select"}
                        | mathlib.UNARY_FUNCTIONS) - {"floor", "ceil", "round", "sign"}
 
@@ -56,35 +60,41 @@ def _exp2(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
     return _nvvm(b, "llvm.nvvm.ex2.approx.f", x)
 
 
-def _exp(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
-    return _exp2(b, b.fmul(x, _c(math.log2(math.e))))
+def _exp2_ftz(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    return _nvvm(b, "llvm.nvvm.ex2.approx.ftz.f", x)
 
 
-def _log2(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
-    return _nvvm(b, "llvm.nvvm.lg2.approx.f", x)
+def _exp_ftz(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    return _exp2_ftz(b, b.fmul(x, _c(math.log2(math.e))))
+
+
+def _log2_ftz(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    return _nvvm(b, "llvm.nvvm.lg2.approx.ftz.f", x)
 
 
 def _fast_div(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
-    return b.fdiv(x, y, flags=("afn", "arcp"))
+    return b.fmul(x, _nvvm(b, "llvm.nvvm.rcp.approx.ftz.f", y))
 
 
 def _tanh(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
     """sign(x) (1 - 2 / (1 + e^(2|x|))): absolute error about 1e-7, fine for 16-bit results."""
     ax = b.call(intrinsic(b.module, "llvm.fabs", F32, [F32], [F32]), [x])
-    t = _exp2(b, b.fmul(ax, _c(2 * math.log2(math.e))))
+    t = _exp2_ftz(b, b.fmul(ax, _c(2 * math.log2(math.e))))
     r = b.fsub(_c(1.0), _fast_div(b, _c(2.0), b.fadd(t, _c(1.0))))
     return b.call(intrinsic(b.module, "llvm.copysign", F32, [F32, F32], [F32]), [r, x])
 
 
 def _logistic(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
-    return _fast_div(b, _c(1.0), b.fadd(_c(1.0), _exp(b, b.fneg(x))))
+    return _fast_div(b, _c(1.0), b.fadd(_c(1.0), _exp_ftz(b, b.fneg(x))))
 
 
+# The special functions of 16-bit chains; the `.ftz` forms are one special-function instruction
+# each (the others add instructions to handle subnormal inputs and results).
 FAST_UNARY: dict[str, Callable[[ir.IRBuilder, ir.Value], ir.Value]] = {
-    "exp": _exp, "exp2": _exp2, "log2": _log2,
-    "log": lambda b, x: b.fmul(_log2(b, x), _c(math.log(2))),
-    "sqrt": lambda b, x: _nvvm(b, "llvm.nvvm.sqrt.approx.f", x),
-    "rsqrt": lambda b, x: _nvvm(b, "llvm.nvvm.rsqrt.approx.f", x),
+    "exp": _exp_ftz, "exp2": _exp2_ftz, "log2": _log2_ftz,
+    "log": lambda b, x: b.fmul(_log2_ftz(b, x), _c(math.log(2))),
+    "sqrt": lambda b, x: _nvvm(b, "llvm.nvvm.sqrt.approx.ftz.f", x),
+    "rsqrt": lambda b, x: _nvvm(b, "llvm.nvvm.rsqrt.approx.ftz.f", x),
     "tanh": _tanh, "logistic": _logistic,
 }
 
@@ -217,6 +227,8 @@ class GpuEmitter(ExprEmitter):
             else:
                 dtypes = [dt.float32 if a.dtype in HALF else a.dtype for a in e.args]
                 found = OP_RULES[e.primitive](self.b, args, dtypes, replace(e, dtype=dt.float32))
+                if getattr(found, "opname", None) in CONTRACTIBLE:
+                    found.flags.append("contract")
             self.memo[key] = found
         return found
 

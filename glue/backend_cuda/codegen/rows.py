@@ -36,6 +36,10 @@ PRELOAD = 16         # up to this many elements per thread, every load is issued
 UNROLL = 4           # vector groups per thread per iteration of the looping variant
 MAX_THREADS = 1024
 BLOCK = 256
+# A light register-held row kernel keeps at least this many threads resident per multiprocessor
+# (of 2048), so other blocks' loads are in flight while one waits at its reductions' barriers.
+RESIDENT_THREADS = 1536
+LIGHT_PARTIALS = 2  # partial values per thread (an argmax carries two) that still count as light
 
 
 def reduction_levels(kernel: Kernel, analysis: Analysis) -> list[list[int]]:
@@ -77,17 +81,17 @@ class _RowEmitter:
         self.outer.rows = [None] * len(k.reductions)
         slots = [] if self.looping else [self.slot(ir.Constant(I64, s * T), s * T + T <= self.groups)
                                          for s in range(self.slots)]
-        # Loads of later levels and of the stores (a layernorm's weight and bias, a cross-entropy's
-        # labels) go out with the row's, so their latency overlaps the reductions instead of
-        # following them: into registers when the thread's share is small, else into L2.
+        # Loads of later levels and of the stores that differ per row (a cross-entropy's labels)
+        # go out with the row's, so their latency overlaps the reductions instead of following
+        # them: into registers when the thread's share is small, else into L2.
         levels = reduction_levels(k, ke.analysis)
         later = [k.reductions[i].value for level in levels[1:] for i in level] + [s.value for s in k.stores]
         first_level = set(loads_under([k.reductions[i].value for i in (levels[0] if levels else [])]))
         for lanes, _, _ in slots:
             if self.slots * self.width <= PRELOAD:
-                lanes.preload(later, self.independent)
+                lanes.preload(later, self.per_row)
             else:
-                lanes.prefetch(later, lambda ld: self.independent(ld) and ld not in first_level)
+                lanes.prefetch(later, lambda ld: self.per_row(ld) and ld not in first_level)
         for level in levels:
             exprs = [k.reductions[i].value for i in level]
             hoist(self.outer, exprs, ke.analysis, self.reduce_dims, frozenset(level))
@@ -108,12 +112,18 @@ class _RowEmitter:
                 for s in row_stores:
                     ke.store(self.outer, s)
         b.ret_void()
+        partials = sum(len(Partial.start(r).values) for r in k.reductions)
+        if not self.looping and partials <= LIGHT_PARTIALS and T * B <= RESIDENT_THREADS // 2:
+            ke.min_blocks = RESIDENT_THREADS // (T * B)
         variant = f"looping x{UNROLL}" if self.looping else f"registers {self.slots * self.width}/thread"
         return -(-self.rows // B), T * B, f"rows {variant} T={T} x{self.width}"
 
-    def independent(self, load) -> bool:
-        """Whether a load's address needs no row value (so it can be issued first)."""
-        return not self.ke.analysis.uses(load).rows
+    def per_row(self, load) -> bool:
+        """Whether a load is issued with the row's own: its address needs no row value, and it
+        differs from row to row (a weight every row shares stays in cache and is loaded where
+        it is used, rather than held in registers through the reductions)."""
+        uses = self.ke.analysis.uses(load)
+        return not uses.rows and any(d < len(self.k.parallel) for d in uses.dims)
 
     def both(self, a: ir.Value | None, c: ir.Value | None) -> ir.Value | None:
         """The conjunction of two optional conditions (None: always true)."""
