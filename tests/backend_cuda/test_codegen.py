@@ -110,6 +110,16 @@ def test_kernels_await_their_producers_before_touching_memory_on_sm90(name):
                 assert set(before) <= allowed, (launch.name, before)
 
 
+def test_short_rows_ask_for_more_resident_blocks():
+    """A 16-bit row kernel's threads each load 32 bytes of the row, so its launch bounds ask for
+    1536 resident threads (6 blocks of 256); a float32 one loads 64 and asks for nothing."""
+    for dtype, blocks in ((np.float32, 0), (BF16, 6)):
+        closed = glue.make_ir(rmsnorm)(np.zeros((64, 4096), dtype), np.zeros(4096, dtype))
+        low = CudaBackend().lower(closed.graph, arch="sm_90")
+        assert [launch.min_blocks for launch in low.program.launches] == [blocks]
+        assert re.findall(r"\.minnctapersm (\d+)", low.as_text("ptx")) == ([str(blocks)] if blocks else [])
+
+
 @needs_cc
 @pytest.mark.parametrize("name", sorted(WORKLOADS))
 def test_workload_kernels_compute_the_reference_results(name):

@@ -24,7 +24,7 @@ import math
 
 from llvmlite import ir
 
-from glue.backend_cuda.codegen.common import KernelEmitter, LaneGroup, Partial, Vectorization, pow2_at_least, when
+from glue.backend_cuda.codegen.common import VECTOR_BYTES, KernelEmitter, LaneGroup, Partial, Vectorization, pow2_at_least, when
 from glue.codegen.loops import loop, unflatten
 from glue.codegen.scope import Analysis, hoist
 from glue.codegen.types import I64
@@ -36,9 +36,11 @@ PRELOAD = 16         # up to this many elements per thread, every load is issued
 UNROLL = 4           # vector groups per thread per iteration of the looping variant
 MAX_THREADS = 1024
 BLOCK = 256
-# A light register-held row kernel keeps at least this many threads resident per multiprocessor
-# (of 2048), so other blocks' loads are in flight while one waits at its reductions' barriers.
+# A light register-held row kernel whose threads each load fewer than SHORT_BYTES of the row (16-
+# bit rows) keeps at least RESIDENT_THREADS resident per multiprocessor (of 2048): each block
+# moves few bytes per trip through its reductions' barriers, so more blocks must be in flight.
 RESIDENT_THREADS = 1536
+SHORT_BYTES = 64
 LIGHT_PARTIALS = 2  # partial values per thread (an argmax carries two) that still count as light
 
 
@@ -113,7 +115,8 @@ class _RowEmitter:
                     ke.store(self.outer, s)
         b.ret_void()
         partials = sum(len(Partial.start(r).values) for r in k.reductions)
-        if not self.looping and partials <= LIGHT_PARTIALS and T * B <= RESIDENT_THREADS // 2:
+        short = self.slots * VECTOR_BYTES < SHORT_BYTES
+        if not self.looping and short and partials <= LIGHT_PARTIALS and T * B <= RESIDENT_THREADS // 2:
             ke.min_blocks = RESIDENT_THREADS // (T * B)
         variant = f"looping x{UNROLL}" if self.looping else f"registers {self.slots * self.width}/thread"
         return -(-self.rows // B), T * B, f"rows {variant} T={T} x{self.width}"
