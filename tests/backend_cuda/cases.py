@@ -95,6 +95,8 @@ WORKLOADS = {
     "softmax": (softmax, [((6, 40), np.float32)]),
     "softmax_bf16": (softmax, [((5, 72), BF16)]),
     "softmax_long": (softmax, [((2, 40000), np.float32)]),
+    "softmax_long_bf16": (softmax, [((2, 40000), BF16)]),
+    "xent_long": (xent, [((2, 40000), np.float32), ((2, 40000), np.float32)]),
     "layernorm": (layernorm, [((7, 64), np.float32), ((64,), np.float32), ((64,), np.float32)]),
     "layernorm_bf16": (layernorm, [((3, 96), BF16), ((96,), BF16), ((96,), BF16)]),
     "rmsnorm": (rmsnorm, [((9, 33), np.float32), ((33,), np.float32)]),
