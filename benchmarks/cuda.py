@@ -1,7 +1,7 @@
 """`python -m benchmarks cuda`: glue's cuda backend against torch eager, torch.compile and jax.jit
 on the glue workloads of `../shared/anchors/peers_gpu.py` (bias+gelu, rmsnorm, layernorm, softmax
 on 8192x4096 in f32 and bf16; cross-entropy 4096x32000 f32) and a softmax over 65536-wide rows
-(too long for registers: the online variant), with a 1 GiB device copy as the
+(too long for registers: the looping variant), with a 1 GiB device copy as the
 bandwidth ceiling, all in one process on one GPU; then the small-launch loops of
 `cuda_loops.py` (an MLP training loop, a tiny add). `--suite` picks one of the two.
 

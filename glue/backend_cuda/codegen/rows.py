@@ -12,9 +12,7 @@ once per thread, not once per element.
   stores: one pass over memory however many reductions there are (softmax, layernorm,
   cross-entropy). Rows shorter than a warp share warps: `256 / T` rows per block.
 - looping: longer rows are read once per level and once more for the element stores, in chunks
-  of `UNROLL` groups per thread. A max and the sum of exp(x - max) over the same x (softmax,
-  log-sum-exp) share one level there (`OnlineSum`): each chunk raises the running max and
-  rescales the running sum, so a softmax reads its row twice, not three times.
+  of `UNROLL` groups per thread.
 
 Out-of-range groups of a ragged last chunk read group 0 (always in bounds) and are left out of
 the folds and the stores, so no load is ever out of bounds and no branch splits a warp before a
@@ -23,19 +21,14 @@ shuffle.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Sequence
 
 from llvmlite import ir
 
 from glue.backend_cuda.codegen.common import VECTOR_BYTES, KernelEmitter, LaneGroup, Partial, Vectorization, pow2_at_least, when
-from glue.backend_cuda.codegen.fastmath import exp_f32
-from glue.codegen import reductions
 from glue.codegen.loops import loop, unflatten
 from glue.codegen.scope import Analysis, hoist
-from glue.codegen.types import F32, I64
-from glue.ir import dtypes as dt
-from glue.scheduler.kernel_ir import Kernel, Op, Reduction, RowValue, loads_under
+from glue.codegen.types import I64
+from glue.scheduler.kernel_ir import Kernel, loads_under
 
 HOLD = 32            # elements a thread may keep in registers
 TARGET = 16          # elements per thread the register variant aims for
@@ -51,95 +44,12 @@ SHORT_BYTES = 64
 LIGHT_PARTIALS = 2  # partial values per thread (an argmax carries two) that still count as light
 
 
-def reduction_levels(kernel: Kernel, analysis: Analysis, fused: dict[int, int] | None = None) -> list[list[int]]:
-    """Reductions grouped by dependency depth: a level uses only row values of earlier ones.
-    `fused` (a max -> the sum folded with it) puts each such sum in its max's level."""
-    fused = fused or {}
-    partner = {j: i for i, j in fused.items()}
+def reduction_levels(kernel: Kernel, analysis: Analysis) -> list[list[int]]:
+    """Reductions grouped by dependency depth: a level uses only row values of earlier ones."""
     depth: dict[int, int] = {}
     for i, r in enumerate(kernel.reductions):
-        depth[i] = depth[partner[i]] if i in partner else \
-            1 + max((depth[j] for j in analysis.uses(r.value).rows), default=-1)
+        depth[i] = 1 + max((depth[j] for j in analysis.uses(r.value).rows), default=-1)
     return [[i for i in depth if depth[i] == d] for d in sorted(set(depth.values()))]
-
-
-ONLINE_DTYPES = (dt.float32, dt.bfloat16, dt.float16)
-
-
-def online_pairs(kernel: Kernel, analysis: Analysis) -> dict[int, int]:
-    """max reduction -> a float32 sum of exp(x - that max) over the same x (a softmax's or a
-    log-sum-exp's two reductions), which one pass can fold together: `OnlineSum`."""
-    pairs: dict[int, int] = {}
-    for j, r in enumerate(kernel.reductions):
-        e = r.value
-        while isinstance(e, Op) and e.primitive == "convert_element_type" and e.args[0].dtype in ONLINE_DTYPES:
-            e = e.args[0]  # widened, as 16-bit exponentials are summed in float32
-        if r.op != "sum" or r.dtype != dt.float32 or not (isinstance(e, Op) and e.primitive == "exp"):
-            continue
-        d = e.args[0]
-        if not (isinstance(d, Op) and d.primitive == "sub" and isinstance(d.args[1], RowValue)):
-            continue
-        i = d.args[1].k
-        m = kernel.reductions[i]
-        if m.op == "max" and m.value == d.args[0] and m.value.dtype in ONLINE_DTYPES \
-                and analysis.uses(r.value).rows == {i} and i not in pairs:
-            pairs[i] = j
-    return pairs
-
-
-@dataclass(frozen=True)
-class OnlineSum:
-    """A max m and the sum s of exp(x - m) over the same elements, folded in one pass (online
-    softmax): a chunk of elements raises m to m' and rescales s by exp(m - m') before adding
-    its own exp(x - m'); two partials merge the same way. Duck-types `Partial` for
-    `KernelEmitter.group_reduce`."""
-
-    reduction: Reduction   # the max
-    total: Reduction       # the sum of exponentials
-    values: tuple[ir.Value, ir.Value]
-
-    @staticmethod
-    def start(m: Reduction, total: Reduction) -> "OnlineSum":
-        return OnlineSum(m, total, (reductions.identity("max", m.value.dtype), reductions.identity("sum", dt.float32)))
-
-    def with_values(self, values: Sequence[ir.Value]) -> "OnlineSum":
-        return OnlineSum(self.reduction, self.total, tuple(values))
-
-    def add(self, b: ir.IRBuilder, value: ir.Value, position: ir.Value, valid: ir.Value | None) -> "OnlineSum":
-        return self  # elements come in by chunk (`add_chunk`)
-
-    def add_chunk(self, rows: "_RowEmitter", groups: list) -> "OnlineSum":
-        b, dtype = rows.b, self.reduction.value.dtype
-        chunk = [(em, valid) for lanes, valid, _ in groups for em in lanes.emitters]
-        top = self.values[0]
-        for em, valid in chunk:
-            x = em.value(self.reduction.value)
-            top = reductions.combine(b, "max", top, x if valid is None else
-                                     b.select(valid, x, reductions.identity("max", dtype)), dtype)
-        total = b.fmul(self.values[1], _rescale(b, self.values[0], top))
-        k = rows.k.reductions.index(self.reduction)
-        for em, valid in chunk:
-            em.rows = list(em.rows)  # this chunk's exponentials are relative to its new maximum
-            em.rows[k] = top
-            term = em.value(self.total.value)
-            total = b.fadd(total, term if valid is None else b.select(valid, term, ir.Constant(F32, 0.0)))
-        return self.with_values((top, total))
-
-    def combine(self, b: ir.IRBuilder, other: "OnlineSum") -> "OnlineSum":
-        (m1, s1), (m2, s2) = self.values, other.values
-        top = reductions.combine(b, "max", m1, m2, self.reduction.value.dtype)
-        total = b.fadd(b.fmul(s1, _rescale(b, m1, top)), b.fmul(s2, _rescale(b, m2, top)))
-        return self.with_values((top, total))
-
-    def shuffled(self, ke: KernelEmitter, mask: int) -> "OnlineSum":
-        return self.with_values(tuple(ke.shuffle_xor(v, mask) for v in self.values))
-
-
-def _rescale(b: ir.IRBuilder, old: ir.Value, new: ir.Value) -> ir.Value:
-    """exp(old - new) for a partial sum taken relative to `old`, now relative to `new` >= old;
-    1 when they are equal (so two infinite maxima do not make NaN)."""
-    same = b.fcmp_unordered("==", old, new)
-    return b.select(same, ir.Constant(F32, 1.0), exp_f32(b, b.fsub(old, new)))
 
 
 class _RowEmitter:
@@ -176,8 +86,7 @@ class _RowEmitter:
         # Loads of later levels and of the stores that differ per row (a cross-entropy's labels)
         # go out with the row's, so their latency overlaps the reductions instead of following
         # them: into registers when the thread's share is small, else into L2.
-        pairs = online_pairs(k, ke.analysis) if self.looping else {}
-        levels = reduction_levels(k, ke.analysis, pairs)
+        levels = reduction_levels(k, ke.analysis)
         later = [k.reductions[i].value for level in levels[1:] for i in level] + [s.value for s in k.stores]
         first_level = set(loads_under([k.reductions[i].value for i in (levels[0] if levels else [])]))
         for lanes, _, _ in slots:
@@ -186,11 +95,9 @@ class _RowEmitter:
             else:
                 lanes.prefetch(later, lambda ld: self.per_row(ld) and ld not in first_level)
         for level in levels:
-            level = [i for i in level if i not in pairs.values()]  # a fused sum rides on its max
             exprs = [k.reductions[i].value for i in level]
             hoist(self.outer, exprs, ke.analysis, self.reduce_dims, frozenset(level))
-            partials = [OnlineSum.start(k.reductions[i], k.reductions[pairs[i]]) if i in pairs
-                        else Partial.start(k.reductions[i]) for i in level]
+            partials = [Partial.start(k.reductions[i]) for i in level]
             if self.looping:
                 partials = self.fold_looping(exprs, partials)
             else:
@@ -198,10 +105,7 @@ class _RowEmitter:
                     partials = self.fold(lanes, valid, first, exprs, partials)
             partials = ke.group_reduce(partials, T, B, self.lane, self.member)
             for i, p in zip(level, partials):
-                if i in pairs:
-                    self.outer.rows[i], self.outer.rows[pairs[i]] = p.values
-                else:
-                    self.outer.rows[i] = p.result(b)
+                self.outer.rows[i] = p.result(b)
         self.element_stores(slots)
         row_stores = [s for s in k.stores if s.level == "row"]
         if row_stores:
@@ -268,11 +172,9 @@ class _RowEmitter:
             it = iter(values)
             current = [p.with_values([next(it) for _ in range(n)]) for p, n in zip(partials, shapes)]
             base = b.mul(c, ir.Constant(I64, self.threads * UNROLL))
-            groups = []
             for u in range(UNROLL):
-                groups.append(self.slot(b.add(base, ir.Constant(I64, u * self.threads)), False))
-                current = self.fold(*groups[-1], exprs, current)
-            current = [p.add_chunk(self, groups) if isinstance(p, OnlineSum) else p for p in current]
+                lanes, valid, first = self.slot(b.add(base, ir.Constant(I64, u * self.threads)), False)
+                current = self.fold(lanes, valid, first, exprs, current)
             return [v for p in current for v in p.values]
 
         out = iter(self.chunks(body, [v for p in partials for v in p.values]))
