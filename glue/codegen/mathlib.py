@@ -28,7 +28,7 @@ range plus random encodings) against long-double or mpmath references; relative 
     log2       0.50      0.50      all inputs
     log1p      0.77      0.76      all inputs
     tanh       2.42      0.79      all inputs
-    logistic   0.77      0.71      all inputs
+    logistic   1.43      0.71      all inputs
     erf        1.21      1.00      all inputs
     sin, cos   1.15      1.12      |x| <= 1e5 (float32), |x| <= 1e9 (float64)
     sqrt       0.50      0.50      all inputs (llvm.sqrt, correctly rounded)
@@ -564,6 +564,8 @@ def _tanh_single(o: _Ops, x: Value) -> Value:
 def _logistic(o: _Ops, x: Value) -> Value:
     # 1 / (1 + e) for x >= 0 and e / (1 + e) below, e = e^-|x| as a double-word e_hi + e_lo
     # so that neither the sum nor the quotient rounds before the end.
+    if o.fmt.bits == 32:
+        return _logistic_single(o, x)
     k_int, r_hi, r_lo = _exp_reduce(o, o.clamp(o.neg(o.abs(x)), o.fmt.exp_min, 0.0))
     e_hi, e_lo = o.fast_two_sum(*_exp_mantissa(o, r_hi, r_lo))
     e_hi, e_lo = _scale(o, e_hi, k_int), _scale(o, e_lo, k_int)
@@ -571,6 +573,16 @@ def _logistic(o: _Ops, x: Value) -> Value:
     negative = o.cmp("<", x, 0.0)
     result = _divide(o, o.select(negative, e_hi, 1.0), o.select(negative, e_lo, 0.0),
                      d_hi, o.add(d_err, e_lo))
+    return o.select(o.is_nan(x), x, result)
+
+
+def _logistic_single(o: _Ops, x: Value) -> Value:
+    """float32 logistic from the float32 exp: e = e^-|x| rounded once (0.76 ulp), 1 + e split
+    exactly, and one refined quotient. e's error reaches the result damped by 1 / (1 + e), so
+    the result stays within about 1.3 ulp, at half the instructions of the double-word form."""
+    e = _exp_core(o, o.clamp(o.neg(o.abs(x)), o.fmt.exp_min, 0.0))
+    d_hi, d_lo = o.fast_two_sum(1.0, e)
+    result = _divide(o, o.select(o.cmp("<", x, 0.0), e, 1.0), 0.0, d_hi, d_lo)
     return o.select(o.is_nan(x), x, result)
 
 
