@@ -246,7 +246,9 @@ class Jitted:
         self.donate_argnums = tuple(donate_argnums)
         self._traced: dict[Signature, tuple[ClosedGraph, PyTreeDef]] = {}
         self._compiled: dict[Signature, Compiled] = {}
-        self._hot: tuple[Signature | None, Compiled | None] = (None, None)  # the last call's
+        # The last call's signature and program, and its argument types when every argument was
+        # a glue.Array (a call passing Arrays of those very types takes the same program).
+        self._hot: tuple[Signature | None, Any, tuple[TensorType, ...] | None] = (None, None, None)
         self._last: Signature | None = None
 
     @property
@@ -290,17 +292,31 @@ class Jitted:
             # Inlined by tracing straight through `fn`, so that an enclosing transform sees
             # every call it makes (stop_gradient records its cuts in the transform's trace).
             return self.fn(*args, **kwargs)
-        sig, leaves = self.spec.split(args, kwargs)
-        hot_sig, compiled = self._hot
-        if sig != hot_sig:  # a loop's calls pass the same type objects: compared without hashing
-            compiled = self._compiled.get(sig)
-            if compiled is None:
-                compiled = self._compiled[sig] = self.lower(*args, **kwargs).compile()
-        self._hot = (sig, compiled)
+        hot_sig, compiled, hot_arrays = self._hot
+        if hot_arrays is not None and not kwargs and _same_arrays(args, hot_arrays):
+            leaves: Sequence[Any] = args  # the last call's signature: nothing to flatten or look up
+        else:
+            sig, leaves = self.spec.split(args, kwargs)
+            if sig != hot_sig:  # a loop's calls pass the same type objects: compared without hashing
+                compiled = self._compiled.get(sig)
+                if compiled is None:
+                    compiled = self._compiled[sig] = self.lower(*args, **kwargs).compile()
+            flat = not kwargs and not sig.statics and all(a.__class__ is Array for a in args)
+            self._hot = (sig, compiled, sig.types if flat else None)
         if profiler.active() is None:
             return compiled.call_tree(leaves)
         with profiler.span("call", self.name):
             return compiled.call_tree(leaves)
+
+
+def _same_arrays(args: tuple, avals: tuple[TensorType, ...]) -> bool:
+    """Whether `args` are glue.Arrays whose types are the objects `avals` (identity, no hashing)."""
+    if len(args) != len(avals):
+        return False
+    for a, t in zip(args, avals):
+        if a.__class__ is not Array or a.aval is not t:
+            return False
+    return True
 
 
 def jit(fn: Callable | None = None, *, backend: str | None = None, static_argnums: Sequence[int] | int = (),

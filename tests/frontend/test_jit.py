@@ -42,6 +42,26 @@ def test_same_signature_traces_once(caplog):
     assert not caplog.records
 
 
+def test_arrays_of_the_last_calls_types_skip_the_signature(monkeypatch):
+    """A loop feeding results back in passes glue.Arrays whose types are the last call's own
+    objects: that call needs no flattening or lookup. Anything else still goes through the
+    signature: other types, other structures, NumPy arguments, keywords."""
+    f = glue.jit(lambda x, y: (x + y, x * y), backend="cpu")
+    a, b = f(X, X)
+    a, b = f(a, b)
+    calls = []
+    split = f.spec.split
+    monkeypatch.setattr(f.spec, "split", lambda *args: calls.append(1) or split(*args))
+    a2, b2 = f(a, b)
+    assert calls == []
+    np.testing.assert_allclose(np.asarray(a2), np.asarray(a) + np.asarray(b))
+    for args, kwargs, want in (((a, X), {}, np.asarray(a) + X), ((a,), {"y": b}, np.asarray(a) + np.asarray(b)),
+                               ((glue.Array(np.ones((2, 3), np.float32)),) * 2, {}, np.full((2, 3), 2.0))):
+        calls.clear()
+        np.testing.assert_allclose(np.asarray(f(*args, **kwargs)[0]), want)
+        assert calls  # (a first signature is split again when it is traced)
+
+
 @pytest.mark.parametrize("first, second, reason", [
     (np.zeros(3, np.float32), np.zeros((2, 3), np.float32), "argument types changed: args[0] f32[3] -> f32[2,3]"),
     (np.zeros(3, np.float32), np.zeros(3, np.float16), "argument types changed: args[0] f32[3] -> f16[3]"),
