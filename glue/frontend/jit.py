@@ -246,9 +246,10 @@ class Jitted:
         self.donate_argnums = tuple(donate_argnums)
         self._traced: dict[Signature, tuple[ClosedGraph, PyTreeDef]] = {}
         self._compiled: dict[Signature, Compiled] = {}
-        # The last call's signature and program, and its argument types when every argument was
-        # a glue.Array (a call passing Arrays of those very types takes the same program).
-        self._hot: tuple[Signature | None, Any, tuple[TensorType, ...] | None] = (None, None, None)
+        # The last call's signature and program, and where its arguments were glue.Arrays or flat
+        # lists or tuples of them, their layout and types (`_array_layout`): a call passing Arrays
+        # of those very types in that layout takes the same program.
+        self._hot: tuple[Signature | None, Any, tuple | None] = (None, None, None)
         self._last: Signature | None = None
 
     @property
@@ -292,31 +293,60 @@ class Jitted:
             # Inlined by tracing straight through `fn`, so that an enclosing transform sees
             # every call it makes (stop_gradient records its cuts in the transform's trace).
             return self.fn(*args, **kwargs)
-        hot_sig, compiled, hot_arrays = self._hot
-        if hot_arrays is not None and not kwargs and _same_arrays(args, hot_arrays):
-            leaves: Sequence[Any] = args  # the last call's signature: nothing to flatten or look up
-        else:
+        hot_sig, compiled, hot_layout = self._hot
+        leaves = _same_arrays(args, hot_layout) if hot_layout is not None and not kwargs else None
+        if leaves is None:
             sig, leaves = self.spec.split(args, kwargs)
             if sig != hot_sig:  # a loop's calls pass the same type objects: compared without hashing
                 compiled = self._compiled.get(sig)
                 if compiled is None:
                     compiled = self._compiled[sig] = self.lower(*args, **kwargs).compile()
-            flat = not kwargs and not sig.statics and all(a.__class__ is Array for a in args)
-            self._hot = (sig, compiled, sig.types if flat else None)
+            self._hot = (sig, compiled, _array_layout(args, sig) if not kwargs else None)
         if profiler.active() is None:
             return compiled.call_tree(leaves)
         with profiler.span("call", self.name):
             return compiled.call_tree(leaves)
 
 
-def _same_arrays(args: tuple, avals: tuple[TensorType, ...]) -> bool:
-    """Whether `args` are glue.Arrays whose types are the objects `avals` (identity, no hashing)."""
-    if len(args) != len(avals):
-        return False
-    for a, t in zip(args, avals):
-        if a.__class__ is not Array or a.aval is not t:
-            return False
-    return True
+def _array_layout(args: tuple, sig: Signature) -> tuple | None:
+    """(layout, the leaves' types) when every argument is a glue.Array (layout None) or a flat
+    list or tuple of them (layout: per argument None, or that class and length); else None."""
+    if sig.statics:
+        return None
+    layout = []
+    for a in args:
+        if a.__class__ is Array:
+            layout.append(None)
+        elif a.__class__ in (list, tuple) and all(x.__class__ is Array for x in a):
+            layout.append((a.__class__, len(a)))
+        else:
+            return None
+    return (tuple(layout) if any(layout) else None), sig.types
+
+
+def _same_arrays(args: tuple, hot: tuple) -> Sequence[Any] | None:
+    """The leaves of `args` if they have the layout of `hot` (from `_array_layout`) and their
+    glue.Arrays' types are its very objects (compared by identity, nothing hashed), else None."""
+    layout, avals = hot
+    if layout is None:  # every argument an Array: they are the leaves
+        leaves: Sequence[Any] = args
+    elif len(args) != len(layout):
+        return None
+    else:
+        leaves = []
+        for a, form in zip(args, layout):
+            if form is None:
+                leaves.append(a)
+            elif a.__class__ is form[0] and len(a) == form[1]:
+                leaves.extend(a)
+            else:
+                return None
+    if len(leaves) != len(avals):
+        return None
+    for x, t in zip(leaves, avals):
+        if x.__class__ is not Array or x.aval is not t:
+            return None
+    return leaves
 
 
 def jit(fn: Callable | None = None, *, backend: str | None = None, static_argnums: Sequence[int] | int = (),

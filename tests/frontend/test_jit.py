@@ -62,6 +62,23 @@ def test_arrays_of_the_last_calls_types_skip_the_signature(monkeypatch):
         assert calls  # (a first signature is split again when it is traced)
 
 
+def test_flat_lists_of_arrays_also_skip_the_signature(monkeypatch):
+    """The same for a training step's list of weights: a list of Arrays of the last call's types
+    and length takes its program directly; a longer list, or a tuple, does not."""
+    f = glue.jit(lambda ws, x: ([w * x for w in ws], x), backend="cpu")
+    ws, x = f([X, X + 1], X)
+    ws, x = f(ws, x)
+    calls = []
+    split = f.spec.split
+    monkeypatch.setattr(f.spec, "split", lambda *args: calls.append(1) or split(*args))
+    new, _ = f(ws, x)
+    assert calls == [] and isinstance(new, list)
+    np.testing.assert_allclose(np.asarray(new[1]), np.asarray(ws[1]) * np.asarray(x))
+    for other in (ws + [ws[0]], tuple(ws)):
+        calls.clear()
+        assert len(f(other, x)[0]) == len(other) and calls
+
+
 @pytest.mark.parametrize("first, second, reason", [
     (np.zeros(3, np.float32), np.zeros((2, 3), np.float32), "argument types changed: args[0] f32[3] -> f32[2,3]"),
     (np.zeros(3, np.float32), np.zeros(3, np.float16), "argument types changed: args[0] f32[3] -> f16[3]"),
