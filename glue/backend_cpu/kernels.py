@@ -50,7 +50,7 @@ from glue.codegen.scope import Analysis, hoist
 from glue.codegen.types import F64, I1, I64, from_memory, memory_type, register_type, to_memory
 from glue.ir import dtypes as dt
 from glue.ir.core import strides
-from glue.scheduler.kernel_ir import Const, Dim, Expr, FromValue, Index, Kernel, Load, Op, Store, children
+from glue.scheduler.kernel_ir import Const, Dim, Expr, FromValue, Index, Kernel, Load, Op, Store, children, subexpressions
 from glue.scheduler.lowering import EXPENSIVE
 
 PTR = ir.PointerType()
@@ -109,19 +109,12 @@ class KernelFunction:
 
 def cost_per_point(kernel: Kernel) -> float:
     """Operations per domain point, transcendental functions counted as ten."""
-    seen: set[Expr] = set()
     total = 0.0
-    stack = [r.value for r in kernel.reductions] + [s.value for s in kernel.stores]
-    while stack:
-        e = stack.pop()
-        if e in seen:
-            continue
-        seen.add(e)
+    for e in subexpressions(kernel.roots):
         if isinstance(e, Op):
             total += 10.0 if e.primitive in EXPENSIVE else 1.0
         else:
             total += 0.5
-        stack.extend(children(e))
     return max(total, 1.0)
 
 

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 
 from glue.codegen.scope import Analysis
-from glue.scheduler.kernel_ir import Op, children
+from glue.scheduler.kernel_ir import Op, subexpressions
 from glue.scheduler.lowering import EXPENSIVE
 from glue.scheduler.plan import Plan
 
@@ -43,19 +43,13 @@ def estimate_cost(plan: Plan) -> CostAnalysis:
         points = rows * math.prod(kernel.reduce)
         reduce_dims = frozenset(range(len(kernel.parallel), kernel.rank))
         analysis = Analysis()
-        seen, stack = set(), [r.value for r in kernel.reductions] + [s.value for s in kernel.stores]
-        while stack:
-            e = stack.pop()
-            if e in seen:
-                continue
-            seen.add(e)
+        for e in subexpressions(kernel.roots):
             if isinstance(e, Op) and e.dtype.is_float and e.primitive != "convert_element_type":
                 count = points if analysis.inside(e, reduce_dims) else rows
                 if e.primitive in EXPENSIVE:
                     transcendentals += count
                 else:
                     flops += count
-            stack.extend(children(e))
         flops += points * sum(r.op == "sum" and r.dtype.is_float for r in kernel.reductions)
         traffic += sum(b.type.nbytes for b in kernel.inputs + kernel.outputs)
     return CostAnalysis(flops, transcendentals, traffic)

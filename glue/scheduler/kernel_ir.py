@@ -12,13 +12,13 @@ expressions to output buffers. Loads read input buffers through index maps: affi
 expressions over the domain dims (broadcast = dim absent, transposes, slices, reshapes that
 split or merge dims), plus floor-div/mod where a reshape does not line up, clamps and
 data-dependent indices (gather). Backends choose how to map the domain onto loops, threads
-and blocks; the scheduler never decides that. `children` and `loads_under` walk expressions,
+and blocks; the scheduler never decides that. `children`, `subexpressions` and `loads_under` walk expressions,
 for the scheduler and for both backends.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any, Iterable, Union
+from typing import Any, Iterable, Iterator, Union
 
 from glue.ir import TensorType
 from glue.ir.dtypes import DType
@@ -292,6 +292,11 @@ class Kernel:
     def rank(self) -> int:
         return len(self.parallel) + len(self.reduce)
 
+    @property
+    def roots(self) -> list[Expr]:
+        """What the kernel computes: its reductions' values and its stores' values."""
+        return [r.value for r in self.reductions] + [s.value for s in self.stores]
+
     def __str__(self) -> str:
         from glue.scheduler.kernel_text import kernel_text
 
@@ -324,16 +329,20 @@ def children(e: Expr) -> list[Expr]:
     return out
 
 
-def loads_under(exprs: Iterable[Expr], found: set[Expr] | None = None) -> list[Load]:
-    """The loads `exprs` read, skipping (and adding to `found`) expressions already visited."""
+def subexpressions(exprs: Iterable[Expr], found: set[Expr] | None = None) -> Iterator[Expr]:
+    """Every expression `exprs` compute from, themselves included, each once; skips (and adds
+    to `found`) expressions already visited."""
     found = set() if found is None else found
-    out, stack = [], list(exprs)
+    stack = list(exprs)
     while stack:
         e = stack.pop()
         if e in found:
             continue
         found.add(e)
-        if isinstance(e, Load):
-            out.append(e)
+        yield e
         stack.extend(children(e))
-    return out
+
+
+def loads_under(exprs: Iterable[Expr], found: set[Expr] | None = None) -> list[Load]:
+    """The loads `exprs` read, skipping (and adding to `found`) expressions already visited."""
+    return [e for e in subexpressions(exprs, found) if isinstance(e, Load)]

@@ -76,7 +76,7 @@ def reads_only_where_written(kernel: Kernel, input_slot: int, output_slot: int) 
     if kernel.kind not in ("pointwise", "reduction") or len(stores) != 1 or stores[0].mode != "set" \
             or stores[0].level != "element":
         return False
-    loads = loads_under([r.value for r in kernel.reductions] + [s.value for s in kernel.stores])
+    loads = loads_under(kernel.roots)
     mine = [ld for ld in loads if ld.input == input_slot]
     return all(ld.index == stores[0].index and not ld.mask for ld in mine)
 

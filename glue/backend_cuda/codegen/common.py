@@ -40,7 +40,7 @@ from glue.ir.core import strides
 from glue.codegen.scope import Analysis, hoist
 from glue.codegen.types import F32, I1, I8, I32, I64, from_memory, memory_type, to_memory
 from glue.ir import dtypes as dt
-from glue.scheduler.kernel_ir import Dim, Expr, Index, Kernel, Load, Reduction, Store, children, loads_under
+from glue.scheduler.kernel_ir import Dim, Expr, Index, Kernel, Load, Reduction, Store, loads_under, subexpressions
 
 PTR1 = ir.PointerType(addrspace=1)
 PTR3 = ir.PointerType(addrspace=3)
@@ -382,15 +382,7 @@ class Vectorization:
 
 def reachable(kernel: Kernel, analysis: Analysis) -> list[Expr]:
     """Every expression the kernel's reductions and stores compute from, each once."""
-    seen: dict[Expr, None] = {}
-    stack = [r.value for r in kernel.reductions] + [s.value for s in kernel.stores]
-    while stack:
-        e = stack.pop()
-        if e in seen:
-            continue
-        seen[e] = None
-        stack.extend(children(e))
-    return list(seen)
+    return list(subexpressions(kernel.roots))
 
 
 class LaneGroup:
