@@ -21,13 +21,15 @@ def _const(v: ir.Value) -> int | None:
 
 def loop(b: ir.IRBuilder, lo: ir.Value | int, hi: ir.Value | int, body: Body,
          carried: Sequence[ir.Value] = (), name: str = "i", vectorize: bool = True,
-         interleave: int = 0) -> list[ir.Value]:
+         interleave: int = 0, unroll: int | None = None) -> list[ir.Value]:
     """Run `body(b, i, values)` for i in [lo, hi), threading `carried` values through it (the
     body returns their next values); the builder ends after the loop, and the result is the
     carried values after the last iteration (the initial ones when the loop runs no times).
     `vectorize=False` tells LLVM not to vectorise this loop (an outer loop whose inner loops
     are the ones to vectorise); `interleave` asks it to keep that many vector iterations in
-    flight (long dependency chains, as in math functions, leave the units idle otherwise)."""
+    flight (long dependency chains, as in math functions, leave the units idle otherwise);
+    `unroll` caps how many copies of the body LLVM's unroller may make (1: none), where all
+    copies of a body of wide loads would be scheduled ahead and outgrow a GPU thread's registers."""
     lo = ir.Constant(I64, lo) if isinstance(lo, int) else lo
     hi = ir.Constant(I64, hi) if isinstance(hi, int) else hi
     first, last = _const(lo), _const(hi)
@@ -57,9 +59,11 @@ def loop(b: ir.IRBuilder, lo: ir.Value | int, hi: ir.Value | int, body: Body,
     for phi, v in zip(phis, new):
         phi.add_incoming(v, latch)
     branch = b.cbranch(b.icmp_signed("<", following, hi), head, done)
-    if not vectorize or interleave:
-        hints = [("llvm.loop.vectorize.enable", ir.Constant(I1, 0))] if not vectorize else \
-            [("llvm.loop.interleave.count", ir.Constant(ir.IntType(32), interleave))]
+    hints = [("llvm.loop.vectorize.enable", ir.Constant(I1, 0))] if not vectorize else \
+        [("llvm.loop.interleave.count", ir.Constant(ir.IntType(32), interleave))] if interleave else []
+    if unroll is not None:
+        hints.append(("llvm.loop.unroll.count", ir.Constant(ir.IntType(32), unroll)))
+    if hints:
         branch.set_metadata("llvm.loop", _loop_id(b.module, hints))
     b.position_at_end(done)
     if static:

@@ -112,6 +112,8 @@ WORKLOADS = {
     "row_stats": (row_stats, [((5, 2000), np.float32)]),
     "row_stats_f64": (row_stats, [((3, 1500), np.float64)]),
     "row_stats_i32": (lambda x: (gnp.argmax(x, axis=-1), x.sum(-1), x.min(-1)), [((3, 999), np.int32)]),
+    "row_stats_long_i32": (lambda x: (x.max(-1), gnp.argmax(x, axis=-1), (x - x.min(-1, keepdims=True)).sum(-1),
+                                      gnp.argmin(x, axis=-1)), [((2, 40000), np.int32)]),
     "transposed": (transposed, [((6, 5), np.float32), ((5, 6), np.float32)]),
     "train_step": (train_step, [((100, 72), np.float32), ((72, 96), np.float32), ((5, 100), np.float32),
                                 ((5, 96), np.float32)]),

@@ -31,7 +31,7 @@ from typing import Callable, Sequence
 
 from llvmlite import ir
 
-from glue.backend_cuda.codegen.fastmath import GpuEmitter
+from glue.backend_cuda.codegen.fastmath import GpuEmitter, pack_bf16x2
 from glue.backend_cuda.ptx import DEFAULT_ARCH
 from glue.codegen import reductions
 from glue.codegen.buffers import BufferAccess
@@ -46,6 +46,7 @@ PTR1 = ir.PointerType(addrspace=1)
 PTR3 = ir.PointerType(addrspace=3)
 VOID = ir.VoidType()
 WARP = 32
+SEQUENTIAL_WARPS = 8  # warps' partials a thread folds one by one (two 16-byte shared loads of floats)
 VECTOR_BYTES = 16
 MAX_LANES = 8
 
@@ -157,6 +158,7 @@ class KernelEmitter(BufferAccess):
     def emitter(self, dims: Sequence[ir.Value | None], outer: ExprEmitter | None = None) -> GpuEmitter:
         em = GpuEmitter(self.b, dims, self.shapes, self.load)
         em.analysis = self.analysis
+        em.packs_bf16 = self.packs_bf16
         if outer is not None:
             em.memo = dict(outer.memo)
             em.rows = outer.rows
@@ -211,11 +213,6 @@ class KernelEmitter(BufferAccess):
         program writes), so it may be issued before `await_producers`."""
         return all(ld.input in self.constant_inputs for ld in loads_under([expr]))
 
-    def pack_bf16x2(self, low: ir.Value, high: ir.Value) -> ir.Value:
-        """Two floats rounded to bfloat16 (nearest even) and packed into a 32-bit word."""
-        asm = ir.InlineAsm(ir.FunctionType(I32, [F32, F32]), "cvt.rn.bf16x2.f32 $0, $1, $2;", "=r,f,f")
-        return self.b.call(asm, [high, low])
-
     def prefetch_l2(self, address: ir.Value) -> None:
         """Start moving the line holding `address` into L2, without waiting or using a register."""
         asm = ir.InlineAsm(ir.FunctionType(VOID, [PTR1]), "prefetch.global.L2 [$0];", "l", side_effect=True)
@@ -255,12 +252,10 @@ class KernelEmitter(BufferAccess):
         power of two): warp butterflies, then, for groups wider than a warp, one value per warp
         through shared memory. `lane` is the thread's index in its group, `member` its group's
         index in the block. Every thread of a group gets the same result: each combine is
-        commutative and the cross-warp fold runs in warp order in every thread."""
-        mask = 1
-        while mask < min(group, WARP):
-            others = [p.shuffled(self, mask) for p in partials]
-            partials = [p.combine(self.b, o) for p, o in zip(partials, others)]
-            mask *= 2
+        commutative, and the cross-warp fold runs in the same order in every thread (in warp
+        order up to SEQUENTIAL_WARPS warps, beyond that as a second butterfly over lanes that
+        each read one warp's partial, so that no thread holds every warp's partials at once)."""
+        partials = self._butterfly(partials, min(group, WARP))
         if group <= WARP:
             return partials
         warps = group // WARP
@@ -276,18 +271,32 @@ class KernelEmitter(BufferAccess):
                     b.store(_to_stored(b, v), self.shared_at(arr, slot, ty))
         self.barrier()
         base = b.mul(member, ir.Constant(I64, warps))
+
+        def read(p: Partial, arrs: list[ir.Value], w: ir.Value) -> Partial:
+            at = b.add(base, w)
+            return p.with_values([_from_stored(b, b.load(self.shared_at(arr, at, _stored_type(v.type)),
+                                                         typ=_stored_type(v.type)), v.type)
+                                  for v, arr in zip(p.values, arrs)])
+
+        if warps > SEQUENTIAL_WARPS:
+            mine = b.and_(lane, ir.Constant(I64, warps - 1))
+            return self._butterfly([read(p, arrs, mine) for p, arrs in zip(partials, arrays)], warps)
         out = []
         for p, arrs in zip(partials, arrays):
-            def read(w: int) -> list[ir.Value]:
-                at = b.add(base, ir.Constant(I64, w))
-                return [_from_stored(b, b.load(self.shared_at(arr, at, _stored_type(v.type)),
-                                               typ=_stored_type(v.type)), v.type)
-                        for v, arr in zip(p.values, arrs)]
-            acc = p.with_values(read(0))
+            acc = read(p, arrs, ir.Constant(I64, 0))
             for w in range(1, warps):
-                acc = acc.combine(b, p.with_values(read(w)))
+                acc = acc.combine(b, read(p, arrs, ir.Constant(I64, w)))
             out.append(acc)
         return out
+
+    def _butterfly(self, partials: list[Partial], width: int) -> list[Partial]:
+        """Combine partials over each `width` consecutive lanes of a warp, leaving the result in all."""
+        mask = 1
+        while mask < width:
+            others = [p.shuffled(self, mask) for p in partials]
+            partials = [p.combine(self.b, o) for p, o in zip(partials, others)]
+            mask *= 2
+        return partials
 
 
 def _stored_type(ty: ir.Type) -> ir.Type:
@@ -329,7 +338,10 @@ class Partial:
             return self.with_values((b.select(wins, value, best), b.select(wins, position, at)))
         if valid is not None:
             value = b.select(valid, value, reductions.identity(r.op, r.value.dtype))
-        return self.with_values((reductions.combine(b, r.op, self.values[0], value, r.dtype),))
+        folded = reductions.combine(b, r.op, self.values[0], value, r.dtype)
+        if "contract" in getattr(value, "flags", ()):
+            folded.flags.append("contract")  # a product that may fuse (a 16-bit chain's) fuses into the sum
+        return self.with_values((folded,))
 
     def combine(self, b: ir.IRBuilder, other: "Partial") -> "Partial":
         """Merge two partials of disjoint element sets; symmetric, so the result is the same
@@ -466,7 +478,7 @@ class LaneGroup:
         if dtype == dt.bfloat16 and ke.packs_bf16:
             words = ir.Constant(ir.VectorType(I32, self.width // 2), ir.Undefined)
             for pair in range(self.width // 2):
-                word = ke.pack_bf16x2(values[2 * pair], values[2 * pair + 1])
+                word = pack_bf16x2(b, values[2 * pair], values[2 * pair + 1])
                 words = b.insert_element(words, word, ir.Constant(I32, pair))
             b.store(words, address, align=align)
             return

@@ -36,8 +36,9 @@ from llvmlite import ir
 
 from glue.codegen import mathlib
 from glue.codegen.expr import OP_RULES, ExprEmitter, convert, intrinsic
-from glue.codegen.types import F32
+from glue.codegen.types import F32, I32
 from glue.ir import dtypes as dt
+from glue.ir.dtypes import DType
 from glue.codegen.scope import Analysis
 from glue.scheduler.kernel_ir import Expr, Op
 
@@ -167,23 +168,46 @@ def _is_loose(e: Expr) -> bool:
             and all(a.dtype.is_float or a.dtype == dt.bool_ for a in e.args))
 
 
+def _is_narrowing(e: Expr) -> bool:
+    return (isinstance(e, Op) and e.primitive == "convert_element_type" and e.dtype == dt.bfloat16
+            and e.args[0].dtype in (dt.float32,) + HALF)
+
+
 def _is_widening(e: Expr) -> bool:
     return (isinstance(e, Op) and e.primitive == "convert_element_type" and e.args[0].dtype in HALF
             and e.dtype in (dt.float32, dt.float64))
 
 
+def pack_bf16x2(b: ir.IRBuilder, low: ir.Value, high: ir.Value) -> ir.Value:
+    """Two floats rounded to bfloat16 (nearest even) and packed into a 32-bit word (sm_80 on)."""
+    asm = ir.InlineAsm(ir.FunctionType(I32, [F32, F32]), "cvt.rn.bf16x2.f32 $0, $1, $2;", "=r,f,f")
+    return b.call(asm, [high, low])
+
+
 class GpuEmitter(ExprEmitter):
     """`ExprEmitter` with the GPU's arithmetic (see the module docstring). `analysis` tells
-    which domain dims an expression varies over."""
+    which domain dims an expression varies over; `packs_bf16` whether the target rounds to
+    bfloat16 in one instruction."""
 
     analysis: Analysis | None = None
+    packs_bf16: bool = False
+
+    def rounded(self, x: ir.Value, dtype: DType) -> ir.Value:
+        """A float32 rounded to `dtype`, held as float32: for bfloat16, in two instructions
+        where the target has the conversion, rather than the seven of the integer form."""
+        if dtype != dt.bfloat16 or not self.packs_bf16:
+            return convert(self.b, x, dt.float32, dtype)
+        pair = pack_bf16x2(self.b, x, x)
+        return self.b.bitcast(self.b.and_(pair, ir.Constant(I32, 0xFFFF0000 - (1 << 32))), F32)
 
     def value(self, e: Expr) -> ir.Value:
         found = self.memo.get(e)
         if found is not None:
             return found
         if _is_loose(e):
-            found = convert(self.b, self.loose(e), dt.float32, e.dtype)
+            found = self.rounded(self.loose(e), e.dtype)
+        elif _is_narrowing(e):
+            found = self.rounded(self.value(e.args[0]), e.dtype)
         elif _is_widening(e):
             found = convert(self.b, self.loose(e.args[0]), dt.float32, e.dtype)
         elif isinstance(e, Op) and e.dtype == dt.float32 and e.primitive in FAST_F32:
