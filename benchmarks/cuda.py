@@ -1,7 +1,7 @@
 """`python -m benchmarks cuda`: glue's cuda backend against torch eager, torch.compile and jax.jit
 on the glue workloads of `../shared/anchors/peers_gpu.py` (bias+gelu, rmsnorm, layernorm, softmax
-on 8192x4096 in f32 and bf16; cross-entropy 4096x32000 f32) and a softmax over 65536-wide rows
-(too long for registers: the looping variant), with a 1 GiB device copy as the
+on 8192x4096 in f32 and bf16; cross-entropy 4096x32000 f32) and softmaxes over 65536- and
+262144-wide rows (too long for registers: the looping variant), with a 1 GiB device copy as the
 bandwidth ceiling, all in one process on one GPU; then the small-launch loops of
 `cuda_loops.py` (an MLP training loop, a tiny add). `--suite` picks one of the two.
 
@@ -149,8 +149,10 @@ def workloads() -> list[tuple[str, str, list[tuple[int, ...]], Any, int]]:
                              ("layernorm", [(R, C), (C,), (C,)]), ("softmax", [(R, C)])):
             out.append((name, f"{name} {R}x{C} {tag}", shapes, dtype, 2 * R * C * size))
     out.append(("xent", "xent 4096x32000 f32", [(4096, 32000), (4096, 32000)], np.float32, 2 * 4096 * 32000 * 4))
-    # rows too long to hold in registers (a large vocabulary): glue's looping variant
-    out.append(("softmax", "softmax 2048x65536 f32", [(2048, 65536)], np.float32, 2 * 2048 * 65536 * 4))
+    # rows too long to hold in registers (a large vocabulary): glue's looping variant, in three
+    # passes over the row and, for the longer rows, with the online max and sum
+    for rows, cols in ((2048, 65536), (512, 262144)):
+        out.append(("softmax", f"softmax {rows}x{cols} f32", [(rows, cols)], np.float32, 2 * rows * cols * 4))
     return out
 
 

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 import glue
 from glue.backend_cuda import CudaBackend
 from glue.backend_cuda.codegen import build_program
+from glue.backend_cuda.codegen import rows as rows_codegen
 from glue.backend_cuda.ptx import assemble, ptx_for_module, ptxas_available
 from glue.ir import dtypes as dt
 from glue.reference import run_graph
@@ -131,10 +132,13 @@ def test_workload_kernels_compute_the_reference_results(name):
 
 
 @needs_cc
+@pytest.mark.parametrize("online", [False, True])
 @pytest.mark.parametrize("dtype", [np.float32, BF16])
-def test_long_rows_with_special_values_match_the_reference(dtype):
-    """A softmax over rows too long for registers (the looping variant) matches the reference on
-    rows with -inf entries, huge values, an all -inf row and a NaN."""
+def test_long_rows_with_special_values_match_the_reference(dtype, online, monkeypatch):
+    """A softmax over rows too long for registers (the looping variant, in three passes or with
+    the online max and sum) matches the reference on rows with -inf entries, huge values, an
+    all -inf row and a NaN."""
+    monkeypatch.setattr(rows_codegen, "ONLINE_ROW_ELEMENTS", 0 if online else 1 << 30)
     rows = np.random.default_rng(3).standard_normal((4, 40000)).astype(np.float32) * 30
     rows[0, ::7] = -np.inf
     rows[1, 12345] = 3e38
@@ -142,8 +146,21 @@ def test_long_rows_with_special_values_match_the_reference(dtype):
     rows[3, 39999] = np.nan
     x = rows.astype(dtype)
     closed, low = _lowered(softmax, [x])
-    assert low.program.launches[0].strategy.startswith("rows looping")
+    assert low.program.launches[0].strategy.startswith("rows looping online" if online else "rows looping x")
     _check(closed.graph, [x], emulator.run_program(low.program, [x]), "long-row softmax")
+
+
+@needs_cc
+@pytest.mark.parametrize("name", ["softmax_long", "softmax_long_bf16", "xent_long"])
+def test_online_long_rows_compute_the_reference_results(name, monkeypatch):
+    """The long-row workloads with every looping row folding its max and sum in one pass."""
+    monkeypatch.setattr(rows_codegen, "ONLINE_ROW_ELEMENTS", 0)
+    fn, specs = WORKLOADS[name]
+    args = rng_arrays(1, *specs)
+    closed, low = _lowered(fn, args)
+    assert any("online" in launch.strategy for launch in low.program.launches)
+    all_args = list(closed.consts) + args
+    _check(closed.graph, all_args, emulator.run_program(low.program, all_args), name)
 
 
 @needs_cc

@@ -16,7 +16,9 @@ once per thread, not once per element.
   a pass starts on the chunks the previous one read last, which are the likeliest still in L2:
   with a block's row of 256 KB and two blocks on each of the 132 multiprocessors, the rows in
   flight outgrow the 50 MB L2, and a softmax over 65536-wide float32 rows goes from 66% to 75%
-  of the copy bandwidth.
+  of the copy bandwidth. Rows of more than ONLINE_ROW_ELEMENTS, whose re-reads mostly miss L2,
+  fold a softmax's max and sum of exponentials in one pass (`online.py`), in chunks of
+  ONLINE_CHUNK elements per thread.
 
 Out-of-range groups of a ragged last chunk read group 0 (always in bounds) and are left out of
 the folds and the stores, so no load is ever out of bounds and no branch splits a warp before a
@@ -29,6 +31,7 @@ import math
 from llvmlite import ir
 
 from glue.backend_cuda.codegen.common import VECTOR_BYTES, KernelEmitter, LaneGroup, Partial, Vectorization, pow2_at_least, when
+from glue.backend_cuda.codegen.online import OnlineSum, online_pairs
 from glue.codegen.loops import loop, unflatten
 from glue.codegen.scope import Analysis, hoist
 from glue.codegen.types import I64
@@ -42,6 +45,12 @@ MAX_THREADS = 1024
 # loop whole, which measured fastest): sm_80's ptxas gives 1024-thread blocks 32 registers, and
 # with every copy's loads scheduled ahead a 16-bit softmax spills.
 OLD_ARCH_CHUNK_COPIES = 2
+# Rows longer than this fold a max and its sum of exponentials in one pass. On the H200 a
+# softmax over 65536-element rows is faster in three passes (float32 76% of the copy against
+# 69.5% online, bfloat16 84% against 75%), over 131072 elements online (66% against 58%, 73.5%
+# against 69%), and the gap grows with the row (262144-524288: 63-66% against 52-56%).
+ONLINE_ROW_ELEMENTS = 65536
+ONLINE_CHUNK = 8     # elements per thread per chunk of an online pass: all are live until the chunk's max
 BLOCK = 256
 # A light register-held row kernel whose threads each load fewer than SHORT_BYTES of the row (16-
 # bit rows) keeps at least RESIDENT_THREADS resident per multiprocessor (of 2048): each block
@@ -51,11 +60,14 @@ SHORT_BYTES = 64
 LIGHT_PARTIALS = 2  # partial values per thread (an argmax carries two) that still count as light
 
 
-def reduction_levels(kernel: Kernel, analysis: Analysis) -> list[list[int]]:
-    """Reductions grouped by dependency depth: a level uses only row values of earlier ones."""
+def reduction_levels(kernel: Kernel, analysis: Analysis, fused: dict[int, int] | None = None) -> list[list[int]]:
+    """Reductions grouped by dependency depth: a level uses only row values of earlier ones.
+    `fused` (a max -> the sum folded with it) puts each such sum in its max's level."""
+    partner = {j: i for i, j in (fused or {}).items()}
     depth: dict[int, int] = {}
     for i, r in enumerate(kernel.reductions):
-        depth[i] = 1 + max((depth[j] for j in analysis.uses(r.value).rows), default=-1)
+        depth[i] = depth[partner[i]] if i in partner else \
+            1 + max((depth[j] for j in analysis.uses(r.value).rows), default=-1)
     return [[i for i in depth if depth[i] == d] for d in sorted(set(depth.values()))]
 
 
@@ -71,7 +83,10 @@ class _RowEmitter:
         self.threads = min(MAX_THREADS, pow2_at_least(-(-self.groups // per_thread)))
         self.slots = -(-self.groups // self.threads)
         self.looping = self.slots * self.width > HOLD
-        self.unroll = max(1, TARGET // self.width)  # vector groups per thread per chunk when looping
+        online = self.looping and self.groups * self.width > ONLINE_ROW_ELEMENTS
+        self.pairs = online_pairs(k, ke.analysis) if online else {}
+        chunk = ONLINE_CHUNK if self.pairs else TARGET
+        self.unroll = max(1, chunk // self.width)  # vector groups per thread per chunk when looping
         self.backward = True  # the direction of the last pass over a long row: the first goes forward
         self.rows_per_block = max(1, BLOCK // self.threads)
         self.reduce_dims = frozenset(range(len(k.parallel), k.rank))
@@ -95,7 +110,8 @@ class _RowEmitter:
         # Loads of later levels and of the stores that differ per row (a cross-entropy's labels)
         # go out with the row's, so their latency overlaps the reductions instead of following
         # them: into registers when the thread's share is small, else into L2.
-        levels = reduction_levels(k, ke.analysis)
+        pairs = self.pairs
+        levels = reduction_levels(k, ke.analysis, pairs)
         later = [k.reductions[i].value for level in levels[1:] for i in level] + [s.value for s in k.stores]
         first_level = set(loads_under([k.reductions[i].value for i in (levels[0] if levels else [])]))
         for lanes, _, _ in slots:
@@ -106,7 +122,9 @@ class _RowEmitter:
         for level in levels:
             exprs = [k.reductions[i].value for i in level]
             hoist(self.outer, exprs, ke.analysis, self.reduce_dims, frozenset(level))
-            partials = [Partial.start(k.reductions[i]) for i in level]
+            level = [i for i in level if i not in pairs.values()]  # a fused sum rides on its max
+            partials = [OnlineSum.start(k.reductions[i], k.reductions[pairs[i]]) if i in pairs
+                        else Partial.start(k.reductions[i]) for i in level]
             if self.looping:
                 partials = self.fold_looping(exprs, partials)
             else:
@@ -114,7 +132,10 @@ class _RowEmitter:
                     partials = self.fold(lanes, valid, first, exprs, partials)
             partials = ke.group_reduce(partials, T, B, self.lane, self.member)
             for i, p in zip(level, partials):
-                self.outer.rows[i] = p.result(b)
+                if i in pairs:
+                    self.outer.rows[i], self.outer.rows[pairs[i]] = p.values
+                else:
+                    self.outer.rows[i] = p.result(b)
         self.element_stores(slots)
         row_stores = [s for s in k.stores if s.level == "row"]
         if row_stores:
@@ -127,7 +148,7 @@ class _RowEmitter:
         short = self.slots * VECTOR_BYTES < SHORT_BYTES
         if not self.looping and short and partials <= LIGHT_PARTIALS and T * B <= RESIDENT_THREADS // 2:
             ke.min_blocks = RESIDENT_THREADS // (T * B)
-        variant = f"looping x{self.unroll}" if self.looping else f"registers {self.slots * self.width}/thread"
+        variant = f"looping{' online' if pairs else ''} x{self.unroll}" if self.looping else f"registers {self.slots * self.width}/thread"
         return -(-self.rows // B), T * B, f"rows {variant} T={T} x{self.width}"
 
     def per_row(self, load) -> bool:
@@ -189,9 +210,13 @@ class _RowEmitter:
             it = iter(values)
             current = [p.with_values([next(it) for _ in range(n)]) for p, n in zip(partials, shapes)]
             base = b.mul(c, ir.Constant(I64, self.threads * self.unroll))
+            groups = []
             for u in range(self.unroll):
                 lanes, valid, first = self.slot(b.add(base, ir.Constant(I64, u * self.threads)), False)
                 current = self.fold(lanes, valid, first, exprs, current)
+                groups.append((lanes, valid))
+            current = [p.add_chunk(b, self.k.reductions.index(p.reduction), groups)
+                       if isinstance(p, OnlineSum) else p for p in current]
             return [v for p in current for v in p.values]
 
         reversible = not any(p.reduction.op.startswith("arg") for p in partials)
