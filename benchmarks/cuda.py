@@ -7,12 +7,9 @@ bandwidth ceiling, all in one process on one GPU; then the small-launch loops of
 
 Per workload and peer:
 - per call: host wall clock from the call to its result being ready (median of ITERS calls);
-- kernel: device time per call, from CUDA events around BURST back-to-back calls (for glue, of
-  its executable launching the kernels directly), or the wall clock of such a burst (jax, which
-  has no events), divided by BURST; every peer's host outpaces these kernels, so the figure is
-  the kernels plus the stream's gaps between them;
-- graph replay: for glue, the same from BURST back-to-back replays of the CUDA graph a call
-  launches (each replay also pays the graph's launch on the device);
+- kernel: device time per call, from CUDA events around BURST back-to-back replays of the CUDA
+  graph a glue call launches, or BURST back-to-back calls (torch), or the wall clock of such a
+  burst (jax, which has no events), divided by BURST;
 - GB/s: the workload's bytes (inputs read once, output written once, as the anchors count them)
   over the kernel time, and that as a percentage of the copy ceiling;
 - host: for glue, the host time until a call returns with its work queued (no waiting);
@@ -170,8 +167,17 @@ def median_us(fn: Callable[[], Any], iters: int = ITERS) -> float:
     return statistics.median(times) * 1e6
 
 
-def event_us(stream: Any, run: Callable[[], Any]) -> float:
-    """Device time per `run()` from CUDA events around BURST back-to-back runs (median of 5)."""
+def glue_times(f: Callable, exe: Any, args: list) -> dict[str, float]:
+    """Per call through the jitted function; kernel time from events around a burst of replays
+    of the CUDA graph the executable's calls launch (the program's device work alone: no host
+    code between the replays), or of calls of the executable where it launches directly."""
+    stream = get_context().stream
+    for _ in range(WARMUP):
+        f(*args).block_until_ready()
+    per_call = median_us(lambda: f(*args).block_until_ready())
+    out = exe(*args)
+    graph = exe.last_graph if exe.graph_stats.direct == 0 else None
+    run = (lambda: graph.launch(stream)) if graph is not None else (lambda: exe(*args))
     bursts = []
     for _ in range(5):
         start, end = Event(stream.ctx, timing=True), Event(stream.ctx, timing=True)
@@ -181,34 +187,14 @@ def event_us(stream: Any, run: Callable[[], Any]) -> float:
         end.record(stream)
         end.synchronize()
         bursts.append(start.elapsed_ms(end) * 1e3 / BURST)
-    return statistics.median(bursts)
-
-
-def glue_times(f: Callable, exe: Any, args: list) -> dict[str, float]:
-    """Per call through the jitted function; kernel time from events around a burst of calls
-    of the executable launching its kernels directly (no graph: the program's device work plus
-    the launch gaps a stream has between kernels, as for torch); and from events around a burst
-    of replays of the CUDA graph its calls launch (each replay also pays a graph launch)."""
-    stream = get_context().stream
-    for _ in range(WARMUP):
-        f(*args).block_until_ready()
-    per_call = median_us(lambda: f(*args).block_until_ready())
-    exe(*args)
-    graph = exe.last_graph if exe.graph_stats.direct == 0 else None
-    replay = event_us(stream, lambda: graph.launch(stream)) if graph is not None else None
-    exe.use_graphs = False
-    try:
-        kernel = event_us(stream, lambda: exe(*args))
-    finally:
-        exe.use_graphs = True
+    del out
     host = []
     for _ in range(ITERS):
         t0 = time.perf_counter()
         out = f(*args)
         host.append(time.perf_counter() - t0)
         out.block_until_ready()
-    times = {"per_call": per_call, "kernel": kernel, "host": statistics.median(host) * 1e6}
-    return times if replay is None else {**times, "replay": replay}
+    return {"per_call": per_call, "kernel": statistics.median(bursts), "host": statistics.median(host) * 1e6}
 
 
 def torch_times(fn: Callable, args: list) -> dict[str, float]:
@@ -338,14 +324,15 @@ def attempt(rows: list[dict], label: str, peer: str, measure: Callable[[], dict]
 
 
 def table(rows: list[dict], ceiling: float) -> str:
-    head = "| workload | peer | per call us | kernel us | GB/s | % of copy | graph replay us | host us | no-jit call us | rel err |\n" \
-           "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+    head = "| workload | peer | per call us | kernel us | GB/s | % of copy | host us | no-jit call us | rel err |\n" \
+           "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
     lines = [head]
     for r in rows:
-        extra = [f"{r[key]:.1f}" if key in r else "" for key in ("replay", "host", "exe")]
+        host = f"{r['host']:.1f}" if "host" in r else ""
+        exe = f"{r['exe']:.1f}" if "exe" in r else ""
         err = f"{r['rel_err']:.1e}" if "rel_err" in r else ""
         lines.append(f"| {r['workload']} | {r['peer']} | {r['per_call']:.1f} | {r['kernel']:.1f} | "
-                     f"{r['GB/s']:.0f} | {100 * r['GB/s'] / ceiling:.0f}% | {' | '.join(extra)} | {err} |")
+                     f"{r['GB/s']:.0f} | {100 * r['GB/s'] / ceiling:.0f}% | {host} | {exe} | {err} |")
     return "\n".join(lines)
 
 
