@@ -150,6 +150,17 @@ def test_long_rows_with_special_values_match_the_reference(dtype, online, monkey
     _check(closed.graph, [x], emulator.run_program(low.program, [x]), "long-row softmax")
 
 
+def test_long_row_chunk_loops_unroll_whole_only_on_sm90():
+    """LLVM may unroll a long row's chunk loop whole on sm_90 (measured fastest there); older
+    targets cap it at OLD_ARCH_CHUNK_COPIES copies, which their ptxas fits without spilling."""
+    fn, specs = WORKLOADS["softmax_long_bf16"]
+    closed = glue.make_ir(fn)(*rng_arrays(0, *specs))
+    for arch, hint in (("sm_90", False), ("sm_80", True)):
+        text = CudaBackend().lower(closed.graph, arch=arch).as_text("llvm")
+        counts = re.findall(r'!"llvm.loop.unroll.count", i32 (\d+)', text)
+        assert set(counts) == ({str(rows_codegen.OLD_ARCH_CHUNK_COPIES)} if hint else set()), (arch, counts)
+
+
 @needs_cc
 @pytest.mark.parametrize("name", ["softmax_long", "softmax_long_bf16", "xent_long"])
 def test_online_long_rows_compute_the_reference_results(name, monkeypatch):

@@ -3,8 +3,9 @@ hardware's approximate functions where their error is far below a 16-bit ulp, an
 float32 exp / tanh / logistic and divisions by values shared by many elements.
 
 The kernel IR computes bfloat16 and float16 values in float32 and rounds every result back to
-16 bits, as the reference does. Rounding a float32 to bfloat16 takes about seven instructions,
-so a bf16 elementwise chain would be bound by rounding, not memory. Like XLA's "excess
+16 bits, as the reference does. Rounding a float32 to bfloat16 takes about seven integer
+instructions (two with sm_80's `cvt.rn.bf16x2`, which `GpuEmitter.rounded` uses), so a bf16
+elementwise chain would be bound by rounding, not memory. Like XLA's "excess
 precision", `GpuEmitter` keeps 16-bit arithmetic results in float32 through a chain (`loose`
 values) and rounds once, where the value is stored, compared, converted to an integer, or fed
 to any op that is not plain float arithmetic. Results are then at least as close to the exact
@@ -197,8 +198,8 @@ class GpuEmitter(ExprEmitter):
         where the target has the conversion, rather than the seven of the integer form."""
         if dtype != dt.bfloat16 or not self.packs_bf16:
             return convert(self.b, x, dt.float32, dtype)
-        pair = pack_bf16x2(self.b, x, x)
-        return self.b.bitcast(self.b.and_(pair, ir.Constant(I32, 0xFFFF0000 - (1 << 32))), F32)
+        pair = pack_bf16x2(self.b, x, x)  # the rounded value in both halves; keep the high one
+        return self.b.bitcast(self.b.and_(pair, ir.Constant(I32, -65536)), F32)
 
     def value(self, e: Expr) -> ir.Value:
         found = self.memo.get(e)

@@ -148,7 +148,10 @@ class _RowEmitter:
         short = self.slots * VECTOR_BYTES < SHORT_BYTES
         if not self.looping and short and partials <= LIGHT_PARTIALS and T * B <= RESIDENT_THREADS // 2:
             ke.min_blocks = RESIDENT_THREADS // (T * B)
-        variant = f"looping{' online' if pairs else ''} x{self.unroll}" if self.looping else f"registers {self.slots * self.width}/thread"
+        if self.looping:
+            variant = f"looping{' online' if pairs else ''} x{self.unroll}"
+        else:
+            variant = f"registers {self.slots * self.width}/thread"
         return -(-self.rows // B), T * B, f"rows {variant} T={T} x{self.width}"
 
     def per_row(self, load) -> bool:
