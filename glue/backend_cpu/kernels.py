@@ -51,7 +51,7 @@ from glue.codegen.types import F64, I1, I64, from_memory, memory_type, register_
 from glue.ir import dtypes as dt
 from glue.ir.core import strides
 from glue.scheduler.kernel_ir import Const, Dim, Expr, FromValue, Index, Kernel, Load, Op, Store, children, subexpressions
-from glue.scheduler.lowering import EXPENSIVE
+from glue.ir import primitive
 
 PTR = ir.PointerType()
 VOID = ir.VoidType()
@@ -112,7 +112,7 @@ def cost_per_point(kernel: Kernel) -> float:
     total = 0.0
     for e in subexpressions(kernel.roots):
         if isinstance(e, Op):
-            total += 10.0 if e.primitive in EXPENSIVE else 1.0
+            total += 10.0 if primitive(e.primitive).expensive else 1.0
         else:
             total += 0.5
     return max(total, 1.0)
@@ -582,7 +582,7 @@ def interleave_for(exprs: Sequence[Expr], analysis: Analysis, dims: frozenset[in
         if e in seen or not analysis.inside(e, dims):
             continue
         seen.add(e)
-        if isinstance(e, Op) and e.primitive in EXPENSIVE and e.dtype.is_float:
+        if isinstance(e, Op) and primitive(e.primitive).expensive and e.dtype.is_float:
             weight += 1 if e.primitive in _SHORT_MATH else 2
         stack.extend(children(e))
     return 0 if weight == 0 else 4 if weight == 1 else 2
@@ -600,7 +600,7 @@ def _expensive(e: Expr, analysis: Analysis, dims: frozenset[int]) -> bool:
         if x in seen or not analysis.inside(x, dims):
             continue
         seen.add(x)
-        if isinstance(x, Op) and (x.primitive in EXPENSIVE or x.primitive == "div" and x.dtype.is_float):
+        if isinstance(x, Op) and (primitive(x.primitive).expensive or x.primitive == "div" and x.dtype.is_float):
             return True
         stack.extend(children(x))
     return False

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from glue.codegen.scope import Analysis
 from glue.scheduler.kernel_ir import Op, subexpressions
-from glue.scheduler.lowering import EXPENSIVE
+from glue.ir import primitive
 from glue.scheduler.plan import Plan
 
 
@@ -46,7 +46,7 @@ def estimate_cost(plan: Plan) -> CostAnalysis:
         for e in subexpressions(kernel.roots):
             if isinstance(e, Op) and e.dtype.is_float and e.primitive != "convert_element_type":
                 count = points if analysis.inside(e, reduce_dims) else rows
-                if e.primitive in EXPENSIVE:
+                if primitive(e.primitive).expensive:
                     transcendentals += count
                 else:
                     flops += count

@@ -14,6 +14,7 @@ from llvmlite import ir
 
 from glue.codegen import mathlib
 from glue.codegen.types import I1, I32, I64, F32, constant, register_type, round_to_bf16_bits
+from glue.ir import RuleTable
 from glue.ir import dtypes as dt
 from glue.ir.core import strides
 from glue.ir.dtypes import DType
@@ -332,7 +333,8 @@ def _int_pow(b, x, y):
     return b.select(negative, neg_result, result)
 
 
-OP_RULES: dict[str, Callable] = {
+OP_RULES = RuleTable("codegen", lambda p: p.kind == "elementwise")
+OP_RULES.update({
     "add": _arith("fadd", "add"), "sub": _arith("fsub", "sub"), "mul": _arith("fmul", "mul"),
     "div": _div, "rem": _rem, "pow": _pow, "max": _maxmin(">=", ">="), "min": _maxmin("<=", "<="),
     "eq": _compare("=="), "ne": _compare("!="), "lt": _compare("<"), "le": _compare("<="),
@@ -341,4 +343,4 @@ OP_RULES: dict[str, Callable] = {
     "neg": _neg, "abs": _abs, "sign": _sign, "select": _select, "convert_element_type": _convert,
     "floor": _rounding("llvm.floor"), "ceil": _rounding("llvm.ceil"), "round": _rounding("llvm.rint"),
     **{name: _math(name) for name in mathlib.UNARY_FUNCTIONS},
-}
+})

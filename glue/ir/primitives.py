@@ -1,9 +1,13 @@
-"""The primitive registry: every primitive of the IR with its one shape/dtype rule.
+"""The primitive registry: every primitive of the IR with its facts and its one shape/dtype rule.
 
 A rule takes the operand types and the params and returns the output type, or raises
 `RuleError` with a sentence saying what is wrong; `infer_type` turns that into a GlueError that
-names the primitive, the operand types and the user's line. Evaluation, differentiation,
-batching and lowering rules live in tables of their own layers, keyed by these names.
+names the primitive, the operand types and the user's line. The facts later layers decide by
+(is it expensive to recompute, what it folds with, is it linear, does it only move data) are
+fields of `Primitive`, so there is one place to look them up. Evaluation, differentiation,
+batching and lowering rules live in `RuleTable`s of their own layers, keyed by primitive name;
+a table rejects a name that is not a primitive when it is filled, and `RuleTable.missing()`
+lists the primitives a table that must cover them all still lacks (tests check every such table).
 """
 from __future__ import annotations
 
@@ -23,19 +27,88 @@ class RuleError(Exception):
 
 @dataclass(frozen=True)
 class Primitive:
-    """A primitive operation: its name, its kind (for the scheduler) and its type rule."""
+    """A primitive operation: its name, kind, type rule and the facts passes decide by.
+
+    kind: elementwise | reduction | index | layout | contraction | creation.
+    expensive: a transcendental (or pow/sqrt): worth computing once, not once per reader.
+    fold: for reductions, the operation the values are folded with (sum, max, argmax, ...).
+    linear: the output is linear in its differentiable operands (add, transpose, sum, gather in
+        the gathered array, ...); dot_general, linear in each operand separately, says so too.
+    cast: converts element types and changes nothing else.
+    """
 
     name: str
-    kind: str  # elementwise | reduction | index | layout | contraction | creation
+    kind: str
     rule: Callable[..., TensorType]
     variadic: bool = False
+    expensive: bool = False
+    fold: str | None = None
+    linear: bool = False
+    cast: bool = False
+
+    @property
+    def moves_data_only(self) -> bool:
+        """Computes nothing: a layout change, an index pattern or a cast (cheap in any kernel,
+        free before a contraction, left out of kernel names)."""
+        return self.kind in ("layout", "creation") or self.cast
 
 
 PRIMITIVES: dict[str, Primitive] = {}
 
 
-def _register(name: str, kind: str, rule: Callable[..., TensorType], variadic: bool = False) -> None:
-    PRIMITIVES[name] = Primitive(name, kind, rule, variadic)
+def _register(name: str, kind: str, rule: Callable[..., TensorType], variadic: bool = False, **facts: Any) -> None:
+    PRIMITIVES[name] = Primitive(name, kind, rule, variadic, **facts)
+
+
+class RuleTable(dict):
+    """Rules of one layer keyed by primitive name (reference impls, JVPs, index rules, ...).
+
+    Filling it with a name that is not a primitive raises at import, so a typo or a removed
+    primitive cannot leave a dead rule; `covers` says which primitives the table must have a
+    rule for (None: it is a partial table, such as fast paths), and `missing()` lists those it
+    lacks."""
+
+    TABLES: list["RuleTable"] = []
+
+    def __init__(self, name: str, covers: Callable[[Primitive], bool] | None = None):
+        super().__init__()
+        self.name = name
+        self.covers = covers
+        RuleTable.TABLES.append(self)
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        if key not in PRIMITIVES:
+            raise KeyError(f"rule table {self.name!r}: {key!r} is not a primitive")
+        super().__setitem__(key, value)
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        for key, value in dict(*args, **kwargs).items():
+            self[key] = value
+
+    def register(self, *names: str) -> Callable[[Any], Any]:
+        """Decorator: the function is the rule of each of `names`."""
+        def put(fn: Any) -> Any:
+            for name in names:
+                self[name] = fn
+            return fn
+        return put
+
+    def missing(self) -> list[str]:
+        if self.covers is None:
+            return []
+        return sorted(name for name, prim in PRIMITIVES.items() if self.covers(prim) and name not in self)
+
+
+def every_primitive(prim: Primitive) -> bool:
+    return True
+
+
+def primitive(name: str) -> Primitive:
+    """The primitive called `name` (a KeyError naming it when there is none)."""
+    found = PRIMITIVES.get(name)
+    if found is None:
+        raise KeyError(f"{name!r} is not a primitive")
+    return found
 
 
 def infer_type(name: str, in_types: tuple[TensorType, ...], params: dict[str, Any],
@@ -88,9 +161,12 @@ _numeric = _unary(lambda d: d != dt.bool_, "numeric")
 _logical = _unary(lambda d: not d.is_float, "bool or integer")
 
 for _name in ("exp", "exp2", "log", "log2", "log1p", "expm1", "tanh", "logistic", "sqrt",
-              "rsqrt", "sin", "cos", "erf", "floor", "ceil", "round"):
+              "rsqrt", "sin", "cos", "erf"):
+    _register(_name, "elementwise", _float, expensive=True)
+for _name in ("floor", "ceil", "round"):
     _register(_name, "elementwise", _float)
-for _name in ("neg", "abs", "sign"):
+_register("neg", "elementwise", _numeric, linear=True)
+for _name in ("abs", "sign"):
     _register(_name, "elementwise", _numeric)
 _register("not", "elementwise", _logical)
 
@@ -104,8 +180,11 @@ def _binary(accepts: Callable[[DType], bool], what: str, result: DType | None = 
     return rule
 
 
-for _name in ("add", "sub", "mul", "div", "rem", "pow"):
+for _name in ("add", "sub"):
+    _register(_name, "elementwise", _binary(lambda d: d != dt.bool_, "numeric"), linear=True)
+for _name in ("mul", "div", "rem"):
     _register(_name, "elementwise", _binary(lambda d: d != dt.bool_, "numeric"))
+_register("pow", "elementwise", _binary(lambda d: d != dt.bool_, "numeric"), expensive=True)
 for _name in ("max", "min"):
     _register(_name, "elementwise", _binary(lambda d: True, "any"))
 for _name in ("and", "or", "xor"):
@@ -126,7 +205,7 @@ def _convert(x: TensorType, *, new_dtype: DType) -> TensorType:
 
 
 _register("select", "elementwise", _select)
-_register("convert_element_type", "elementwise", _convert)
+_register("convert_element_type", "elementwise", _convert, cast=True, linear=True)
 
 
 # --- reductions -----------------------------------------------------------------------------
@@ -153,12 +232,12 @@ def _arg_reduce(x: TensorType, *, axis: int, index_dtype: DType) -> TensorType:
     return TensorType(x.shape[:axis] + x.shape[axis + 1:], index_dtype)
 
 
-_register("reduce_sum", "reduction", _reduce(True))
-_register("reduce_prod", "reduction", _reduce(True))
-_register("reduce_max", "reduction", _reduce(False))
-_register("reduce_min", "reduction", _reduce(False))
-_register("argmax", "reduction", _arg_reduce)
-_register("argmin", "reduction", _arg_reduce)
+_register("reduce_sum", "reduction", _reduce(True), fold="sum", linear=True)
+_register("reduce_prod", "reduction", _reduce(True), fold="prod")
+_register("reduce_max", "reduction", _reduce(False), fold="max")
+_register("reduce_min", "reduction", _reduce(False), fold="min")
+_register("argmax", "reduction", _arg_reduce, fold="argmax")
+_register("argmin", "reduction", _arg_reduce, fold="argmin")
 
 
 # --- layout ---------------------------------------------------------------------------------
@@ -226,12 +305,12 @@ def _iota(*, dtype: DType, shape: tuple[int, ...], dimension: int) -> TensorType
     return TensorType(shape, dtype)
 
 
-_register("broadcast_in_dim", "layout", _broadcast_in_dim)
-_register("reshape", "layout", _reshape)
-_register("transpose", "layout", _transpose)
-_register("slice", "layout", _slice)
-_register("pad", "layout", _pad)
-_register("concatenate", "layout", _concatenate, variadic=True)
+_register("broadcast_in_dim", "layout", _broadcast_in_dim, linear=True)
+_register("reshape", "layout", _reshape, linear=True)
+_register("transpose", "layout", _transpose, linear=True)
+_register("slice", "layout", _slice, linear=True)
+_register("pad", "layout", _pad)  # linear in the operand only when the padding value is 0
+_register("concatenate", "layout", _concatenate, variadic=True, linear=True)
 _register("iota", "creation", _iota)
 
 
@@ -254,7 +333,7 @@ def _dot_general(lhs: TensorType, rhs: TensorType, *,
     return TensorType(tuple(lhs.shape[i] for i in lb) + tuple(lfree) + tuple(rfree), dtype)
 
 
-_register("dot_general", "contraction", _dot_general)
+_register("dot_general", "contraction", _dot_general, linear=True)
 
 
 # --- indexing -------------------------------------------------------------------------------
@@ -280,5 +359,5 @@ def _scatter_add(x: TensorType, idx: TensorType, updates: TensorType, *, axis: i
     return x
 
 
-_register("gather", "index", _gather)
-_register("scatter_add", "index", _scatter_add)
+_register("gather", "index", _gather, linear=True)  # in the operand; indices carry no tangent
+_register("scatter_add", "index", _scatter_add, linear=True)

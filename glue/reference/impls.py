@@ -14,17 +14,11 @@ from typing import Any, Callable
 
 import numpy as np
 
+from glue.ir import RuleTable, every_primitive
 from glue.ir import dtypes as dt
 
-IMPLS: dict[str, Callable[..., np.ndarray]] = {}
-
-
-def _impl(*names: str):
-    def register(fn):
-        for name in names:
-            IMPLS[name] = fn
-        return fn
-    return register
+IMPLS = RuleTable("reference", every_primitive)
+_impl = IMPLS.register
 
 
 def _quiet(fn: Callable[..., np.ndarray]) -> Callable[..., np.ndarray]:

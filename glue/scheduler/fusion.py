@@ -11,12 +11,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from glue.ir import Graph, Var
+from glue.ir import Graph, Var, primitive
 from glue.ir.printer import graph_var_names
 from glue.scheduler.kernel_ir import Kernel
-from glue.scheduler.lowering import EXPENSIVE, LAYOUT, REDUCTIONS, FusionRefused, lower_group
+from glue.scheduler.lowering import FusionRefused, lower_group
 
-_NEVER_COPIED = EXPENSIVE | set(REDUCTIONS) | {"dot_general", "scatter_add", "gather"}
+
+def _never_copied(name: str) -> bool:
+    """Work a kernel never recomputes for another kernel that reads it: expensive math,
+    reductions, contractions and data movement through indices."""
+    prim = primitive(name)
+    return prim.expensive or prim.fold is not None or prim.kind in ("contraction", "index")
 
 
 @dataclass(frozen=True)
@@ -114,7 +119,7 @@ class _Fuser:
     def _check_prologue(self, i: int, members: set[int]) -> None:
         """Only cheap work may feed a contraction: its operands are re-read for every tile."""
         dots = [j for j in members if self.eqns[j].primitive == "dot_general"]
-        if not dots or self.eqns[i].primitive in LAYOUT:
+        if not dots or primitive(self.eqns[i].primitive).moves_data_only:
             return
         frontier, seen = [i], {i}
         while frontier:
@@ -193,7 +198,7 @@ class _Fuser:
                 self.new_group(i)
             return
         readers = set(users)
-        if users and self.eqns[i].primitive not in _NEVER_COPIED:
+        if users and not _never_copied(self.eqns[i].primitive):
             readers -= {gid for gid in sorted(users) if self.try_join(i, gid, as_home=False)}
             if not readers and v.id not in self.external:
                 return
@@ -208,7 +213,7 @@ class _Fuser:
         without reductions are tried first: there the value can still reach its own producer's
         kernel as an epilogue (a reduction kernel cannot take in a contraction)."""
         def order(g: int) -> tuple[bool, int]:
-            return any(self.eqns[j].primitive in REDUCTIONS for j in self.groups[g]), min(self.groups[g])
+            return any(primitive(self.eqns[j].primitive).fold for j in self.groups[g]), min(self.groups[g])
 
         for gid in sorted(users, key=order):
             others = readers - {gid}

@@ -13,21 +13,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from glue.ir import PRIMITIVES, Eqn, Literal, Var
+from glue.ir import PRIMITIVES, Eqn, Literal, RuleTable, Var, primitive
 from glue.ir.core import strides
 from glue.ir import dtypes as dt
 from glue.ir.core import Atom
 from glue.scheduler.kernel_ir import (Buffer, Clamp, Const, Dim, Div, Expr, FromValue, InBounds, Index,
                                       IndexValue, Kernel, Load, Mod, Op, Reduction, RowValue, Store,
                                       floordiv, index_bounds, mod)
-
-REDUCTIONS = {"reduce_sum": "sum", "reduce_prod": "prod", "reduce_max": "max", "reduce_min": "min",
-              "argmax": "argmax", "argmin": "argmin"}
-LAYOUT = {"broadcast_in_dim", "reshape", "transpose", "slice", "pad", "concatenate", "iota",
-          "convert_element_type"}
-
-EXPENSIVE = {"exp", "exp2", "log", "log2", "log1p", "expm1", "tanh", "logistic", "erf", "sin", "cos",
-             "pow", "sqrt", "rsqrt"}
 
 Mask = tuple[tuple[Index, int, int], ...]
 
@@ -62,7 +54,7 @@ class _Domain:
 
 def _domain(eqns: Sequence[Eqn], outputs: Sequence[Var]) -> _Domain:
     dots = [e for e in eqns if e.primitive == "dot_general"]
-    reductions = [e for e in eqns if e.primitive in REDUCTIONS]
+    reductions = [e for e in eqns if primitive(e.primitive).fold]
     scatters = [e for e in eqns if e.primitive == "scatter_add"]
     if len(dots) + len(scatters) + bool(reductions) > 1 or len(dots) > 1 or len(scatters) > 1:
         raise FusionRefused("a kernel holds one contraction, one scatter, or reductions over one row shape")
@@ -133,7 +125,7 @@ class _Lowerer:
             if eqn is None:
                 self.memo[key] = Load(self.input(atom), index, atom.type.dtype, mask)
             else:
-                if eqn.primitive in EXPENSIVE:
+                if primitive(eqn.primitive).expensive:
                     self._check_no_recompute(eqn, index)
                 if eqn.primitive not in INDEX_RULES:  # scatter_add: complete only when its kernel ends
                     raise FusionRefused(f"the result of {eqn.primitive} cannot be read in its own kernel")
@@ -261,12 +253,14 @@ def _row_result(lw: _Lowerer, eqn: Eqn, index, mask) -> Expr:
     return lw.row_value(eqn, index)
 
 
-INDEX_RULES: dict[str, Callable[..., Expr]] = {
+# Every primitive but scatter_add, whose result is complete only when its kernel ends.
+INDEX_RULES = RuleTable("index", lambda p: p.name != "scatter_add")
+INDEX_RULES.update({
     "broadcast_in_dim": _broadcast, "transpose": _transpose, "reshape": _reshape, "slice": _slice,
-    "pad": _pad, "concatenate": _concatenate, "iota": _iota, "gather": _gather,
-    "dot_general": _row_result, **{name: _row_result for name in REDUCTIONS},
+    "pad": _pad, "concatenate": _concatenate, "iota": _iota, "gather": _gather, "dot_general": _row_result,
+    **{name: _row_result for name, prim in PRIMITIVES.items() if prim.fold},
     **{name: _elementwise for name, prim in PRIMITIVES.items() if prim.kind == "elementwise"},
-}
+})
 
 
 def _add_contraction(lw: _Lowerer, eqn: Eqn) -> None:
@@ -288,7 +282,7 @@ def _add_contraction(lw: _Lowerer, eqn: Eqn) -> None:
 
 
 def _add_reduction(lw: _Lowerer, eqn: Eqn) -> None:
-    op = REDUCTIONS[eqn.primitive]
+    op = primitive(eqn.primitive).fold
     value = lw.value(eqn.inputs[0], lw.domain.element_index)
     dtype = accumulator(value.dtype) if op in ("sum", "prod") else (
         eqn.param_dict["index_dtype"] if op.startswith("arg") else value.dtype)
@@ -304,7 +298,7 @@ def lower_group(eqns: Sequence[Eqn], outputs: Sequence[Var], name: str) -> Kerne
     for eqn in eqns:
         if eqn.primitive == "dot_general":
             _add_contraction(lw, eqn)
-        elif eqn.primitive in REDUCTIONS:
+        elif primitive(eqn.primitive).fold:
             _add_reduction(lw, eqn)
     stores, init = [], None
     for slot, var in enumerate(outputs):
@@ -317,7 +311,7 @@ def lower_group(eqns: Sequence[Eqn], outputs: Sequence[Var], name: str) -> Kerne
             continue
         level, index = _placement(domain, var)
         stores.append(Store(slot, lw.value(var, index), level, index))
-    ops = tuple(dict.fromkeys(e.primitive for e in eqns if e.primitive not in LAYOUT)) or \
+    ops = tuple(dict.fromkeys(e.primitive for e in eqns if not primitive(e.primitive).moves_data_only)) or \
         tuple(dict.fromkeys(e.primitive for e in eqns))
     sources = tuple(dict.fromkeys(e.source for e in eqns if e.source))
     return Kernel(f"{'_'.join(ops[:5])}_{name}", domain.kind, domain.parallel, domain.reduce,

@@ -38,6 +38,7 @@ from llvmlite import ir
 from glue.codegen import mathlib
 from glue.codegen.expr import OP_RULES, ExprEmitter, convert, intrinsic
 from glue.codegen.types import F32, I32
+from glue.ir import RuleTable
 from glue.ir import dtypes as dt
 from glue.ir.dtypes import DType
 from glue.codegen.scope import Analysis
@@ -92,13 +93,14 @@ def _logistic(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
 
 # The special functions of 16-bit chains; the `.ftz` forms are one special-function instruction
 # each (the others add instructions to handle subnormal inputs and results).
-FAST_UNARY: dict[str, Callable[[ir.IRBuilder, ir.Value], ir.Value]] = {
+FAST_UNARY = RuleTable("cuda 16-bit special functions")  # a fast path for some, not all
+FAST_UNARY.update({
     "exp": _exp_ftz, "exp2": _exp2_ftz, "log2": _log2_ftz,
     "log": lambda b, x: b.fmul(_log2_ftz(b, x), _c(math.log(2))),
     "sqrt": lambda b, x: _nvvm(b, "llvm.nvvm.sqrt.approx.ftz.f", x),
     "rsqrt": lambda b, x: _nvvm(b, "llvm.nvvm.rsqrt.approx.ftz.f", x),
     "tanh": _tanh, "logistic": _logistic,
-}
+})
 
 
 LOG2E = 1.4426950216293335          # log2(e) rounded to float32

@@ -31,12 +31,12 @@ from glue.frontend.transforms.core import (Env, add, aval, broadcast, convert, d
                                            fit, kept_axes, like, mul, neg, plus, reduce_sum,
                                            reshape, source_line, sub, sum_to, transpose, zeros)
 from glue.frontend.transforms.stop_gradient import stop_gradient
-from glue.ir import ClosedGraph, Graph, Var
+from glue.ir import ClosedGraph, Graph, RuleTable, Var, every_primitive
 
 JvpRule = Callable[..., Any]
 VjpRule = Callable[..., list]
-JVP: dict[str, JvpRule] = {}
-VJP: dict[str, VjpRule] = {}
+JVP = RuleTable("jvp", every_primitive)
+VJP = RuleTable("vjp", every_primitive)
 
 _LN2 = math.log(2.0)
 _TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)

@@ -13,10 +13,10 @@ from typing import Any, Callable, Sequence
 from glue.frontend.transforms.core import (Env, aval, broadcast, emit, emit_eqn, moveaxis,
                                            source_line)
 from glue.frontend.transforms.stop_gradient import stop_gradient
-from glue.ir import PRIMITIVES, ClosedGraph
+from glue.ir import PRIMITIVES, ClosedGraph, RuleTable, every_primitive
 
 BatchRule = Callable[..., tuple[Any, int | None]]
-BATCH: dict[str, BatchRule] = {}
+BATCH = RuleTable("vmap", every_primitive)
 
 
 def _example_shape(x: Any, bdim: int | None) -> tuple[int, ...]:
