@@ -16,7 +16,7 @@ import numpy as np
 
 from glue.errors import ConcretizationError, GlueError, describe_location, user_frame_location
 from glue.frontend.operators import ArrayOperators
-from glue.ir import ClosedGraph, Eqn, Graph, Literal, TensorType, Var, infer_type, params_tuple
+from glue.ir import ClosedGraph, Eqn, Graph, Literal, TensorType, Var, infer_types, params_tuple, primitive
 from glue.ir import dtypes as dt
 from glue.ir.core import Atom
 
@@ -168,20 +168,23 @@ class Tracer(ArrayOperators):
         return id(self)
 
 
-def bind(primitive: str, *args: Any, source: str | None = None, **params: Any) -> Any:
-    """Apply `primitive` to `args`: record it on the active trace, or evaluate it now."""
+def bind(name: str, *args: Any, source: str | None = None, **params: Any) -> Any:
+    """Apply primitive `name` to `args`: record it on the active trace, or evaluate it now.
+    A primitive with multiple results gives a list of values."""
     trace = current_trace()
     where = source or user_frame_location()
     if trace is None:
-        return _eager(primitive, args, params, where)
+        return _eager(name, args, params, where)
     atoms = tuple(trace.to_atom(a) for a in args)
-    out_type = infer_type(primitive, tuple(a.type for a in atoms), params, where)
-    var = Var(out_type)
-    trace.eqns.append(Eqn(primitive, atoms, params_tuple(params), (var,), where))
-    return Tracer(trace, var)
+    out_types = infer_types(name, tuple(a.type for a in atoms), params, where)
+    outvars = tuple(Var(t) for t in out_types)
+    trace.eqns.append(Eqn(name, atoms, params_tuple(params), outvars, where))
+    if primitive(name).multiple_results:
+        return [Tracer(trace, v) for v in outvars]
+    return Tracer(trace, outvars[0])
 
 
-def _eager(primitive: str, args: Sequence[Any], params: dict[str, Any], where: str | None):
+def _eager(name: str, args: Sequence[Any], params: dict[str, Any], where: str | None):
     from glue.frontend.array import Array
     from glue.reference import evaluate_eqn
 
@@ -189,10 +192,12 @@ def _eager(primitive: str, args: Sequence[Any], params: dict[str, Any], where: s
         if isinstance(a, Tracer):  # with no trace active, its trace has finished
             raise _escaped(a)
     types = tuple(type_of(a) for a in args)
-    out_type = infer_type(primitive, types, params, where)
+    out_types = infer_types(name, types, params, where)
     values = [np.asarray(a, dtype=t.dtype.numpy) for a, t in zip(args, types)]
-    out = evaluate_eqn(primitive, values, params)
-    return Array(np.asarray(out, dtype=out_type.dtype.numpy).reshape(out_type.shape))
+    out = evaluate_eqn(name, values, params)
+    results = [Array(np.asarray(value, dtype=t.dtype.numpy).reshape(t.shape))
+               for value, t in zip(out if len(out_types) > 1 else (out,), out_types)]
+    return results if primitive(name).multiple_results else results[0]
 
 
 def trace_flat(fn: Callable[..., Sequence[Any]], in_types: Sequence[TensorType], name: str) -> ClosedGraph:
@@ -215,5 +220,11 @@ def eval_graph(closed: ClosedGraph, args: Sequence[Any]) -> list[Any]:
 
     for eqn in graph.eqns:
         out = bind(eqn.primitive, *map(read, eqn.inputs), source=eqn.source, **eqn.param_dict)
-        env[eqn.outvars[0].id] = out
+        for var, value in zip(eqn.outvars, results_of(eqn, out)):
+            env[var.id] = value
     return [read(a) for a in graph.outvars]
+
+
+def results_of(eqn: Eqn, out: Any) -> Sequence[Any]:
+    """What binding `eqn`'s primitive gave, as one value per output variable."""
+    return out if len(eqn.outvars) > 1 else (out,)

@@ -3,10 +3,10 @@ from glue.ir import dtypes
 from glue.ir.core import Atom, ClosedGraph, Eqn, Graph, Literal, TensorType, Var, params_tuple
 from glue.ir.dtypes import DType
 from glue.ir.parser import parse
-from glue.ir.primitives import PRIMITIVES, Primitive, RuleTable, every_primitive, infer_type, primitive
+from glue.ir.primitives import PRIMITIVES, Primitive, RuleTable, every_primitive, infer_type, infer_types, primitive
 from glue.ir.printer import print_graph
 from glue.ir.verifier import verify
 
 __all__ = ["Atom", "ClosedGraph", "DType", "Eqn", "Graph", "Literal", "PRIMITIVES", "Primitive",
-           "RuleTable", "TensorType", "Var", "dtypes", "every_primitive", "infer_type", "primitive", "params_tuple", "parse", "print_graph",
+           "RuleTable", "TensorType", "Var", "dtypes", "every_primitive", "infer_type", "infer_types", "primitive", "params_tuple", "parse", "print_graph",
            "verify"]

@@ -7,7 +7,7 @@ from typing import Any
 from glue.errors import GlueTypeError, ParseError
 from glue.ir.core import Atom, Eqn, Graph, Literal, TensorType, Var, params_tuple
 from glue.ir.dtypes import BY_NAME, DType
-from glue.ir.primitives import infer_type
+from glue.ir.primitives import infer_types
 
 _TOKEN = re.compile(r"""
     (?P<space>[ \t\r\n]+)
@@ -139,6 +139,12 @@ class _Parser:
         raise ParseError(f"unknown variable or bad literal {_shown(text)} {_at(line)}")
 
     def param_value(self) -> Any:
+        if self.toks.peek()[1] == "{":  # a graph param (a body or branch), with names of its own
+            outer, self.env = self.env, {}
+            try:
+                return self.graph()
+            finally:
+                self.env = outer
         kind, text, line = self.toks.next()
         if text == "(":
             items = []
@@ -175,11 +181,11 @@ class _Parser:
         source = self.toks.next()[1][1:].strip() if self.toks.peek()[0] == "comment" else None
         outvars = tuple(self.define(*b) for b in binders)
         try:
-            out_type = infer_type(prim, tuple(a.type for a in inputs), params, source)
+            out_types = infer_types(prim, tuple(a.type for a in inputs), params, source)
         except GlueTypeError as err:
             raise ParseError(f"{err} {_at(line)}") from None
-        if len(outvars) != 1 or outvars[0].type != out_type:
-            raise ParseError(f"{prim} produces {out_type}, but the text declares "
+        if tuple(v.type for v in outvars) != out_types:
+            raise ParseError(f"{prim} produces {' '.join(map(str, out_types))}, but the text declares "
                              f"{' '.join(str(v.type) for v in outvars) or 'no result'} {_at(line)}")
         return Eqn(prim, tuple(inputs), params_tuple(params), outvars, source or None)
 
@@ -203,11 +209,13 @@ class _Parser:
             outvars.append(self.atom())
             self.toks.accept(",")
         self.toks.expect("}")
-        if self.toks.peek()[0] != "end":
-            raise self.fail("the end of the text")
         return Graph(constvars, invars, tuple(eqns), tuple(outvars))
 
 
 def parse(text: str) -> Graph:
     """The Graph that `text` (in the printer's form) describes; a ParseError if it is malformed."""
-    return _Parser(text).graph()
+    parser = _Parser(text)
+    graph = parser.graph()
+    if parser.toks.peek()[0] != "end":
+        raise parser.fail("the end of the text")
+    return graph

@@ -35,6 +35,11 @@ class Primitive:
     linear: the output is linear in its differentiable operands (add, transpose, sum, gather in
         the gathered array, ...); dot_general, linear in each operand separately, says so too.
     cast: converts element types and changes nothing else.
+    multiple_results: the rule returns a tuple of types, and the equation defines one output
+        variable per type (control flow, attention); every other primitive has one output.
+    opaque: the scheduler never fuses it with anything; it becomes a kernel of its own, which a
+        backend runs by the primitive's own rule (a loop around a compiled body, a library
+        call, a hand-written kernel).
     """
 
     name: str
@@ -45,6 +50,8 @@ class Primitive:
     fold: str | None = None
     linear: bool = False
     cast: bool = False
+    multiple_results: bool = False
+    opaque: bool = False
 
     @property
     def moves_data_only(self) -> bool:
@@ -111,9 +118,17 @@ def primitive(name: str) -> Primitive:
     return found
 
 
+def infer_types(name: str, in_types: tuple[TensorType, ...], params: dict[str, Any],
+                source: str | None = None) -> tuple[TensorType, ...]:
+    """The output types of `name` applied to operands of `in_types` (one per output variable)."""
+    out = infer_type(name, in_types, params, source)
+    return out if isinstance(out, tuple) else (out,)
+
+
 def infer_type(name: str, in_types: tuple[TensorType, ...], params: dict[str, Any],
-               source: str | None = None) -> TensorType:
-    """The output type of `name` applied to operands of `in_types`; a GlueTypeError if ill-typed."""
+               source: str | None = None) -> TensorType | tuple[TensorType, ...]:
+    """The output type of `name` applied to operands of `in_types` (a tuple of types for a
+    primitive with multiple results); a GlueTypeError if ill-typed."""
     where = f" {describe_location(source)}" if source else ""
     prim = PRIMITIVES.get(name)
     if prim is None:

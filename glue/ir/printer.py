@@ -39,6 +39,8 @@ def format_param(value: Any) -> str:
     """A param value in the text form: ints, floats, bools, dtypes and (nested) tuples."""
     if isinstance(value, DType):
         return value.name
+    if isinstance(value, Graph):  # a body or branch: its own text, on its own lines
+        return "\n        ".join(print_graph(value).split("\n"))
     if isinstance(value, tuple):
         inner = ", ".join(format_param(v) for v in value)
         return f"({inner},)" if len(value) == 1 else f"({inner})"

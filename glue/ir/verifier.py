@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from glue.errors import GlueTypeError, VerifyError
 from glue.ir.core import Graph, Literal, Var
-from glue.ir.primitives import infer_type
+from glue.ir.primitives import infer_types
 
 
 def verify(graph: Graph) -> None:
@@ -29,14 +29,27 @@ def verify(graph: Graph) -> None:
         for atom in eqn.inputs:
             check_use(atom, where)
         try:
-            out_type = infer_type(eqn.primitive, tuple(a.type for a in eqn.inputs),
-                                  eqn.param_dict, eqn.source)
+            out_types = infer_types(eqn.primitive, tuple(a.type for a in eqn.inputs),
+                                    eqn.param_dict, eqn.source)
         except GlueTypeError as err:
             raise VerifyError(f"{where}: {err}") from None
-        if len(eqn.outvars) != 1 or eqn.outvars[0].type != out_type:
+        if tuple(v.type for v in eqn.outvars) != out_types:
             raise VerifyError(f"{where}: declares {[str(v.type) for v in eqn.outvars]}, "
-                              f"but the rule gives {out_type}")
+                              f"but the rule gives {' '.join(map(str, out_types))}")
+        for value in eqn.params:
+            if isinstance(value[1], Graph):
+                _verify_body(value[1], f"{where}, param {value[0]}")
         for v in eqn.outvars:
             define(v, where)
     for atom in graph.outvars:
         check_use(atom, "graph outputs")
+
+
+def _verify_body(body: Graph, where: str) -> None:
+    """A graph-valued param (a loop body, a branch) is closed: every value it uses is an input."""
+    if body.constvars:
+        raise VerifyError(f"{where}: a graph param must take its constants as inputs, not constvars")
+    try:
+        verify(body)
+    except VerifyError as err:
+        raise VerifyError(f"{where}: {err}") from None

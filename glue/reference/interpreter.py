@@ -50,10 +50,11 @@ def run_graph(graph: Graph, args: Sequence[Any], float64: bool = False) -> list[
         except (ValueError, IndexError, TypeError) as err:
             raise GlueError(f"reference evaluation of {eqn.primitive} failed: {err} "
                             f"{describe_location(eqn.source)}") from err
-        var = eqn.outvars[0]
-        # Values are stored C-contiguous: NumPy's summation order depends on memory layout, and
-        # the reference must give the same bits for the same logical program.
-        env[var.id] = np.ascontiguousarray(np.asarray(out).astype(_widen(var.type.dtype, float64), copy=False)
-                                           ).reshape(var.type.shape)
+        results = out if len(eqn.outvars) > 1 else (out,)
+        for var, value in zip(eqn.outvars, results):
+            # Values are stored C-contiguous: NumPy's summation order depends on memory layout,
+            # and the reference must give the same bits for the same logical program.
+            env[var.id] = np.ascontiguousarray(np.asarray(value).astype(_widen(var.type.dtype, float64), copy=False)
+                                               ).reshape(var.type.shape)
     # ascontiguousarray alone would turn a 0-d result into shape (1,)
     return [np.ascontiguousarray(read(a)).reshape(a.type.shape) for a in graph.outvars]

@@ -9,10 +9,12 @@ Tangents and cotangents are `None` where they are symbolically zero: integer and
 values, values that do not depend on the differentiated inputs, and stopped values never get
 one, and no rule is run for them. Rules:
 
-- `JVP[name](tangents, primals, out, **params)` -> the output tangent (or None); it is only
+- `JVP[name](tangents, primals, out, **params)` -> the output tangent (or None; for a primitive
+  with multiple results, `out` is the list of outputs and the rule gives a list of tangents); it is only
   called when some input tangent is not None and the output is floating-point.
 - `VJP[name](ct, wanted, primals, out, **params)` -> one cotangent (or None) per input; only
-  inputs whose `wanted` flag is set need one.
+  inputs whose `wanted` flag is set need one (with multiple results, `ct` and `out` are lists,
+  a None in `ct` standing for a zero cotangent).
 
 An elementwise primitive's Jacobian is diagonal, so its VJP rule is its JVP rule applied with
 the cotangent as the tangent of one input at a time (summed down where a rank-0 operand was
@@ -30,6 +32,7 @@ import numpy as np
 from glue.frontend.transforms.core import (Env, add, aval, broadcast, convert, div, emit, emit_eqn,
                                            fit, kept_axes, like, mul, neg, plus, reduce_sum,
                                            reshape, source_line, sub, sum_to, transpose, zeros)
+from glue.frontend.tracing import results_of
 from glue.frontend.transforms.stop_gradient import stop_gradient
 from glue.ir import ClosedGraph, Graph, RuleTable, Var, every_primitive
 
@@ -393,11 +396,12 @@ def jvp_graph(closed: ClosedGraph, primals: Sequence[Any],
         values = [p for p, _ in pairs]
         ts = [t for _, t in pairs]
         out = emit_eqn(eqn, values)
-        tangent = None
-        if any(t is not None for t in ts) and _differentiable(eqn.outvars[0]):
+        tangents = [None] * len(eqn.outvars)
+        if any(t is not None for t in ts) and any(map(_differentiable, eqn.outvars)):
             with source_line(eqn.source):
-                tangent = JVP[eqn.primitive](ts, values, out, **eqn.param_dict)
-        env.write(eqn.outvars[0], (out, tangent))
+                tangents = list(results_of(eqn, JVP[eqn.primitive](ts, values, out, **eqn.param_dict)))
+        for var, value, tangent in zip(eqn.outvars, results_of(eqn, out), tangents):
+            env.write(var, (value, tangent if _differentiable(var) else None))
     outs = [env.read(a) for a in closed.graph.outvars]
     return [p for p, _ in outs], [t for _, t in outs]
 
@@ -411,9 +415,11 @@ class Linearized:
         self.active = {v.id for v, a in zip(self.graph.invars, active) if a and _differentiable(v)}
         for eqn in self.graph.eqns:
             out = emit_eqn(eqn, [self.env.read(a) for a in eqn.inputs])
-            self.env.write(eqn.outvars[0], out)
-            if _differentiable(eqn.outvars[0]) and any(self._is_active(a) for a in eqn.inputs):
-                self.active.add(eqn.outvars[0].id)
+            active = any(self._is_active(a) for a in eqn.inputs)
+            for var, value in zip(eqn.outvars, results_of(eqn, out)):
+                self.env.write(var, value)
+                if active and _differentiable(var):
+                    self.active.add(var.id)
         self.outs = [self.env.read(a) for a in self.graph.outvars]
 
     def _is_active(self, atom: Any) -> bool:
@@ -430,13 +436,15 @@ class Linearized:
         for atom, ct in zip(self.graph.outvars, out_cts):
             accumulate(atom, ct)
         for eqn in reversed(self.graph.eqns):
-            ct = cts.pop(eqn.outvars[0].id, None)
-            if ct is None:
+            out_cts = [cts.pop(v.id, None) for v in eqn.outvars]
+            if all(ct is None for ct in out_cts):
                 continue
             wanted = [self._is_active(a) for a in eqn.inputs]
+            outs = [self.env.read(v) for v in eqn.outvars]
+            ct, out = (out_cts, outs) if len(eqn.outvars) > 1 else (out_cts[0], outs[0])
             with source_line(eqn.source):
                 in_cts = VJP[eqn.primitive](ct, wanted, [self.env.read(a) for a in eqn.inputs],
-                                            self.env.read(eqn.outvars[0]), **eqn.param_dict)
+                                            out, **eqn.param_dict)
                 for atom, in_ct in zip(eqn.inputs, in_cts):
                     accumulate(atom, in_ct)
         return [cts.get(v.id) for v in self.graph.invars]

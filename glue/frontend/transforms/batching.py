@@ -12,6 +12,7 @@ from typing import Any, Callable, Sequence
 
 from glue.frontend.transforms.core import (Env, aval, broadcast, emit, emit_eqn, moveaxis,
                                            source_line)
+from glue.frontend.tracing import results_of
 from glue.frontend.transforms.stop_gradient import stop_gradient
 from glue.ir import PRIMITIVES, ClosedGraph, RuleTable, every_primitive
 
@@ -167,10 +168,12 @@ def batch_graph(closed: ClosedGraph, args: Sequence[Any], bdims: Sequence[int | 
         pairs = [env.read(a) for a in eqn.inputs]
         values, dims = [v for v, _ in pairs], [d for _, d in pairs]
         if all(d is None for d in dims):
-            out = (emit_eqn(eqn, values), None)
+            outs, out_dims = results_of(eqn, emit_eqn(eqn, values)), [None] * len(eqn.outvars)
         else:
             with source_line(eqn.source):
-                out = BATCH[eqn.primitive](values, dims, size, **eqn.param_dict)
-        env.write(eqn.outvars[0], out)
+                out, out_dim = BATCH[eqn.primitive](values, dims, size, **eqn.param_dict)
+            outs, out_dims = results_of(eqn, out), results_of(eqn, out_dim)
+        for var, value, d in zip(eqn.outvars, outs, out_dims):
+            env.write(var, (value, d))
     outs = [env.read(a) for a in closed.graph.outvars]
     return [v for v, _ in outs], [d for _, d in outs]

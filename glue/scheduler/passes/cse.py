@@ -29,6 +29,8 @@ def cse(graph: Graph, consts: Sequence[Any] | None = None) -> Graph:
     first: dict[Hashable, Var] = {}
 
     def rule(eqn: Eqn, ctx: Sweep) -> Replacement:
+        if len(eqn.outvars) > 1:
+            return None  # a sweep replaces one output at a time
         key = (eqn.primitive, _frozen(eqn.params), tuple(map(_atom_key, eqn.inputs)))
         out = first.setdefault(key, eqn.outvars[0])
         return None if out is eqn.outvars[0] else out

@@ -95,6 +95,8 @@ def fold(graph: Graph, consts: Sequence[Any] | None = None) -> Graph:
         return known.get(atom.id)
 
     def rule(eqn: Eqn, ctx: Sweep) -> Replacement:
+        if len(eqn.outvars) > 1 or PRIMITIVES[eqn.primitive].opaque:
+            return None
         out = eqn.outvars[0]
         if eqn.primitive == "broadcast_in_dim" and isinstance(eqn.inputs[0], Literal):
             return None  # already the cheapest form of a splat
