@@ -1,66 +1,66 @@
 """The `cpu` backend: the host CPU through LLVM (llvmlite).
 
-`CpuBackend.lower(graph)` schedules the graph (passes, fusion, memory plan; `glue.scheduler`)
-and generates one LLVM module for it (`program.py`, `kernels.py`, `matmul.py`); `compile()`
-turns the module into machine code through the disk cache (`target.py`, `cache.py`) and
-returns an `Executable` (`runtime.py`). Stages: the scheduler's, "llvm" (the module as
-generated, before optimisation) and "asm" (the host assembly after the O3 pipeline).
+Stages (the backend contract's table, `glue.backend.contract`): the scheduler's ("plan" and its
+views: optimized, fusion, kernels, streams, memory, graph), "llvm" (one LLVM module for the
+program as generated: `program.py`, `kernels.py`, `matmul.py`), "asm" (the host assembly after
+the O3 pipeline) and the internal "object" (native object code, through the disk cache:
+`target.py`). Loading links the object into the process and gives an `Executable`
+(`runtime.py`).
 """
 from __future__ import annotations
 
-from functools import cached_property
-from typing import Sequence
+from dataclasses import dataclass
 
+from glue.backend.contract import Backend, Lowering, Options, add_plan_stages
 from glue.backend_cpu.program import Program, build_program
 from glue.backend_cpu.runtime import Executable
-from glue.codegen.analysis import CostAnalysis, MemoryAnalysis, estimate_cost
 from glue.backend_cpu.target import LoadedCode, assembly, host, object_code
+from glue.codegen.analysis import estimate_cost
 from glue.errors import BackendError
-from glue.ir import Graph
-from glue.scheduler.plan import STAGES, Plan, schedule
 
 
-class CpuLowered:
-    """A program scheduled and generated for the host CPU, not yet compiled to machine code."""
-
-    stages: tuple[str, ...] = STAGES + ("llvm", "asm")
-
-    def __init__(self, graph: Graph, donated: Sequence[int], name: str):
-        self.name = name
-        self.plan: Plan = schedule(graph, tuple(donated))
-
-    @cached_property
-    def program(self) -> Program:
-        return build_program(self.plan, self.name)
-
-    def as_text(self, stage: str) -> str:
-        if stage == "llvm":
-            return self.program.llvm_ir
-        if stage == "asm":
-            return assembly(self.program.llvm_ir)
-        if stage in STAGES:
-            return self.plan.as_text(stage)
-        raise KeyError(stage)
-
-    def compile(self) -> Executable:
-        code, _ = object_code(self.program.llvm_ir)
-        code = LoadedCode(code, [f.symbol for f in self.program.functions])
-        return Executable(self.program, code, estimate_cost(self.plan))
+@dataclass(frozen=True)
+class CpuOptions(Options):
+    opt_level: int = 3
 
 
-class CpuBackend:
+class CpuBackend(Backend):
     name = "cpu"
+    Options = CpuOptions
 
-    @staticmethod
-    def is_available() -> bool:
+    @classmethod
+    def can_run(cls) -> bool:
         try:
             host()
         except BackendError:
             return False
         return True
 
-    def lower(self, graph: Graph, *, donated: Sequence[int] = (), name: str = "fn") -> CpuLowered:
-        return CpuLowered(graph, donated, name)
+    @classmethod
+    def why_not(cls) -> str:
+        return "LLVM cannot generate code for this host"
+
+    def add_stages(self, lowering: Lowering) -> None:
+        add_plan_stages(lowering)
+        lowering.add_stage("llvm", lambda lw: build_program(lw["plan"], lw.name), text=_llvm_text)
+        lowering.add_stage("asm", lambda lw: assembly(lw["llvm"].llvm_ir))
+        lowering.add_stage("object", _object, text=None)
+
+    def load(self, lowering: Lowering) -> Executable:
+        program: Program = lowering["llvm"]
+        code = LoadedCode(lowering["object"], [f.symbol for f in program.functions])
+        return Executable(program, code, estimate_cost(lowering["plan"]))
 
 
-__all__ = ["CpuBackend", "CpuLowered", "CostAnalysis", "Executable", "MemoryAnalysis"]
+def _llvm_text(program: Program) -> str:
+    return program.llvm_ir
+
+
+def _object(lowering: Lowering) -> bytes:
+    code, hit = object_code(lowering["llvm"].llvm_ir, lowering.options.key)
+    if hit:
+        lowering.note_cached("object")
+    return code
+
+
+__all__ = ["CpuBackend", "CpuOptions", "Executable"]

@@ -50,6 +50,7 @@ from glue.codegen.scope import Analysis, hoist
 from glue.codegen.types import F64, I1, I64, from_memory, memory_type, register_type, to_memory
 from glue.ir import dtypes as dt
 from glue.ir.core import strides
+from glue.settings import config
 from glue.scheduler.kernel_ir import Const, Dim, Expr, FromValue, Index, Kernel, Load, Op, Store, children, subexpressions
 from glue.ir import primitive
 
@@ -59,10 +60,9 @@ SIGNATURE = ir.FunctionType(VOID, [PTR, I64, I64, PTR])
 
 # Scratch kept per thread for values a later pass over a row reuses (bytes, all values together).
 STASH_LIMIT = 256 * 1024
-# Outputs at least this large are written around the caches (non-temporal stores): they do not
-# fit in them anyway, and a store that misses would first read the line it overwrites. Their
-# rows go through a per-thread buffer of at most STREAM_ROW elements.
-STREAM_BYTES = 8 * 1024 * 1024
+# Outputs of at least `config.cpu_stream_bytes` are written around the caches (non-temporal
+# stores): they do not fit in them anyway, and a store that misses would first read the line it
+# overwrites. Their rows go through a per-thread buffer of at most STREAM_ROW elements.
 STREAM_ROW = 16384
 # Column reductions: at most this many rows reduced together (their partial results stay in L1),
 # the steps folded apart before joining each row's running total, and the fewest rows (the
@@ -219,7 +219,7 @@ class KernelBuilder(BufferAccess):
         k = self.kernel
         for s in k.stores:
             buf = k.outputs[s.output]
-            if s.level == "element" and s.mode == "set" and buf.type.nbytes >= STREAM_BYTES \
+            if s.level == "element" and s.mode == "set" and buf.type.nbytes >= config.cpu_stream_bytes \
                     and [t.output for t in k.stores].count(s.output) == 1 \
                     and _contiguous(s.index, buf.type.shape, inner, [(k.parallel + k.reduce)[d] for d in inner]):
                 self.streams[s.output] = self.reserve(length * buf.type.dtype.itemsize)

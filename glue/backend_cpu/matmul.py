@@ -21,7 +21,7 @@ over the columns, which LLVM vectorises, storing straight into the outputs.
 
 Sizes: KC so that a packed B panel (KC x NR) takes half the L1 cache, NC so that the packed
 B block (KC x NC) takes half the L2 cache, MB so that the partial sums stay within
-SUMS_BUDGET (they are touched once per micro-kernel call, in order, so L2/L3 serves them).
+`cpu_matmul_sums_bytes` (they are touched once per micro-kernel call, in order, so L2/L3 serves them).
 """
 from __future__ import annotations
 
@@ -38,12 +38,9 @@ from glue.codegen.scope import Analysis, hoist
 from glue.codegen.types import I1, I8, I32, I64, register_type
 from glue.ir import dtypes as dt
 from glue.scheduler.kernel_ir import Expr, Kernel, Load, Op
+from glue.settings import config
 
 MR = 6  # rows of a micro-tile: 6 x 2 vectors of accumulators + 3 operands fit 16 registers
-L1_BUDGET = 16 * 1024  # bytes of one packed B panel (KC x NR), half the L1 data cache
-L2_BUDGET = 256 * 1024  # bytes of packed B (KC x NC) a unit keeps hot, half the L2 cache
-SUMS_BUDGET = 1024 * 1024  # bytes of partial sums a unit keeps (MB x NC)
-MIN_WORK = 16 * 1024  # multiply-adds below which the plain per-element loops do as well
 MIN_ROWS_PER_UNIT = 4 * MR
 MIN_PANELS_PER_UNIT = 4
 
@@ -84,20 +81,20 @@ class MatmulBuilder(KernelBuilder):
         self.M = math.prod(ext[k] for k in self.row_dims)
         self.N = math.prod(ext[k] for k in self.col_dims)
         self.K = math.prod(kernel.reduce)
-        self.kc = min(self.K, max(1, L1_BUDGET // (self.nr * self.size)))
+        self.kc = min(self.K, max(1, config.cpu_matmul_l1_bytes // (self.nr * self.size)))
         self.k_blocks = -(-self.K // self.kc)
         # Units: enough for every thread to get two (for balance), split first along the
         # columns (each unit packs only its own block of B), then along the rows.
         wanted = 2 * thread_count()
-        nc = max(self.nr, L2_BUDGET // (self.kc * self.size) // self.nr * self.nr)
+        nc = max(self.nr, config.cpu_matmul_l2_bytes // (self.kc * self.size) // self.nr * self.nr)
         if self.B * -(-self.N // nc) < wanted:
             per_batch = -(-wanted // self.B)
             nc = min(nc, max(MIN_PANELS_PER_UNIT * self.nr, _round_up(-(-self.N // per_batch), self.nr)))
         self.nc = min(nc, _round_up(self.N, self.nr))
         self.n_blocks = -(-self.N // self.nc)
         # Row blocks: as many as balance needs, and enough that each unit's partial sums stay
-        # within SUMS_BUDGET, all of about the same height.
-        parts = max(1, -(-wanted // (self.B * self.n_blocks)), -(-self.M * self.nc * self.size // SUMS_BUDGET))
+        # within config.cpu_matmul_sums_bytes, all of about the same height.
+        parts = max(1, -(-wanted // (self.B * self.n_blocks)), -(-self.M * self.nc * self.size // config.cpu_matmul_sums_bytes))
         self.mb = min(_round_up(self.M, MR), max(MIN_ROWS_PER_UNIT, _round_up(-(-self.M // parts), MR)))
         self.m_blocks = -(-self.M // self.mb)
         # `left` read straight from its buffer costs the micro-kernel nothing more than from a
@@ -324,6 +321,6 @@ def blocked_contraction(module: ir.Module, kernel: Kernel, symbol: str, inputs: 
     ext = kernel.parallel
     n = math.prod(ext[d] for d in parts[4])
     lanes = vector_bits // (8 * kernel.reductions[0].dtype.itemsize)
-    if work == 0 or work < MIN_WORK or n < lanes:
+    if work == 0 or work < config.cpu_matmul_min_work or n < lanes:
         return None
     return MatmulBuilder(module, kernel, symbol, inputs, outputs, parts, vector_bits).build()

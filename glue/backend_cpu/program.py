@@ -26,13 +26,18 @@ class Program:
     plan: Plan
     llvm_ir: str
     functions: list[KernelFunction]
-    arg_types: list[TensorType]
-    output_types: list[TensorType]
-    results: list[Result]
 
     @property
-    def arena_slot(self) -> int:
-        return len(self.arg_types) + len(self.output_types)
+    def arg_types(self) -> list[TensorType]:
+        return self.plan.argument_types
+
+    @property
+    def output_types(self) -> list[TensorType]:
+        return self.plan.output_types
+
+    @property
+    def results(self) -> list[Result]:
+        return self.plan.results()
 
 
 def _operand(p: Placement, n_args: int, arena_slot: int) -> Operand:
@@ -47,19 +52,16 @@ def _symbol(name: str) -> str:
 
 def build_program(plan: Plan, name: str = "fn") -> Program:
     """Generate the module for `plan`: one function per kernel (see `kernels.py`)."""
-    graph, memory = plan.graph, plan.memory
-    args = list(graph.constvars) + list(graph.invars)
-    placements = memory.placements
-    outputs = sorted((p for p in placements.values() if p.kind == "output"), key=lambda p: p.slot)
-    output_types = [p.type for p in outputs]
-    arena_slot = len(args) + len(outputs)
+    placements = plan.memory.placements
+    n_args = len(plan.argument_types)
+    arena_slot = n_args + len(plan.output_types)
     module = ir.Module(name=_symbol(name))
     module.triple, module.data_layout = host().triple, host().data_layout
     functions = []
     vector_bits = host().vector_bits
     for i, kernel in enumerate(plan.kernels):
-        inputs = [_operand(placements[b.value_id], len(args), arena_slot) for b in kernel.inputs]
-        outs = [_operand(placements[b.value_id], len(args), arena_slot) for b in kernel.outputs]
+        inputs = [_operand(placements[b.value_id], n_args, arena_slot) for b in kernel.inputs]
+        outs = [_operand(placements[b.value_id], n_args, arena_slot) for b in kernel.outputs]
         symbol = f"glue_{_symbol(name)}_{i}_{_symbol(kernel.name)}"[:120]
         built = None
         if kernel.kind == "contraction":
@@ -67,4 +69,4 @@ def build_program(plan: Plan, name: str = "fn") -> Program:
         if built is None:
             built = KernelBuilder(module, kernel, symbol, inputs, outs).build()
         functions.append(built)
-    return Program(plan, str(module), functions, [v.type for v in args], output_types, plan.results())
+    return Program(plan, str(module), functions)

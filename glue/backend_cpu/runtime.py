@@ -1,6 +1,7 @@
 """Running a compiled Program: buffers, the buffer table, and kernels split over threads.
 
-A call converts its arguments to contiguous NumPy arrays, allocates the outputs, takes a
+A call converts its arguments to contiguous NumPy arrays (the buffers of this backend; an
+argument at a donated position is glue's own array, which the kernels may overwrite), allocates the outputs, takes a
 workspace (the arena plus per-thread scratch; reused across calls, one per concurrent call),
 fills the buffer table and runs the kernels in order. A kernel with enough work is split into
 one chunk per core: the calling thread runs the first chunk and pool threads the others
@@ -18,18 +19,15 @@ from typing import Any, Sequence
 import numpy as np
 
 from glue import profiler
+from glue.backend.results import assemble
 from glue.backend_cpu.kernels import KernelFunction
 from glue.backend_cpu.program import Program
 from glue.backend_cpu.target import LoadedCode, thread_count
 from glue.codegen.analysis import CostAnalysis, MemoryAnalysis
 from glue.errors import BackendError
-from glue.frontend.array import Array
+from glue.ir import TensorType
+from glue.settings import config
 
-# Work (estimated operations, see kernels.cost_per_point) below which a kernel runs on the
-# calling thread. Measured on the 2-core development machine: handing a chunk to a pool thread
-# and joining it costs about 15 µs, and splitting starts to pay at about 35 µs of work (an
-# elementwise x*2+1 of about 500k elements, a tanh of about 30k), near 400k here.
-PARALLEL_THRESHOLD = 400_000
 ALIGN = 64
 
 
@@ -100,9 +98,15 @@ _pool = _Pool()
 
 def split(function: KernelFunction, threads: int) -> list[tuple[int, int]]:
     """Chunks of a kernel's units, one per thread when the kernel is worth splitting; chunk
-    boundaries fall on whole rows when there are enough rows, else on 64-unit multiples."""
+    boundaries fall on whole rows when there are enough rows, else on 64-unit multiples.
+
+    A kernel of less work than `config.cpu_parallel_threshold` (estimated operations, see
+    kernels.cost_per_point) runs on the calling thread. Measured on the 2-core development
+    machine: handing a chunk to a pool thread and joining it costs about 15 µs, and splitting
+    starts to pay at about 35 µs of work (an elementwise x*2+1 of about 500k elements, a tanh of
+    about 30k), near 400k estimated operations."""
     units = function.units
-    if not function.splittable or threads == 1 or function.cost < PARALLEL_THRESHOLD or units < 2:
+    if not function.splittable or threads == 1 or function.cost < config.cpu_parallel_threshold or units < 2:
         return [(0, units)]
     grain = function.row if units // function.row >= threads else min(64, function.row)
     blocks = -(-units // grain)
@@ -129,6 +133,25 @@ class _Workspace:
         base = self.buffer.ctypes.data
         self.arena = -(-base // ALIGN) * ALIGN
         self.scratch = self.arena + -(-arena // ALIGN) * ALIGN
+
+
+class _HostMemory:
+    """Result assembly on host arrays (see glue.backend.results)."""
+
+    @staticmethod
+    def copy(buffer: np.ndarray, type_: TensorType) -> np.ndarray:
+        return buffer.copy()
+
+    @staticmethod
+    def full(type_: TensorType, value: Any) -> np.ndarray:
+        return np.full(type_.shape, value, type_.dtype.numpy)
+
+    @staticmethod
+    def reuse(buffer: np.ndarray, type_: TensorType) -> np.ndarray:
+        return buffer.reshape(-1).view(type_.dtype.numpy).reshape(type_.shape)
+
+
+_HOST = _HostMemory()
 
 
 class Executable:
@@ -161,18 +184,15 @@ class Executable:
             arrays.append(x)
         return arrays
 
-    def __call__(self, *args: Any) -> list[Array]:
+    def __call__(self, *args: Any) -> list[np.ndarray]:
         arrays = self._arguments(args)
-        # Outputs that are arguments are copied before a kernel may reuse a donated buffer.
-        outputs = [np.empty(shape, dtype) for shape, dtype in self._outputs] + \
-            [arrays[r.slot].copy() for r in self.program.results if r.kind == "argument"]
+        outputs = [np.empty(shape, dtype) for shape, dtype in self._outputs]
         try:  # a workspace no other call is using (calls may come from several threads)
             space = self._free.pop()
         except IndexError:
             space = _Workspace(self.program.plan.memory.arena_bytes, self._scratch, self.threads)
         try:
-            fresh = outputs[:len(self._outputs)]
-            table = self._table(*map(_address, arrays), *map(_address, fresh), space.arena)
+            table = self._table(*map(_address, arrays), *map(_address, outputs), space.arena)
             prof = profiler.active()
             for (fn, chunks), kernel in zip(self._steps, self.kernels):
                 start = time.perf_counter_ns() if prof is not None else 0
@@ -185,19 +205,7 @@ class Executable:
                                   {"kind": kernel.kind, "threads": len(chunks)})
         finally:
             self._free.append(space)
-        copies = iter(outputs[len(self._outputs):])
-        results = []
-        for r in self.program.results:
-            if r.kind == "output":
-                value = outputs[r.slot]
-            elif r.kind == "argument":
-                value = next(copies)
-            elif r.kind == "literal":
-                value = np.full(r.type.shape, r.value, r.type.dtype.numpy)
-            else:  # donated: the argument's buffer now holds the output
-                value = arrays[r.slot].reshape(-1).view(r.type.dtype.numpy).reshape(r.type.shape)
-            results.append(Array(value, r.type))
-        return results
+        return assemble(self.program.results, outputs, arrays, _HOST)
 
     def memory_analysis(self) -> MemoryAnalysis:
         m = self.program.plan.memory

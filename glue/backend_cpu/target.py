@@ -5,7 +5,7 @@ an instruction and the vectoriser may use the widest vector unit) as position-in
 code in the small code model (constants addressed relative to the instruction pointer rather
 than loaded through 64-bit addresses), optimised at O3 through the new pass manager with loop
 and SLP vectorisation, and linked into the process by ORC's JITLink from object code, the same
-way whether the object was just compiled or came from the disk cache (`cache.py`).
+way whether the object was just compiled or came from the disk cache (`glue.backend.cache`).
 LLVM's global state is not thread-safe, so every call into it holds `_lock`.
 """
 from __future__ import annotations
@@ -22,8 +22,9 @@ from typing import Sequence
 import llvmlite
 import llvmlite.binding as llvm
 
-from glue.backend_cpu import cache
+from glue.backend.cache import DiskCache, digest
 from glue.errors import BackendError
+from glue.settings import config
 
 _lock = threading.RLock()
 
@@ -100,17 +101,20 @@ def assembly(ir_text: str) -> str:
         return machine.emit_assembly(_optimised(ir_text, machine))
 
 
-def object_code(ir_text: str) -> tuple[bytes, bool]:
-    """Native object code for a module, from the disk cache when it holds it; and whether it did."""
-    target = host()
-    key = cache.key(ir_text, target.fingerprint)
-    cached = cache.load(key)
+DISK = DiskCache("cpu")
+
+
+def object_code(ir_text: str, options: str = "") -> tuple[bytes, bool]:
+    """Native object code for a module, from the disk cache when it holds it; and whether it did.
+    `options` is the backend options' cache key."""
+    key = digest("cpu object", host().fingerprint, options, ir_text)
+    cached = DISK.load(key)
     if cached is not None:
         return cached, True
     with _lock:
-        machine = target.machine()
+        machine = host().machine()
         code = machine.emit_object(_optimised(ir_text, machine))
-    cache.store(key, code)
+    DISK.store(key, code)
     return code, False
 
 
@@ -166,9 +170,9 @@ class LoadedCode:
 
 def thread_count() -> int:
     """Threads a kernel is split over: GLUE_CPU_THREADS, else the cores this process may use."""
-    chosen = os.environ.get("GLUE_CPU_THREADS")
+    chosen = config.cpu_threads
     if chosen:
-        return max(1, int(chosen))
+        return max(1, chosen)
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:

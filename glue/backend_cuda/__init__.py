@@ -1,89 +1,111 @@
 """The `cuda` backend: NVIDIA GPUs through LLVM's NVPTX target and the CUDA driver API.
 
-`CudaBackend.lower(graph)` schedules the graph (`glue.scheduler`) and generates one LLVM module
-for it (`codegen/`); stages "llvm" and "ptx" print the module and the PTX for the target arch
-(the GPU's when there is one, else sm_90), which needs no GPU. `compile()` loads the PTX and
-returns a `CudaExecutable` (`executor.py`). `runtime/` holds what runs programs (contexts,
-modules, launches, allocator, streams, transfers, device buffers); `ptx.py` turns LLVM IR into
-PTX.
+Stages (the backend contract's table, `glue.backend.contract`): the scheduler's, "llvm" (one
+LLVM module for the program: `codegen/`) and "ptx" (that module optimised and emitted for the
+options' arch by `ptx.py`). None of them needs a GPU: the arch is the GPU's when a driver
+reports one (read without creating a context) and `sm_90` otherwise, or whatever
+`arch=` / `glue.config.arch` names. Loading (`compile()`) needs a GPU: it JIT-links the PTX
+(or takes the cubin from the disk cache) and gives a `CudaExecutable` (`executor.py`).
+`runtime/` holds what runs programs (contexts, modules, launches, allocator, streams,
+transfers, device buffers).
 """
 from __future__ import annotations
 
-from functools import cached_property
-from typing import Any, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
 
+from glue.backend.contract import Backend, Lowering, Options, add_plan_stages
 from glue.backend_cuda.codegen import CudaProgram, build_program
 from glue.backend_cuda.ptx import DEFAULT_ARCH, PTX_FEATURES, ptx_for_module
 from glue.backend_cuda.runtime import driver
 from glue.codegen.analysis import estimate_cost
-from glue.ir import Graph
-from glue.scheduler.plan import STAGES, Plan, schedule
+from glue.errors import GlueError
 from glue.scheduler.streams import MAX_STREAMS
+from glue.settings import config
 
 
-def target_arch() -> str:
-    """The PTX target: the default GPU's arch when glue knows it, else sm_90."""
-    if driver.available():
-        from glue.backend_cuda.runtime.context import get_context
-
-        arch = get_context().device.arch
-        if arch in PTX_FEATURES:
-            return arch
-    return DEFAULT_ARCH
+@lru_cache(maxsize=None)
+def detected_arch() -> str | None:
+    """The default GPU's arch as the driver reports it (no context is made), or None."""
+    if not driver.available():
+        return None
+    return driver.device_arch(0)
 
 
-class CudaLowered:
-    """A program scheduled and generated for NVIDIA GPUs, not yet loaded on one."""
-
-    stages: tuple[str, ...] = STAGES + ("llvm", "ptx")
-
-    def __init__(self, graph: Graph, donated: Sequence[int], name: str, arch: str | None = None):
-        self.name = name
-        self.arch = arch or target_arch()
-        self.plan: Plan = schedule(graph, tuple(donated), MAX_STREAMS)
-
-    @cached_property
-    def program(self) -> CudaProgram:
-        return build_program(self.plan, self.name, self.arch)
-
-    @cached_property
-    def ptx(self) -> str:
-        if not self.program.launches:  # every output is an argument or a literal
-            return "// this program runs no kernels\n"
-        return ptx_for_module(self.program.llvm_ir, self.arch)
-
-    def as_text(self, stage: str) -> str:
-        if stage == "llvm":
-            return self.program.llvm_ir
-        if stage == "ptx":
-            return self.ptx
-        if stage in STAGES:
-            return self.plan.as_text(stage)
-        raise KeyError(stage)
-
-    def compile(self):
-        from glue.backend_cuda.executor import CudaExecutable
-
-        return CudaExecutable(self.program, self.ptx, estimate_cost(self.plan), self.name)
+def default_arch() -> str:
+    """The PTX target when none is named: glue.config.arch, else the GPU's (when glue knows
+    it), else sm_90."""
+    chosen = config.arch or detected_arch()
+    return chosen if chosen in PTX_FEATURES else DEFAULT_ARCH
 
 
-class CudaBackend:
+@dataclass(frozen=True)
+class CudaOptions(Options):
+    arch: str = DEFAULT_ARCH
+    opt_level: int = 3
+
+    def __post_init__(self) -> None:
+        if self.arch not in PTX_FEATURES:
+            raise GlueError(f"cuda: no PTX target for arch {self.arch!r}; glue knows {sorted(PTX_FEATURES)}")
+
+
+class CudaBackend(Backend):
     name = "cuda"
+    Options = CudaOptions
 
-    @staticmethod
-    def is_available() -> bool:
+    @classmethod
+    def can_run(cls) -> bool:
         """True only when the NVIDIA driver initialises and a GPU exists; never raises."""
         return driver.available()
 
-    @staticmethod
-    def device_put(value: Any) -> Any:
+    @classmethod
+    def why_not(cls) -> str:
+        return "no NVIDIA GPU and driver"
+
+    def default_options(self) -> CudaOptions:
+        return CudaOptions(arch=default_arch())
+
+    def add_stages(self, lowering: Lowering) -> None:
+        add_plan_stages(lowering, MAX_STREAMS)
+        lowering.add_stage("llvm", _program, text=_llvm_text)
+        lowering.add_stage("ptx", _ptx)
+
+    def load(self, lowering: Lowering) -> Any:
+        from glue.backend_cuda.executor import CudaExecutable
+
+        return CudaExecutable(lowering["llvm"], lowering["ptx"], estimate_cost(lowering["plan"]),
+                              lowering.name)
+
+    def device_put(self, value: Any) -> Any:
         from glue.backend_cuda.executor import device_put
 
         return device_put(value)
 
-    def lower(self, graph: Graph, *, donated: Sequence[int] = (), name: str = "fn",
-              arch: str | None = None) -> CudaLowered:
-        return CudaLowered(graph, donated, name, arch)
+    def holds(self, buffer: Any) -> bool:
+        from glue.backend_cuda.runtime.device_array import DeviceBuffer
+
+        return isinstance(buffer, DeviceBuffer)
+
+    def private_copy(self, value: Any) -> Any:
+        from glue.backend_cuda.executor import device_copy
+
+        return device_copy(value)
 
 
-__all__ = ["CudaBackend", "CudaLowered", "target_arch"]
+def _program(lowering: Lowering) -> CudaProgram:
+    return build_program(lowering["plan"], lowering.name, lowering.options.arch)
+
+
+def _llvm_text(program: CudaProgram) -> str:
+    return program.llvm_ir
+
+
+def _ptx(lowering: Lowering) -> str:
+    program: CudaProgram = lowering["llvm"]
+    if not program.launches:  # every output is an argument or a literal
+        return "// this program runs no kernels\n"
+    return ptx_for_module(program.llvm_ir, lowering.options.arch, lowering.options.opt_level)
+
+
+__all__ = ["CudaBackend", "CudaOptions", "default_arch"]

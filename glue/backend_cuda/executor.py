@@ -5,8 +5,8 @@ one parameter pack per launch, allocates the program's arena once and turns the 
 stage into steps: each launch knows its stream, the events it waits for and the event it
 records. A call then:
 
-1. takes its arguments to the device: a `glue.Array` already there is used as is; anything
-   else is uploaded on the context's copy stream;
+1. takes its arguments to the device: a `DeviceBuffer` of this context (what a device
+   `glue.Array` holds) is used as is; anything else is uploaded on the context's copy stream;
 2. allocates the fresh outputs from the caching allocator;
 3. runs the launches, in one of two ways:
    - replay (the default): the launches were captured once as a CUDA graph for these buffer
@@ -22,8 +22,9 @@ records. A call then:
    a dependent launch (programmatic stream serialization): the GPU places it while its
    predecessor still runs and it waits there (`griddepcontrol.wait`), so the launch latency
    between the two overlaps work. `GLUE_CUDA_PDL=0` turns this off;
-4. marks the outputs written on stream 0 and returns device-backed `glue.Array`s without
-   waiting: reading one (`np.asarray`) or `block_until_ready()` waits. No event is recorded
+4. marks the outputs written on stream 0 and returns their `DeviceBuffer`s without waiting
+   (the frontend wraps them as `glue.Array`s): reading one (`np.asarray`) or
+   `block_until_ready()` waits. No event is recorded
    per call: an output's event is recorded when something first waits for it (see
    `DeviceBuffer.ready_event`).
 
@@ -35,14 +36,13 @@ A graph launch waits for all of its arguments at once; the direct path lets kern
 while unrelated inputs are still in transit. Calls of one executable run in order on stream 0,
 so they share the arena. Programs queue their launches under the context's `enqueue_lock`, so
 a graph being captured takes in no other thread's work. While a `glue.profile` is open, calls
-launch directly with timing events around each kernel. `GLUE_CUDA_GRAPHS=0` turns replay off.
-`poison` (or `GLUE_CUDA_POISON=0xff`) fills outputs and the arena with that byte before each
-call, so tests catch elements no kernel writes.
+launch directly with timing events around each kernel. `glue.config.cuda_graphs` (GLUE_CUDA_GRAPHS=0)
+turns replay off. `poison` (`glue.config.cuda_poison`, GLUE_CUDA_POISON=0xff) fills outputs and
+the arena with that byte before each call, so tests catch elements no kernel writes.
 """
 from __future__ import annotations
 
 import logging
-import os
 from collections import OrderedDict
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -51,6 +51,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from glue import profiler
+from glue.backend.results import assemble, plain_outputs
 from glue.backend_cuda.codegen import CudaProgram, Place
 from glue.backend_cuda.runtime import driver as drv
 from glue.backend_cuda.runtime.context import get_context
@@ -60,9 +61,9 @@ from glue.backend_cuda.runtime.module import ArgPack, Kernel
 from glue.backend_cuda.runtime.stream import Event, Stream, device_span
 from glue.codegen.analysis import CostAnalysis, MemoryAnalysis
 from glue.errors import BackendError
-from glue.frontend.array import Array
 from glue.ir import TensorType
 from glue.scheduler.memory import ALIGNMENT
+from glue.settings import config
 
 log = logging.getLogger("glue")
 
@@ -93,11 +94,6 @@ class GraphStats:
     direct: int = 0
 
 
-def _poison_from_env() -> int | None:
-    value = os.environ.get("GLUE_CUDA_POISON")
-    return int(value, 0) if value else None
-
-
 class CudaExecutable:
     """A program loaded on the GPU; call it with the arguments (constvars' values, then invars')."""
 
@@ -109,9 +105,9 @@ class CudaExecutable:
         self.streams = self.ctx.compute_streams(plan.n_streams)
         self.stream = self.streams[0]
         self._cost = cost
-        self.poison: int | None = _poison_from_env()
-        self.use_graphs = os.environ.get("GLUE_CUDA_GRAPHS", "1") != "0"
-        self.use_dependent = os.environ.get("GLUE_CUDA_PDL", "1") != "0"
+        self.poison: int | None = config.cuda_poison
+        self.use_graphs = config.cuda_graphs
+        self.use_dependent = config.cuda_pdl
         self.graph_stats = GraphStats()
         self._graphs: OrderedDict[tuple[int, ...], Graph] = OrderedDict()
         module = self.ctx.modules.load(ptx, name) if program.launches else None
@@ -132,8 +128,7 @@ class CudaExecutable:
             out_bytes += -(-t.nbytes // ALIGNMENT) * ALIGNMENT
         self._slabs = SlabPool(self.ctx.allocator, out_bytes, self.stream)
         # When every result is a fresh output (the usual case), results need no case analysis.
-        self._plain_results = [(r.slot, r.type) for r in program.results] \
-            if all(r.kind == "output" for r in program.results) else None
+        self._plain_results = plain_outputs(program.results)
         self._copy = drv.load().cuMemcpyDtoDAsync
 
     def _build_steps(self, program: CudaProgram, module: Any) -> list[_Step]:
@@ -190,7 +185,7 @@ class CudaExecutable:
 
     # --- arguments ---------------------------------------------------------------------------
     def _to_device(self, i: int, a: Any, t: TensorType) -> DeviceBuffer:
-        buf = a.device_buffer if isinstance(a, Array) else a if isinstance(a, DeviceBuffer) else None
+        buf = a if isinstance(a, DeviceBuffer) else None
         if buf is not None and buf.stream.ctx is self.ctx:
             if buf.shape != t.shape or (buf.dtype is not t.dtype and buf.dtype != t.dtype):
                 raise BackendError(f"cuda: argument {i} of {self.name} is {buf.dtype}{list(buf.shape)}; "
@@ -204,7 +199,7 @@ class CudaExecutable:
             return DeviceBuffer.from_numpy(x, self.ctx.copy_stream)
 
     # --- calls -------------------------------------------------------------------------------
-    def __call__(self, *args: Any) -> list[Array]:
+    def __call__(self, *args: Any) -> list[DeviceBuffer]:
         program = self.program
         if len(args) != len(self._arg_specs):
             raise BackendError(f"cuda: {self.name} takes {len(program.arg_types)} arguments, got {len(args)}")
@@ -213,7 +208,7 @@ class CudaExecutable:
         key: list[int] = []  # what a graph depends on: the arguments' and the outputs' addresses
         unordered: list[DeviceBuffer] = []  # arguments stream 0 is not yet ordered after
         for a, (shape, dtype) in zip(args, self._arg_specs):
-            buf = a._device if a.__class__ is Array else None  # the usual case, checked inline
+            buf = a if a.__class__ is DeviceBuffer else None  # the usual case, checked inline
             if buf is None or buf.shape != shape or buf.dtype is not dtype or buf.stream.ctx is not ctx:
                 i = len(buffers)
                 buf = self._to_device(i, a, program.arg_types[i])
@@ -235,8 +230,8 @@ class CudaExecutable:
                 self.graph_stats.direct += 1
                 self._enqueue(self._bases(buffers, outputs), buffers, prof)
         if self._plain_results is not None:
-            return Array.of_buffers(outputs, self._plain_results)
-        return [self._result(r, args, buffers, outputs) for r in program.results]
+            return [outputs[slot] for slot in self._plain_results]
+        return assemble(program.results, outputs, buffers, _DeviceMemory(self.stream, self._copy))
 
     def _bases(self, buffers: list[DeviceBuffer], outputs: list[DeviceBuffer]) -> list[int]:
         """The address of every memory place of the call: arguments, outputs, then the arena."""
@@ -319,24 +314,6 @@ class CudaExecutable:
         for stream, event in self._joins:
             s0.wait(event.record(stream))
 
-    def _result(self, r, args: Sequence[Any], buffers: list[DeviceBuffer], outputs: list[DeviceBuffer]) -> Array:
-        if r.kind == "output":
-            return Array(outputs[r.slot], r.type)
-        if r.kind == "literal":
-            return Array(np.full(r.type.shape, r.value, r.type.dtype.numpy))
-        source = buffers[r.slot]
-        if r.kind == "donated":  # the argument's buffer, which the kernels wrote
-            source.mark_pending(self.stream)
-            if source.shape == r.type.shape and source.dtype == r.type.dtype:
-                return Array(source, r.type)
-        elif not isinstance(args[r.slot], (Array, DeviceBuffer)):  # a host input returned
-            return Array(np.array(args[r.slot], dtype=r.type.dtype.numpy))
-        copy = DeviceBuffer(r.type.shape, r.type.dtype, self.stream)
-        source.prepare_for(self.stream)
-        drv.check(self._copy(copy.ptr, source.ptr, copy.nbytes, self.stream.handle), "cuMemcpyDtoDAsync")
-        copy.mark_written()
-        return Array(copy)
-
     # --- analyses ----------------------------------------------------------------------------
     def memory_analysis(self) -> MemoryAnalysis:
         m = self.program.plan.memory
@@ -347,8 +324,40 @@ class CudaExecutable:
         return self._cost
 
 
-def device_put(value: Any) -> Array:
-    """A `glue.Array` holding `value` in GPU memory (uploaded on the context's copy stream)."""
-    if isinstance(value, Array) and value.device_buffer is not None:
+def device_put(value: Any) -> DeviceBuffer:
+    """`value` in GPU memory (uploaded on the context's copy stream)."""
+    if isinstance(value, DeviceBuffer):
         return value
-    return Array(DeviceBuffer.from_numpy(np.asarray(value)))
+    return DeviceBuffer.from_numpy(np.asarray(value))
+
+
+def device_copy(value: Any) -> DeviceBuffer:
+    """A new device buffer holding `value` (a DeviceBuffer is copied on the device)."""
+    if not isinstance(value, DeviceBuffer):
+        return DeviceBuffer.from_numpy(np.asarray(value))
+    stream = value.stream
+    return _DeviceMemory(stream, drv.load().cuMemcpyDtoDAsync).copy(value, TensorType(value.shape, value.dtype))
+
+
+class _DeviceMemory:
+    """Result assembly on device buffers (see glue.backend.results); copies queue on the
+    program's stream after its kernels."""
+
+    def __init__(self, stream: Stream, copy: Any):
+        self.stream, self._copy = stream, copy
+
+    def full(self, type_: TensorType, value: Any) -> DeviceBuffer:
+        return DeviceBuffer.from_numpy(np.full(type_.shape, value, type_.dtype.numpy))
+
+    def reuse(self, buffer: DeviceBuffer, type_: TensorType) -> DeviceBuffer:
+        buffer.mark_pending(self.stream)  # the kernels wrote it
+        if buffer.shape == type_.shape and buffer.dtype == type_.dtype:
+            return buffer
+        return self.copy(buffer, type_)
+
+    def copy(self, buffer: DeviceBuffer, type_: TensorType) -> DeviceBuffer:
+        copy = DeviceBuffer(type_.shape, type_.dtype, self.stream)
+        buffer.prepare_for(self.stream)
+        drv.check(self._copy(copy.ptr, buffer.ptr, copy.nbytes, self.stream.handle), "cuMemcpyDtoDAsync")
+        copy.mark_written()
+        return copy

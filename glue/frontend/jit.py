@@ -1,9 +1,15 @@
 """`glue.jit`: trace once per signature, compile through a backend, cache, and call.
 
 A signature is the pytree structure of the dynamic arguments, their types, and the values of
-the static arguments. `f.lower(*args)` gives the staged `Lowered` (text of every stage);
-`.compile()` gives the callable `Compiled`. Called inside another trace, a jitted function is
-inlined into it.
+the static arguments. `f.lower(*args)` gives the staged `Lowered` (text of every stage: "ir",
+then the backend's stage table); `.compile()` gives the callable `Compiled`. Called inside
+another trace, a jitted function is inlined into it.
+
+A call hands the backend raw buffers (`Array.buffer`) and wraps the buffers it returns as
+Arrays. Donation follows JAX's contract: the buffer of a donated glue.Array may become an
+output's, and the Array is deleted (using it again raises, naming the call); a donated NumPy
+array is never written (the backend gets its own copy); an Array passed at several positions
+is copied where it is donated.
 """
 from __future__ import annotations
 
@@ -19,12 +25,13 @@ from typing import Any, Callable, NamedTuple, Sequence
 import numpy as np
 
 from glue import profiler
-from glue.frontend.array import Array
-from glue.backends import get_backend
+from glue.backend import Backend, Lowering, get_backend
 from glue.errors import GlueError
+from glue.frontend.array import Array, wrap_results
 from glue.frontend.pytree import LEAF, PyTreeDef, flatten_call, leaf_paths, tree_flatten, tree_unflatten
 from glue.frontend.tracing import current_trace, trace_flat, type_of
 from glue.ir import ClosedGraph, TensorType
+from glue.settings import config
 
 log = logging.getLogger("glue")
 
@@ -57,27 +64,63 @@ def _types(values: Sequence[Any]) -> tuple[TensorType, ...]:
     return tuple([v.aval if v.__class__ is Array else type_of(v) for v in values])
 
 
+def _positional_params(fn: Callable) -> tuple[list[str], bool] | None:
+    """The names of `fn`'s positional parameters and whether it takes *args; None when Python
+    cannot tell (a builtin)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    names = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return names, any(p.kind == p.VAR_POSITIONAL for p in params)
+
+
+def _argnums(fn: Callable, what: str, nums: Sequence[int]) -> set[int]:
+    """Validated argument positions: ints, negative ones counted from the last positional
+    parameter (as JAX does), each naming a parameter `fn` has."""
+    known = _positional_params(fn)
+    name = getattr(fn, "__name__", "the function")
+    out = set()
+    for n in nums:
+        if not isinstance(n, int) or isinstance(n, bool):
+            raise GlueError(f"glue.jit({name}): {what} must be ints, got {n!r}")
+        count = len(known[0]) if known else None
+        if n < 0:
+            if count is None or known[1]:
+                raise GlueError(f"glue.jit({name}): a negative {what} ({n}) needs a function with a "
+                                "fixed number of positional parameters")
+            n += count
+        if n < 0 or (count is not None and n >= count and not known[1]):
+            raise GlueError(f"glue.jit({name}): {what} {n} is out of range: {name} takes "
+                            f"{count} positional argument{'s' if count != 1 else ''}")
+        out.add(n)
+    return out
+
+
 class _ArgSpec:
     """Splits a call's arguments into static values and a pytree of dynamic leaves."""
 
     def __init__(self, fn: Callable, static_argnums: Sequence[int], static_argnames: Sequence[str]):
         self.fn = fn
-        names = self._param_names(fn)
-        self.static_nums = set(static_argnums) | {names.index(n) for n in static_argnames if n in names}
-        self.static_names = set(static_argnames) | {names[i] for i in static_argnums if i < len(names)}
-
-    @staticmethod
-    def _param_names(fn: Callable) -> list[str]:
-        try:
-            return [p.name for p in inspect.signature(fn).parameters.values()
-                    if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-        except (TypeError, ValueError):
-            return []
+        known = _positional_params(fn)
+        names = known[0] if known else []
+        for n in static_argnames:
+            if not isinstance(n, str):
+                raise GlueError(f"glue.jit: static_argnames must be strings, got {n!r}")
+        self.static_nums = _argnums(fn, "static_argnums", static_argnums) | \
+            {names.index(n) for n in static_argnames if n in names}
+        self.static_names = set(static_argnames) | {names[i] for i in self.static_nums if i < len(names)}
+        self._names = names
 
     def split(self, args: tuple, kwargs: dict) -> tuple[Signature, list[Any]]:
         if not kwargs and not self.static_nums:  # the common calls, kept lean
             leaves, treedef = flatten_call(args)
             return Signature(treedef, _types(leaves), ()), leaves
+        missing = [i for i in self.static_nums if i >= len(args)
+                   and not (i < len(self._names) and self._names[i] in kwargs)]
+        if missing:
+            raise GlueError(f"{self.fn.__name__} was called with {len(args)} positional arguments, but "
+                            f"static_argnums names position {missing[0]}")
         dyn_args = tuple(a for i, a in enumerate(args) if i not in self.static_nums)
         dyn_kwargs = {k: v for k, v in kwargs.items() if k not in self.static_names}
         statics = tuple((i, a) for i, a in enumerate(args) if i in self.static_nums) + \
@@ -113,48 +156,52 @@ class Lowered:
     """A traced program on its way to a backend; every stage can be printed."""
 
     def __init__(self, name: str, closed: ClosedGraph, out_tree: PyTreeDef, signature: Signature,
-                 backend: Any, donated: tuple[int, ...], spec: "_ArgSpec | None" = None):
+                 backend: Backend, donated: tuple[int, ...], spec: "_ArgSpec | None" = None,
+                 options: dict[str, Any] | None = None):
         self.name = name
         self.closed = closed
         self.out_tree = out_tree
         self.signature = signature
         self.spec = spec
-        with profiler.span("compile", f"lower {name}", backend=backend.name):
-            self._backend_lowered = backend.lower(closed.graph, donated=donated, name=name)
+        self.donated = donated
         self.backend = backend
+        self.lowering: Lowering = backend.lower(closed.graph, donated=donated, name=name, **(options or {}))
 
     @property
     def stages(self) -> tuple[str, ...]:
-        return ("ir",) + tuple(self._backend_lowered.stages)
+        return ("ir",) + self.lowering.stages
 
     def as_text(self, stage: str = "ir") -> str:
         if stage == "ir":
             return str(self.closed.graph)
-        if stage not in self._backend_lowered.stages:
+        if stage not in self.lowering.stages:
             raise GlueError(f"stage {stage!r} is not produced by the {self.backend.name} backend; "
                             f"stages: {self.stages}")
-        return self._backend_lowered.as_text(stage)
+        return self.lowering.as_text(stage)
 
     def compile(self) -> "Compiled":
-        dump_dir = os.environ.get("GLUE_DUMP")
-        if dump_dir:
-            self.dump(dump_dir)
+        if config.dump:
+            self.dump(config.dump)
         with profiler.span("compile", f"compile {self.name}", backend=self.backend.name):
-            return Compiled(self, self._backend_lowered.compile())
+            return Compiled(self, self.lowering.compile())
 
     def dump(self, directory: str) -> list[str]:
         """Write every stage into `directory` as `<n>.<function>.<stage>.<ext>`, `n` counting the
         programs compiled by this process (so two signatures of one function do not collide)."""
-        os.makedirs(directory, exist_ok=True)
         paths = []
         n = next(_DUMP_COUNT)
-        for stage in self.stages:
-            path = os.path.join(directory, f"{n:03d}.{self.name}.{stage}.{_STAGE_SUFFIX.get(stage, 'txt')}")
-            with open(path, "w") as f:
-                f.write(self.as_text(stage) + "\n")
-            paths.append(path)
-            if stage == "graph" and shutil.which("dot"):
-                paths += _render_svg(path)
+        try:
+            os.makedirs(directory, exist_ok=True)
+            for stage in self.stages:
+                path = os.path.join(directory, f"{n:03d}.{self.name}.{stage}.{_STAGE_SUFFIX.get(stage, 'txt')}")
+                with open(path, "w") as f:
+                    f.write(self.as_text(stage) + "\n")
+                paths.append(path)
+                if stage == "graph" and shutil.which("dot"):
+                    paths += _render_svg(path)
+        except OSError as exc:
+            raise GlueError(f"GLUE_DUMP: cannot write the stages of {self.name} into {directory!r}: "
+                            f"{exc.strerror or exc}") from None
         return paths
 
 
@@ -175,13 +222,15 @@ class Compiled:
     def __init__(self, lowered: Lowered, executable: Any):
         self.lowered = lowered
         self.executable = executable
-        self.check = os.environ.get("GLUE_CHECK") == "1"
+        self.check = config.check
         self._consts = tuple(lowered.closed.consts)
         self._out_tree = lowered.out_tree
+        self._donated = lowered.donated
+        self._backend = lowered.backend
         # An output whose type equals an argument type gets that very TensorType object as its
         # aval, so when a loop feeds it back in, the cache lookup compares types by identity.
         arg_types = {t: t for t in lowered.signature.types}
-        self._avals = [(i, arg_types[t]) for i, t in enumerate(lowered.closed.graph.out_types) if t in arg_types]
+        self._avals = [arg_types.get(t, t) for t in lowered.closed.graph.out_types]
 
     @property
     def kernels(self) -> list[Any]:
@@ -192,6 +241,11 @@ class Compiled:
 
     def cost_analysis(self) -> Any:
         return self.executable.cost_analysis()
+
+    def compile_stats(self) -> dict[str, Any]:
+        """Seconds per stage of this program's lowering and compilation (and which came from
+        a cache)."""
+        return {name: {"seconds": t.seconds, "cached": t.cached} for name, t in self.lowered.lowering.timings.items()}
 
     def as_text(self, stage: str = "ir") -> str:
         return self.lowered.as_text(stage)
@@ -209,24 +263,45 @@ class Compiled:
 
     def call_tree(self, leaves: Sequence[Any]) -> Any:
         """Run on the flat dynamic leaves; the outputs come back in the function's pytree."""
-        outs = [o if o.__class__ is Array else Array(np.asarray(o)) for o in self.call_flat(leaves)]
-        for i, aval in self._avals:
-            outs[i].aval = aval
+        outs = self.call_flat(leaves)
         return outs[0] if self._out_tree is LEAF else tree_unflatten(self._out_tree, outs)
 
-    def call_flat(self, leaves: Sequence[Any]) -> list[Any]:
-        args = self._consts + tuple(leaves) if self._consts else leaves
-        outs = self.executable(*args)
-        if self.check:
-            self._check_against_reference(args, outs)
+    def call_flat(self, leaves: Sequence[Any]) -> list[Array]:
+        """Run on the flat dynamic leaves; one Array per output."""
+        buffers = [a.buffer if a.__class__ is Array else a for a in leaves]
+        expected = self._reference(buffers) if self.check else None
+        if self._donated:
+            self._donate(leaves, buffers)
+        args = self._consts + tuple(buffers) if self._consts else buffers
+        outs = wrap_results(self.executable(*args), self._avals)
+        if expected is not None:
+            self._compare(outs, expected)
         return outs
 
-    def _check_against_reference(self, args: Sequence[Any], outs: Sequence[Any]) -> None:
+    def _donate(self, leaves: Sequence[Any], buffers: list[Any]) -> None:
+        """Give the backend a buffer it owns at each donated position (the Array's own, which it
+        may overwrite, or a copy), and delete the donated Arrays."""
+        seen: dict[int, int] = {}
+        for a in leaves:
+            seen[id(a)] = seen.get(id(a), 0) + 1
+        for i in self._donated:
+            a = leaves[i]
+            if a.__class__ is not Array or seen[id(a)] > 1:
+                buffers[i] = self._backend.private_copy(buffers[i])
+            if a.__class__ is Array:
+                a.delete(f"{self.lowered.name} (argument {i} of its flattened inputs)")
+
+    def _reference(self, buffers: Sequence[Any]) -> list[np.ndarray]:
         from glue.reference import run_graph
+
+        values = [np.asarray(Array(b)) if not isinstance(b, (np.ndarray, np.generic, int, float, bool)) else b
+                  for b in buffers]
+        return run_graph(self.lowered.closed.graph, [np.asarray(c) for c in self._consts] + values, float64=True)
+
+    def _compare(self, outs: Sequence[Array], expected: Sequence[np.ndarray]) -> None:
         from glue.reference.compare import mismatch
 
         graph = self.lowered.closed.graph
-        expected = run_graph(graph, [np.asarray(a) for a in args], float64=True)
         for i, (got, want, t) in enumerate(zip(outs, expected, graph.out_types)):
             problem = mismatch(np.asarray(got), want, t.dtype)
             if problem:
@@ -238,12 +313,17 @@ class Jitted:
     """The callable `glue.jit(f)` returns."""
 
     def __init__(self, fn: Callable, backend: str | None = None, static_argnums: Sequence[int] = (),
-                 static_argnames: Sequence[str] = (), donate_argnums: Sequence[int] = ()):
+                 static_argnames: Sequence[str] = (), donate_argnums: Sequence[int] = (),
+                 backend_options: dict[str, Any] | None = None):
         functools.update_wrapper(self, fn)
         self.fn = fn
         self.backend_name = backend
+        self.backend_options = dict(backend_options or {})
         self.spec = _ArgSpec(fn, tuple(static_argnums), tuple(static_argnames))
-        self.donate_argnums = tuple(donate_argnums)
+        self.donate_argnums = tuple(sorted(_argnums(fn, "donate_argnums", donate_argnums)))
+        both = self.spec.static_nums & set(self.donate_argnums)
+        if both:
+            raise GlueError(f"glue.jit({self.name}): argument {min(both)} is both static and donated")
         self._traced: dict[Signature, tuple[ClosedGraph, PyTreeDef]] = {}
         self._compiled: dict[Signature, Compiled] = {}
         # The last call's signature and program, and where its arguments were glue.Arrays or flat
@@ -273,7 +353,7 @@ class Jitted:
     def lower(self, *args: Any, **kwargs: Any) -> Lowered:
         closed, out_tree, sig, _ = self.trace(*args, **kwargs)
         return Lowered(self.name, closed, out_tree, sig, get_backend(self.backend_name),
-                       self._donated_leaves(sig, args), self.spec)
+                       self._donated_leaves(sig, args), self.spec, self.backend_options)
 
     def _donated_leaves(self, sig: Signature, args: tuple) -> tuple[int, ...]:
         """Positions among the graph's invars of the leaves of donated positional arguments."""
@@ -350,13 +430,17 @@ def _same_arrays(args: tuple, hot: tuple) -> Sequence[Any] | None:
 
 
 def jit(fn: Callable | None = None, *, backend: str | None = None, static_argnums: Sequence[int] | int = (),
-        static_argnames: Sequence[str] | str = (), donate_argnums: Sequence[int] | int = ()) -> Any:
-    """Compile `fn` for each signature it is called with (usable as `@jit` or `@jit(...)`)."""
+        static_argnames: Sequence[str] | str = (), donate_argnums: Sequence[int] | int = (),
+        backend_options: dict[str, Any] | None = None) -> Any:
+    """Compile `fn` for each signature it is called with (usable as `@jit` or `@jit(...)`).
+    `backend_options` are the backend's Options fields (e.g. `{"arch": "sm_80"}` for cuda)."""
     as_tuple = lambda v: (v,) if isinstance(v, (int, str)) else tuple(v)  # noqa: E731
     if fn is None:
         return functools.partial(jit, backend=backend, static_argnums=static_argnums,
-                                 static_argnames=static_argnames, donate_argnums=donate_argnums)
-    return Jitted(fn, backend, as_tuple(static_argnums), as_tuple(static_argnames), as_tuple(donate_argnums))
+                                 static_argnames=static_argnames, donate_argnums=donate_argnums,
+                                 backend_options=backend_options)
+    return Jitted(fn, backend, as_tuple(static_argnums), as_tuple(static_argnames), as_tuple(donate_argnums),
+                  backend_options)
 
 
 def make_ir(fn: Callable, *, static_argnums: Sequence[int] | int = (),

@@ -15,7 +15,6 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from glue.errors import ConcretizationError, GlueError, describe_location, user_frame_location
-from glue.frontend.operators import ArrayOperators
 from glue.ir import ClosedGraph, Eqn, Graph, Literal, TensorType, Var, infer_types, params_tuple, primitive
 from glue.ir import dtypes as dt
 from glue.ir.core import Atom
@@ -125,8 +124,9 @@ def literal(value: Any) -> Literal:
     return Literal(kind(value.item() if hasattr(value, "item") else value), type_)
 
 
-class Tracer(ArrayOperators):
-    """A stand-in for an array while a function is traced: it knows its type, not its values."""
+class Tracer:
+    """A stand-in for an array while a function is traced: it knows its type, not its values.
+    Operators and NumPy-style methods come from glue.numpy (glue/array_methods.py)."""
 
     __slots__ = ("trace", "atom")
     __array_priority__ = 100
@@ -138,6 +138,22 @@ class Tracer(ArrayOperators):
     @property
     def aval(self) -> TensorType:
         return self.atom.type
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.atom.type.shape
+
+    @property
+    def dtype(self):
+        return self.atom.type.dtype.numpy
+
+    @property
+    def ndim(self) -> int:
+        return self.atom.type.ndim
+
+    @property
+    def size(self) -> int:
+        return self.atom.type.size
 
     def __repr__(self) -> str:
         return f"Tracer<{self.aval}>"

@@ -103,7 +103,9 @@ def plan_memory(graph: Graph, kernels: Sequence[Kernel], donated: Sequence[int] 
             users[b.value_id] = users.get(b.value_id, 0) | 1 << k
     lifetimes = {vid: (k, last_use.get(vid, k)) for vid, k in produced.items()}
     output_ids = list(dict.fromkeys(v.id for v in outputs))
-    donors = {graph.invars[i].id: len(graph.constvars) + i for i in donated}
+    # A donated argument the program also returns keeps its values: its buffer is no donor.
+    returned = {a.id for a in graph.outvars if isinstance(a, Var)}
+    donors = {graph.invars[i].id: len(graph.constvars) + i for i in donated if graph.invars[i].id not in returned}
     n_fresh = 0  # fresh output buffers are numbered without gaps: donated outputs take none
     for vid in output_ids:
         donor = next((d for d, slot in donors.items() if args[slot].type.nbytes == types[vid].nbytes

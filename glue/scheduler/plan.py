@@ -41,6 +41,17 @@ class Plan:
     def kernels(self) -> list[Kernel]:
         return self.fusion.kernels
 
+    @property
+    def argument_types(self) -> list[TensorType]:
+        """What a call passes: the constvars' values, then the invars'."""
+        return [v.type for v in self.graph.constvars + self.graph.invars]
+
+    @property
+    def output_types(self) -> list[TensorType]:
+        """The fresh output buffers a call allocates, by slot."""
+        outputs = sorted((p for p in self.memory.placements.values() if p.kind == "output"), key=lambda p: p.slot)
+        return [p.type for p in outputs]
+
     def results(self) -> list[Result]:
         """How each of the graph's outputs is produced, in order."""
         placements = self.memory.placements

@@ -9,7 +9,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from glue.backends import available_backends, get_backend
+from glue.backend import available_backends, get_backend
 from glue.frontend.jit import Jitted, jit
 from glue.frontend.pytree import leaf_paths, tree_flatten
 from glue.ir import Graph, Var

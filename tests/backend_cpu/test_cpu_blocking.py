@@ -5,7 +5,6 @@ the column and row blocks or the thread split must not change a single bit; and 
 odd or not, matches the float64 reference. Column reductions (x.sum(0) and kin) must match the
 reference too, also when a thread's share of the work starts or ends inside a line.
 """
-import contextlib
 
 import numpy as np
 import pytest
@@ -14,24 +13,12 @@ from hypothesis import strategies as st
 
 import glue
 import glue.numpy as gnp
-from glue.backend_cpu import matmul, runtime
 from glue.backend_cpu.target import host
 from glue.ir import dtypes as dt
 from glue.reference.compare import mismatch
+from glue.settings import config
 
 RNG = np.random.default_rng(7)
-
-
-@contextlib.contextmanager
-def _patched(module, **values):
-    saved = {name: getattr(module, name) for name in values}
-    for name, value in values.items():
-        setattr(module, name, value)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            setattr(module, name, value)
 
 
 def _blocking(kc: int | None = None, panels: int | None = None, sums_rows: int | None = None, size: int = 4):
@@ -39,14 +26,14 @@ def _blocking(kc: int | None = None, panels: int | None = None, sums_rows: int |
     column panels and its partial sums about `sums_rows` rows (None: the defaults); the
     blocked path applies to any size."""
     step = 2 * host().vector_bits // 8  # bytes of one packed B panel row (NR elements)
-    values = {"MIN_WORK": 0}
+    values = {"cpu_matmul_min_work": 0}
     if kc is not None:
-        values["L1_BUDGET"] = kc * step
+        values["cpu_matmul_l1_bytes"] = kc * step
     if panels is not None:
-        values["L2_BUDGET"] = panels * (kc or 1) * step
+        values["cpu_matmul_l2_bytes"] = panels * (kc or 1) * step
     if sums_rows is not None:
-        values["SUMS_BUDGET"] = sums_rows * (panels or 1) * step
-    return _patched(matmul, **values)
+        values["cpu_matmul_sums_bytes"] = sums_rows * (panels or 1) * step
+    return config.override(**values)
 
 
 def _run(fn, *args):
@@ -108,9 +95,9 @@ def test_k_blocks_continue_the_stored_partial_sums_bit_for_bit(case, dtype):
 def test_thread_split_changes_no_bit():
     a, b, bias = _data(50, 70), _data(70, 90), _data(90)
     with _blocking(kc=16):
-        with _patched(runtime, PARALLEL_THRESHOLD=0):
+        with config.override(cpu_parallel_threshold=0):
             split = _run(_epilogue, a, b, bias)
-        with _patched(runtime, PARALLEL_THRESHOLD=float("inf")):
+        with config.override(cpu_parallel_threshold=1 << 62):
             alone = _run(_epilogue, a, b, bias)
     np.testing.assert_array_equal(split, alone)
 
@@ -186,7 +173,7 @@ def test_column_reductions_split_over_threads_inside_a_line(shape, axis):
     x = _data(*shape)
     fn = lambda x: x.sum(axis)  # noqa: E731
     assert _reduction_kernel(fn, x).row == shape[-1]
-    with _patched(runtime, PARALLEL_THRESHOLD=0):
+    with config.override(cpu_parallel_threshold=0):
         got = glue.jit(fn, backend="cpu")(x)
     _close(got, x.astype(np.float64).sum(axis), dt.float32, scale=2.0)
 

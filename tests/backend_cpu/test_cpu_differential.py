@@ -5,17 +5,17 @@ exact grids, so results agree within each dtype's tolerance by construction); th
 through the whole pipeline: passes, fusion, memory plan, LLVM code generation, JIT, runtime.
 Each example compiles a fresh module (about 0.1 s), so the counts here set this file's time.
 """
-import contextlib
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import numpy as np
 
-from glue.backend_cpu import CpuBackend, kernels, matmul
+from glue.backend_cpu import CpuBackend
 from glue.ir import dtypes as dt
 from glue.reference import run_graph
 from glue.reference.compare import mismatch
+from glue.settings import config
 from glue.testing import check_graph, graph_inputs, programs, tolerance_dtypes
 
 ALL_DTYPES = (dt.float32, dt.int32, dt.bool_, dt.float16, dt.bfloat16, dt.int64, dt.float64)
@@ -23,16 +23,10 @@ ALL_DTYPES = (dt.float32, dt.int32, dt.bool_, dt.float16, dt.bfloat16, dt.int64,
 EXAMPLES = max(400, settings.default.max_examples)
 
 
-@contextlib.contextmanager
 def _small_thresholds():
     """Take the paths meant for large work on small programs too: every contraction through the
     packed, register-blocked loops, every contiguous output through non-temporal row copies."""
-    saved = matmul.MIN_WORK, kernels.STREAM_BYTES
-    matmul.MIN_WORK, kernels.STREAM_BYTES = 0, 0
-    try:
-        yield
-    finally:
-        matmul.MIN_WORK, kernels.STREAM_BYTES = saved
+    return config.override(cpu_matmul_min_work=0, cpu_stream_bytes=0)
 
 
 @st.composite

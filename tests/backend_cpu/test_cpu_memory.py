@@ -75,7 +75,7 @@ def _programs_with_inputs(draw):
 def test_live_arena_buffers_never_overlap(case):
     graph, inputs = case
     lowered = CpuBackend().lower(graph)
-    plan = lowered.plan
+    plan = lowered["plan"]
     assert not _arena_overlaps(plan), plan.as_text("memory")
     assert plan.memory.arena_bytes <= sum(p.type.nbytes + 256 for p in plan.memory.placements.values()
                                           if p.kind == "arena")

@@ -5,5 +5,5 @@ from glue.backend_cuda import CudaBackend
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    if item.get_closest_marker("cuda") and not CudaBackend.is_available():
+    if item.get_closest_marker("cuda") and not CudaBackend.can_run():
         pytest.skip("needs an NVIDIA GPU and driver")

@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import glue
+from glue.settings import config
 from glue.backend_cuda import CudaBackend
 from glue.backend_cuda.codegen import build_program
 from glue.backend_cuda.codegen import rows as rows_codegen
@@ -50,16 +51,16 @@ def test_workload_ptx_names_bounds_and_vectors(name):
     _, low = _lowered(fn, args)
     ptx = low.as_text("ptx")
     entries = re.findall(r"\.entry (\w+)\(", ptx)
-    assert len(entries) == len(low.plan.kernels)
-    for entry, kernel in zip(entries, low.plan.kernels):
+    assert len(entries) == len(low["plan"].kernels)
+    for entry, kernel in zip(entries, low["plan"].kernels):
         assert kernel.ops[0] in entry
     assert len(re.findall(r"^\.maxntid \d+", ptx, re.M)) == len(entries)
     kinds = {"pointwise", "reduction", "contraction", "data"}
-    assert all(launch.kind in kinds and launch.name in entries for launch in low.program.launches)
+    assert all(launch.kind in kinds and launch.name in entries for launch in low["llvm"].launches)
     if name in ("softmax", "layernorm", "bias_gelu", "softmax_long"):
         assert "ld.global.nc.v4" in ptx and "st.global.v4" in ptx
     if name in ("softmax", "layernorm", "rmsnorm", "xent"):
-        assert low.program.launches[0].strategy.startswith("rows registers")
+        assert low["llvm"].launches[0].strategy.startswith("rows registers")
         assert "shfl.sync.bfly" in ptx
 
 
@@ -84,7 +85,7 @@ def test_model_shapes_keep_rows_in_registers_without_spills():
                       (softmax, [((8192, 4096), BF16)])):
         closed = glue.make_ir(fn)(*zeros(specs))
         low = CudaBackend().lower(closed.graph, arch="sm_90")
-        assert low.program.launches[0].strategy.startswith("rows registers"), low.program.launches[0].strategy
+        assert low["llvm"].launches[0].strategy.startswith("rows registers"), low["llvm"].launches[0].strategy
         report = assemble(low.as_text("ptx"))
         assert not re.search(r"[1-9]\d* bytes spill", report), report
 
@@ -100,8 +101,8 @@ def test_kernels_await_their_producers_before_touching_memory_on_sm90(name):
     for arch, dependent in (("sm_90", True), ("sm_80", False)):
         low = CudaBackend().lower(closed.graph, arch=arch)
         bodies = re.split(r"\.entry ", low.as_text("ptx"))[1:]
-        assert len(bodies) == len(low.program.launches)
-        for body, launch in zip(bodies, low.program.launches):
+        assert len(bodies) == len(low["llvm"].launches)
+        for body, launch in zip(bodies, low["llvm"].launches):
             assert launch.dependent is dependent
             wait = body.find("griddepcontrol.wait")
             assert (wait >= 0) is dependent
@@ -117,7 +118,7 @@ def test_short_rows_ask_for_more_resident_blocks():
     for dtype, blocks in ((np.float32, 0), (BF16, 6)):
         closed = glue.make_ir(rmsnorm)(np.zeros((64, 4096), dtype), np.zeros(4096, dtype))
         low = CudaBackend().lower(closed.graph, arch="sm_90")
-        assert [launch.min_blocks for launch in low.program.launches] == [blocks]
+        assert [launch.min_blocks for launch in low["llvm"].launches] == [blocks]
         assert re.findall(r"\.minnctapersm (\d+)", low.as_text("ptx")) == ([str(blocks)] if blocks else [])
 
 
@@ -128,26 +129,27 @@ def test_workload_kernels_compute_the_reference_results(name):
     args = rng_arrays(1, *specs)
     closed, low = _lowered(fn, args)
     all_args = list(closed.consts) + args
-    _check(closed.graph, all_args, emulator.run_program(low.program, all_args), name)
+    _check(closed.graph, all_args, emulator.run_program(low["llvm"], all_args), name)
 
 
 @needs_cc
 @pytest.mark.parametrize("online", [False, True])
 @pytest.mark.parametrize("dtype", [np.float32, BF16, np.float16])
-def test_long_rows_with_special_values_match_the_reference(dtype, online, monkeypatch):
+def test_long_rows_with_special_values_match_the_reference(dtype, online):
     """A softmax over rows too long for registers (the looping variant, in three passes or with
     the online max and sum) matches the reference on rows with -inf entries, huge values, an
     all -inf row and a NaN."""
-    monkeypatch.setattr(rows_codegen, "ONLINE_ROW_ELEMENTS", 0 if online else 1 << 30)
     rows = np.random.default_rng(3).standard_normal((4, 40000)).astype(np.float32) * 30
     rows[0, ::7] = -np.inf
     rows[1, 12345] = 6e4 if dtype == np.float16 else 3e38  # near the largest finite value
     rows[2] = -np.inf
     rows[3, 39999] = np.nan
     x = rows.astype(dtype)
-    closed, low = _lowered(softmax, [x])
-    assert low.program.launches[0].strategy.startswith("rows looping online" if online else "rows looping x")
-    _check(closed.graph, [x], emulator.run_program(low.program, [x]), "long-row softmax")
+    with config.override(cuda_online_row_elements=0 if online else 1 << 30):
+        closed, low = _lowered(softmax, [x])
+        program = low["llvm"]
+    assert program.launches[0].strategy.startswith("rows looping online" if online else "rows looping x")
+    _check(closed.graph, [x], emulator.run_program(program, [x]), "long-row softmax")
 
 
 def test_long_row_chunk_loops_unroll_whole_only_on_sm90():
@@ -163,15 +165,16 @@ def test_long_row_chunk_loops_unroll_whole_only_on_sm90():
 
 @needs_cc
 @pytest.mark.parametrize("name", ["softmax_long", "softmax_long_bf16", "xent_long"])
-def test_online_long_rows_compute_the_reference_results(name, monkeypatch):
+def test_online_long_rows_compute_the_reference_results(name):
     """The long-row workloads with every looping row folding its max and sum in one pass."""
-    monkeypatch.setattr(rows_codegen, "ONLINE_ROW_ELEMENTS", 0)
     fn, specs = WORKLOADS[name]
     args = rng_arrays(1, *specs)
-    closed, low = _lowered(fn, args)
-    assert any("online" in launch.strategy for launch in low.program.launches)
+    with config.override(cuda_online_row_elements=0):
+        closed, low = _lowered(fn, args)
+        program = low["llvm"]
+    assert any("online" in launch.strategy for launch in program.launches)
     all_args = list(closed.consts) + args
-    _check(closed.graph, all_args, emulator.run_program(low.program, all_args), name)
+    _check(closed.graph, all_args, emulator.run_program(program, all_args), name)
 
 
 @needs_cc
@@ -199,11 +202,11 @@ def test_random_programs_assemble(graph):
 def test_numpy_and_nn_functions_on_the_emulator(name, fn, args):
     closed, low = _lowered(fn, args)
     inputs = list(closed.consts) + list(args)
-    _check(closed.graph, inputs, emulator.run_program(low.program, inputs), name)
+    _check(closed.graph, inputs, emulator.run_program(low["llvm"], inputs), name)
 
 
 def test_a_program_without_kernels_lowers_to_no_ptx():
     closed = glue.make_ir(lambda x: (x, 2.0))(np.ones(3, np.float32))
     low = CudaBackend().lower(closed.graph, arch="sm_90")
-    assert low.program.launches == [] and ".entry" not in low.as_text("ptx")
-    assert [r.kind for r in low.program.results] == ["argument", "literal"]
+    assert low["llvm"].launches == [] and ".entry" not in low.as_text("ptx")
+    assert [r.kind for r in low["llvm"].results] == ["argument", "literal"]

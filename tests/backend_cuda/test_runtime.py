@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import glue
+from glue.settings import config
 from glue.backend_cuda import CudaBackend
 from glue.backend_cuda.ptx import ptx_for_module
 from glue.backend_cuda.runtime import DeviceBuffer, Event, Stream, driver as drv, get_context, transfer
@@ -60,7 +61,7 @@ def test_missing_driver_means_unavailable_not_an_exception(monkeypatch):
     monkeypatch.setattr(drv, "_bindings", lambda: types.SimpleNamespace(cuInit=cu_init, CUresult=CUresult))
     drv.load.cache_clear()
     try:
-        assert CudaBackend.is_available() is False
+        assert CudaBackend.can_run() is False
         assert drv.device_count() == 0
         with pytest.raises(drv.CudaUnavailableError, match="cannot be loaded"):
             drv.load()
@@ -70,7 +71,7 @@ def test_missing_driver_means_unavailable_not_an_exception(monkeypatch):
 
 
 def test_is_available_is_a_bool_and_lowering_needs_no_gpu():
-    assert isinstance(CudaBackend.is_available(), bool)
+    assert isinstance(CudaBackend.can_run(), bool)
     assert CudaBackend.name == "cuda"
     closed = glue.make_ir(lambda x: x * 2)(np.ones(4, np.float32))
     assert ".entry" in CudaBackend().lower(closed.graph, name="f").as_text("ptx")
@@ -311,13 +312,14 @@ def test_module_cache_hits_memory_then_disk(ctx, monkeypatch, tmp_path):
     calls = []
     real = driver.cuModuleLoadData
     monkeypatch.setattr(driver, "cuModuleLoadData", lambda image: calls.append(1) or real(image))
-    cache = ModuleCache(ctx, disk_dir=str(tmp_path))
-    first = cache.load(ptx)
-    assert cache.load(ptx) is first and len(calls) == 1
-    assert cache.counts == {"memory_hits": 1, "disk_hits": 0, "compiles": 1, "loads": 1}
-    assert [p.name for p in tmp_path.iterdir()] == [cache.key(ptx) + ".cubin"]
-    fresh = ModuleCache(ctx, disk_dir=str(tmp_path))
-    module = fresh.load(ptx)
+    with config.override(cache_dir=str(tmp_path)):
+        cache = ModuleCache(ctx)
+        first = cache.load(ptx)
+        assert cache.load(ptx) is first and len(calls) == 1
+        assert cache.counts == {"memory_hits": 1, "disk_hits": 0, "compiles": 1, "loads": 1}
+        assert [p.name for p in (tmp_path / "cuda").rglob("*") if p.is_file()] == [cache.key(ptx).hex()]
+        fresh = ModuleCache(ctx)
+        module = fresh.load(ptx)
     assert fresh.counts == {"memory_hits": 0, "disk_hits": 1, "compiles": 0, "loads": 1}
     x = DeviceBuffer.from_numpy(np.ones(64, np.float32))
     launch_axpy(module.get_function("axpy"), x, x, x, 2.0, 64)
@@ -328,7 +330,8 @@ def test_module_cache_hits_memory_then_disk(ctx, monkeypatch, tmp_path):
 def test_bad_ptx_reports_the_jit_log(ctx):
     bad = ptx_for_module(axpy_ir(), ctx.device.arch).replace("add.rn.f32", "add.bogus.f32")
     with pytest.raises(drv.CudaCompileError, match=r"(?s)'broken'.*JIT log:.*bogus"):
-        ModuleCache(ctx, disk_dir=None).load(bad, name="broken")
+        with config.override(cache_dir=""):
+            ModuleCache(ctx).load(bad, name="broken")
 
 
 @pytest.mark.cuda

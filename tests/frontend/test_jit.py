@@ -10,7 +10,7 @@ import pytest
 import glue
 import glue.numpy as gnp
 from glue import GlueError
-from glue.reference.backend import ReferenceBackend
+from glue.backend.reference import ReferenceBackend
 
 jit_module = importlib.import_module("glue.frontend.jit")  # `glue.frontend.jit` is also the function
 X = np.arange(3, dtype=np.float32)

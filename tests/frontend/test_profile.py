@@ -25,7 +25,8 @@ def test_a_profile_records_compile_calls_and_cpu_kernels(tmp_path):
     events = _events(path)
     spans = [e for e in events if e["ph"] == "X"]
     names = {(e["cat"], e["name"].split()[0]) for e in spans}
-    assert {("compile", "trace"), ("compile", "lower"), ("compile", "compile"), ("call", "<lambda>")} <= names
+    assert {("compile", "trace"), ("compile", "plan"), ("compile", "llvm"), ("compile", "compile"),
+            ("call", "<lambda>")} <= names
     calls = [e for e in spans if e["cat"] == "call"]
     kernels = [e for e in spans if e["cat"] == "kernel"]
     n_kernels = len(next(iter(f._compiled.values())).kernels)

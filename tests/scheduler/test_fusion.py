@@ -9,7 +9,7 @@ import glue.nn as nn
 import glue.numpy as gnp
 from glue.reference import run_graph
 from glue.reference.compare import mismatch
-from glue.reference.kernels import run_plan
+from glue.scheduler.interpret import run_plan
 from glue.scheduler.plan import STAGES, schedule
 from glue.testing import programs_and_inputs, tolerance_dtypes
 

@@ -9,7 +9,7 @@ import glue
 import glue.numpy as gnp
 from glue.ir import dtypes as dt
 from glue.ir import parse
-from glue.reference.backend import ReferenceBackend
+from glue.backend.reference import ReferenceBackend
 from glue.testing import check, check_graph, tolerance_dtypes
 
 jit_module = importlib.import_module("glue.frontend.jit")

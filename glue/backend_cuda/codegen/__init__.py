@@ -29,13 +29,23 @@ class CudaProgram:
     plan: Plan
     llvm_ir: str
     launches: list[Launch]
-    arg_types: list[TensorType]
-    output_types: list[TensorType]
-    results: list[Result]
+    arch: str = DEFAULT_ARCH
 
     @property
     def arena_bytes(self) -> int:
         return self.plan.memory.arena_bytes
+
+    @property
+    def arg_types(self) -> list[TensorType]:
+        return self.plan.argument_types
+
+    @property
+    def output_types(self) -> list[TensorType]:
+        return self.plan.output_types
+
+    @property
+    def results(self) -> list[Result]:
+        return self.plan.results()
 
 
 _EMIT = {"pointwise": emit_pointwise, "data": emit_data, "reduction": emit_rows}
@@ -66,7 +76,7 @@ def _launch_bounds(llvm_ir: str, launches: list[Launch]) -> str:
 
 def build_program(plan: Plan, name: str = "fn", arch: str = DEFAULT_ARCH) -> CudaProgram:
     """One LLVM module with a kernel per plan kernel for `arch`, and how to launch each."""
-    graph, placements = plan.graph, plan.memory.placements
+    placements = plan.memory.placements
     module = ir.Module(name=_symbol(name))
     launches = []
     written = frozenset(_place(placements[b.value_id]) for kernel in plan.kernels for b in kernel.outputs)
@@ -83,10 +93,7 @@ def build_program(plan: Plan, name: str = "fn", arch: str = DEFAULT_ARCH) -> Cud
         if kernel.init is not None and inputs[kernel.init] != outputs[0]:
             copy = (outputs[0], inputs[kernel.init], kernel.outputs[0].type.nbytes)
         launches.append(Launch(symbol, kernel, grid, block, ke.places, strategy, copy, ke.awaited, ke.min_blocks))
-    args = list(graph.constvars) + list(graph.invars)
-    outputs = sorted((p for p in placements.values() if p.kind == "output"), key=lambda p: p.slot)
-    return CudaProgram(plan, _launch_bounds(str(module), launches), launches, [v.type for v in args],
-                       [p.type for p in outputs], plan.results())
+    return CudaProgram(plan, _launch_bounds(str(module), launches), launches, arch)
 
 
 __all__ = ["CudaProgram", "Launch", "Place", "Result", "build_program"]

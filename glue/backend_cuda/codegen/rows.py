@@ -16,7 +16,7 @@ once per thread, not once per element.
   a pass starts on the chunks the previous one read last, which are the likeliest still in L2:
   with a block's row of 256 KB and two blocks on each of the 132 multiprocessors, the rows in
   flight outgrow the 50 MB L2, and a softmax over 65536-wide float32 rows goes from 66% to 75%
-  of the copy bandwidth. Rows of more than ONLINE_ROW_ELEMENTS, whose re-reads mostly miss L2,
+  of the copy bandwidth. Rows of more than `config.cuda_online_row_elements`, whose re-reads mostly miss L2,
   fold a softmax's max and sum of exponentials in one pass (`online.py`), in chunks of
   ONLINE_CHUNK elements per thread.
 
@@ -35,6 +35,7 @@ from glue.backend_cuda.codegen.online import OnlineSum, online_pairs
 from glue.codegen.loops import loop, unflatten
 from glue.codegen.scope import Analysis, hoist
 from glue.codegen.types import I64
+from glue.settings import config
 from glue.scheduler.kernel_ir import Kernel, loads_under
 
 HOLD = 32            # elements a thread may keep in registers
@@ -49,7 +50,6 @@ OLD_ARCH_CHUNK_COPIES = 2
 # softmax over 65536-element rows is faster in three passes (float32 76% of the copy against
 # 69.5% online, bfloat16 84% against 75%), over 131072 elements online (66% against 58%, 73.5%
 # against 69%), and the gap grows with the row (262144-524288: 63-66% against 52-56%).
-ONLINE_ROW_ELEMENTS = 65536
 ONLINE_CHUNK = 8     # elements per thread per chunk of an online pass: all are live until the chunk's max
 BLOCK = 256
 # A light register-held row kernel whose threads each load fewer than SHORT_BYTES of the row (16-
@@ -83,7 +83,7 @@ class _RowEmitter:
         self.threads = min(MAX_THREADS, pow2_at_least(-(-self.groups // per_thread)))
         self.slots = -(-self.groups // self.threads)
         self.looping = self.slots * self.width > HOLD
-        online = self.looping and self.groups * self.width > ONLINE_ROW_ELEMENTS
+        online = self.looping and self.groups * self.width > config.cuda_online_row_elements
         self.pairs = online_pairs(k, ke.analysis) if online else {}
         chunk = ONLINE_CHUNK if self.pairs else TARGET
         self.unroll = max(1, chunk // self.width)  # vector groups per thread per chunk when looping

@@ -143,3 +143,14 @@ def version() -> int:
     """The driver's CUDA version as an integer (e.g. 13000 for 13.0)."""
     driver = load()
     return call(driver.cuDriverGetVersion)
+
+
+def device_arch(index: int) -> str:
+    """The PTX target of device `index` (`sm_90` for compute capability 9.0), read from the
+    driver without creating a context."""
+    driver = load()
+    dev = call(driver.cuDeviceGet, index)
+    attr = driver.CUdevice_attribute
+    major = call(driver.cuDeviceGetAttribute, attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev)
+    minor = call(driver.cuDeviceGetAttribute, attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev)
+    return f"sm_{major}{minor}"

@@ -1,8 +1,9 @@
 """PTX modules: JIT-compiled once, cached in memory and on disk, and their kernels launched.
 
 `ModuleCache.load(ptx)` compiles PTX to a cubin with the driver's JIT linker (errors come back
-with ptxas's log), keeps the loaded module in memory and the cubin on disk, keyed by a hash of
-the PTX, the device's arch and the driver version, so a later process skips the JIT.
+with ptxas's log), keeps the loaded module in memory and the cubin in the disk cache
+(`glue.backend.cache`, namespace "cuda"), keyed by the PTX, the device's arch and the driver
+version, so a later process skips the JIT.
 
 Each kernel's parameter list is read from its PTX `.entry`, so a launch checks the argument count
 and packs the values with one precompiled `struct` call into a parameter block whose pointer
@@ -12,24 +13,22 @@ cheapest `kernelParams` form cuda.bindings accepts; benchmarks/cuda_launch.py ti
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
 import re
 import struct
-import tempfile
 import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
+from glue.backend.cache import DiskCache, digest
 from glue.backend_cuda.runtime import driver as drv
+from glue.settings import config
 
 if TYPE_CHECKING:
     from glue.backend_cuda.runtime.context import Context
     from glue.backend_cuda.runtime.stream import Stream
 
 _LOG_BYTES = 1 << 16
-# Synchronise after every launch so that a fault is reported by the launch that caused it.
-LAUNCH_BLOCKING = os.environ.get("GLUE_CUDA_LAUNCH_BLOCKING", "") not in ("", "0")
+DISK = DiskCache("cuda")
 
 # PTX parameter type -> struct format; `.ptr`-qualified u64 params take device pointers.
 _FORMATS = {"u8": "B", "s8": "b", "b8": "B", "u16": "H", "s16": "h", "b16": "H", "f16": "e",
@@ -113,6 +112,8 @@ class Kernel:
         self._lock = threading.Lock()
         self._shared_limit = 48 << 10  # dynamic shared memory allowed without opting in
         self._launch = drv.load().cuLaunchKernel
+        # Synchronise after every launch so that a fault is reported by the launch that caused it.
+        self._blocking = config.cuda_launch_blocking
 
     def launch(self, grid: int | tuple[int, ...], block: int | tuple[int, ...],
                args: Sequence[Any] = (), stream: Stream | None = None, shared_mem: int = 0) -> None:
@@ -128,7 +129,7 @@ class Kernel:
                                 self._pack.address, 0)
             if err:
                 self._check((gx, gy, gz), (bx, by, bz), shared_mem, stream, self._pack, err)
-        if LAUNCH_BLOCKING:
+        if self._blocking:
             drv.check(drv.load().cuStreamSynchronize(stream.handle), "cuStreamSynchronize", self.name)
 
     def bind(self, args: Sequence[Any]) -> ArgPack:
@@ -242,26 +243,17 @@ class Module:
         return kernel
 
 
-def default_cache_dir() -> str | None:
-    """`$GLUE_CACHE_DIR/cuda` (default `~/.cache/glue/cuda`); an empty GLUE_CACHE_DIR turns the
-    disk cache off."""
-    root = os.environ.get("GLUE_CACHE_DIR", os.path.join("~", ".cache", "glue"))
-    return os.path.join(os.path.expanduser(root), "cuda") if root else None
-
-
 class ModuleCache:
     """Loaded modules of one context, by PTX; compiled cubins on disk."""
 
-    def __init__(self, ctx: Context, disk_dir: str | None = "default"):
+    def __init__(self, ctx: Context):
         self.ctx = ctx
-        self.disk_dir = default_cache_dir() if disk_dir == "default" else disk_dir
         self._modules: dict[str, Module] = {}
         self._lock = threading.Lock()
         self.counts = {"memory_hits": 0, "disk_hits": 0, "compiles": 0, "loads": 0}
 
-    def key(self, ptx: str) -> str:
-        digest = hashlib.sha256(ptx.encode()).hexdigest()[:40]
-        return f"{digest}-{self.ctx.device.arch}-{drv.version()}"
+    def key(self, ptx: str) -> bytes:
+        return digest("cuda cubin", self.ctx.device.arch, str(drv.version()), ptx)
 
     def load(self, ptx: str, name: str = "glue") -> Module:
         """The module for `ptx`, compiling and loading it only the first time."""
@@ -271,10 +263,10 @@ class ModuleCache:
             if module is not None:
                 self.counts["memory_hits"] += 1
                 return module
-            cubin = self._read_disk(key)
+            cubin = DISK.load(key)
             if cubin is None:
                 cubin = self._compile(ptx, name)
-                self._write_disk(key, cubin)
+                DISK.store(key, cubin)
             else:
                 self.counts["disk_hits"] += 1
             self.ctx.make_current()
@@ -306,24 +298,3 @@ class ModuleCache:
             return ctypes.string_at(int(result[1]), result[2])
         finally:
             driver.cuLinkDestroy(state)
-
-    def _read_disk(self, key: str) -> bytes | None:
-        if not self.disk_dir:
-            return None
-        try:
-            with open(os.path.join(self.disk_dir, key + ".cubin"), "rb") as f:
-                return f.read()
-        except OSError:
-            return None
-
-    def _write_disk(self, key: str, cubin: bytes) -> None:
-        """Best effort: an unwritable cache directory only costs a JIT next time."""
-        if not self.disk_dir:
-            return
-        try:
-            os.makedirs(self.disk_dir, exist_ok=True)
-            with tempfile.NamedTemporaryFile(dir=self.disk_dir, delete=False) as f:
-                f.write(cubin)
-            os.replace(f.name, os.path.join(self.disk_dir, key + ".cubin"))
-        except OSError:
-            pass

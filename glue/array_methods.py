@@ -1,80 +1,66 @@
-"""Python operators and array methods shared by Tracers and concrete `glue.Array`s.
-
-Each forwards to `glue.numpy`, so traced and eager code follow the same NumPy semantics.
+"""Python operators and NumPy-style methods of Tracers and concrete `glue.Array`s, installed
+on both classes when `glue.numpy` loads (as JAX's array_methods does), so the frontend never
+imports the API built on top of it. Each forwards to `glue.numpy`, so traced and eager code
+follow the same NumPy semantics.
 """
 from __future__ import annotations
 
 from typing import Any
 
-
-def _gnp():
-    import glue.numpy as gnp
-
-    return gnp
+import glue.numpy as gnp
+from glue.errors import GlueTypeError, describe_location, user_frame_location
+from glue.frontend.array import Array
+from glue.frontend.tracing import Tracer
 
 
 def _binary(name: str, reflected: bool = False):
+    fn = getattr(gnp, name)
+
     def method(self, other):
-        fn = getattr(_gnp(), name)
         return fn(other, self) if reflected else fn(self, other)
     method.__name__ = f"__{'r' if reflected else ''}{name}__"
     return method
 
 
 def _reduction(name: str):
+    fn = getattr(gnp, name)
+
     def method(self, axis=None, keepdims=False):
-        return getattr(_gnp(), name)(self, axis=axis, keepdims=keepdims)
+        return fn(self, axis=axis, keepdims=keepdims)
     method.__name__ = name
     return method
 
 
-class ArrayOperators:
-    """Mixin: `aval` (a TensorType) is all a subclass must provide."""
-
-    __slots__ = ()
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return self.aval.shape
-
-    @property
-    def dtype(self):
-        return self.aval.dtype.numpy
-
-    @property
-    def ndim(self) -> int:
-        return self.aval.ndim
-
-    @property
-    def size(self) -> int:
-        return self.aval.size
+class ArrayMethods:
+    """The methods `install` copies onto Array and Tracer; `aval` is all they read."""
 
     @property
     def T(self):
-        return _gnp().transpose(self)
+        return gnp.transpose(self)
 
     def __len__(self) -> int:
-        if not self.shape:
-            raise TypeError("len() of a 0-d array")
-        return self.shape[0]
+        if not self.aval.shape:
+            raise GlueTypeError(f"len() of a 0-d array ({self.aval}) "
+                                f"{describe_location(user_frame_location())}")
+        return self.aval.shape[0]
 
     def __iter__(self):
         return (self[i] for i in range(len(self)))
 
     def __getitem__(self, index: Any):
-        return _gnp().getitem(self, index)
+        return gnp.getitem(self, index)
 
     def __neg__(self):
-        return _gnp().negative(self)
+        return gnp.negative(self)
 
     def __pos__(self):
         return self
 
     def __abs__(self):
-        return _gnp().abs(self)
+        return gnp.abs(self)
 
     def __invert__(self):
-        return _gnp().invert(self)
+        return gnp.invert(self)
 
     __add__, __radd__ = _binary("add"), _binary("add", True)
     __sub__, __rsub__ = _binary("subtract"), _binary("subtract", True)
@@ -92,20 +78,36 @@ class ArrayOperators:
     __eq__, __ne__ = _binary("equal"), _binary("not_equal")
 
     def reshape(self, *shape):
-        return _gnp().reshape(self, shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape)
+        return gnp.reshape(self, shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape)
 
     def transpose(self, *axes):
-        return _gnp().transpose(self, (axes[0] if len(axes) == 1 and isinstance(axes[0], (tuple, list)) else axes) or None)
+        return gnp.transpose(self, (axes[0] if len(axes) == 1 and isinstance(axes[0], (tuple, list)) else axes) or None)
 
     def astype(self, dtype):
-        return _gnp().astype(self, dtype)
+        return gnp.astype(self, dtype)
 
     sum, mean, max, min = _reduction("sum"), _reduction("mean"), _reduction("max"), _reduction("min")
     prod, var, std = _reduction("prod"), _reduction("var"), _reduction("std")
     argmax, argmin = _reduction("argmax"), _reduction("argmin")
 
     def squeeze(self, axis=None):
-        return _gnp().squeeze(self, axis=axis)
+        return gnp.squeeze(self, axis=axis)
 
     def swapaxes(self, a: int, b: int):
-        return _gnp().swapaxes(self, a, b)
+        return gnp.swapaxes(self, a, b)
+
+
+# What a class body defines besides its members.
+_CLASS_ATTRIBUTES = {"__module__", "__qualname__", "__doc__", "__dict__", "__weakref__", "__firstlineno__",
+                     "__static_attributes__"}
+
+
+def install(*classes: type) -> None:
+    """Give `classes` every operator and method of ArrayMethods."""
+    for name, value in vars(ArrayMethods).items():
+        if name not in _CLASS_ATTRIBUTES:
+            for cls in classes:
+                setattr(cls, name, value)
+
+
+install(Array, Tracer)

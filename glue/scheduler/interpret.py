@@ -1,4 +1,4 @@
-"""NumPy interpreter of kernel IR: runs a scheduler Plan kernel by kernel.
+"""NumPy interpreter of kernel IR (the scheduler's output): runs a Plan kernel by kernel.
 
 Every expression is evaluated over the whole iteration domain at once (NumPy broadcasting over
 a grid of domain indices), so this checks the scheduler's fusion and index maps independently
