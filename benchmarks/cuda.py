@@ -36,10 +36,10 @@ import numpy as np  # noqa: E402
 import glue  # noqa: E402
 import glue.nn as nn  # noqa: E402
 import glue.numpy as gnp  # noqa: E402
-from glue.backend_cuda.executor import device_put  # noqa: E402
 from glue.backend_cuda.runtime import DeviceBuffer, Event, driver, get_context  # noqa: E402
 
 from benchmarks import cuda_loops  # noqa: E402
+from benchmarks.cuda_loops import device_put  # noqa: E402
 
 ITERS, BURST, WARMUP = 50, 20, 5
 R, C = 8192, 4096
@@ -175,6 +175,7 @@ def glue_times(f: Callable, exe: Any, args: list) -> dict[str, float]:
     for _ in range(WARMUP):
         f(*args).block_until_ready()
     per_call = median_us(lambda: f(*args).block_until_ready())
+    args = [a.buffer for a in args]  # the executable takes raw buffers
     out = exe(*args)
     graph = exe.last_graph if exe.graph_stats.direct == 0 else None
     run = (lambda: graph.launch(stream)) if graph is not None else (lambda: exe(*args))
@@ -307,7 +308,8 @@ def glue_row(name: str, host: list[np.ndarray]) -> dict:
     compiled = next(iter(f._compiled.values()))  # the program the calls run
     exe = compiled.executable
     times = glue_times(f, exe, dargs)
-    times["exe"] = median_us(lambda: exe(*dargs)[0].block_until_ready())
+    buffers = [a.buffer for a in dargs]
+    times["exe"] = median_us(lambda: exe(*buffers)[0].block_until_ready())
     return {**times, "rel_err": err, "kernels": "; ".join(k.strategy for k in compiled.kernels)}
 
 

@@ -26,7 +26,10 @@ import numpy as np
 
 import glue
 import glue.numpy as gnp
-from glue.backend_cuda.executor import device_put
+
+
+def device_put(x: np.ndarray) -> glue.Array:
+    return glue.device_put(x, "cuda")
 
 B, D, L, STEPS, LOOPS, TINY = 32, 256, 4, 100, 5, 2000
 MLP = f"mlp loop B{B} D{D} L{L} f32 (per step)"
@@ -232,12 +235,12 @@ def host_path() -> list[tuple[str, float]]:
     rows = [
         ("jit call (whole path)", _median_us(lambda: add(z), 5000)),
         ("Compiled.call_tree", _median_us(lambda: compiled.call_tree([z]), 5000)),
-        ("executable call", _median_us(lambda: exe(z), 5000)),
+        ("executable call", _median_us(lambda: exe(z.buffer), 5000)),
         ("graph launch (glue)", _median_us(lambda: graph.launch(s0), 5000)),
         ("cuGraphLaunch, CUstream object", _median_us(lambda: d.cuGraphLaunch(graph.exec, stream_obj), 5000)),
         ("cuEventRecord (glue Event)", _median_us(lambda: Event(ctx).record(s0), 5000)),
         ("DeviceBuffer alloc + free", _median_us(lambda: DeviceBuffer((16,), np.float32, s0), 5000)),
-        ("glue.Array wrap", _median_us(lambda: glue.Array(z.device_buffer, z.aval), 5000)),
+        ("glue.Array wrap", _median_us(lambda: glue.Array(z.buffer, z.aval), 5000)),
     ]
     step = glue.jit(_step, backend="cuda")
     ws0, x0, y0 = _mlp_data()
@@ -246,11 +249,12 @@ def host_path() -> list[tuple[str, float]]:
         state[0] = step(*state)[0]
     compiled = next(iter(step._compiled.values()))
     leaves = [*state[0], state[1], state[2]]
+    buffers = [a.buffer for a in leaves]
     graph = compiled.executable.last_graph
     rows += [
         ("mlp step: jit call (whole path)", _median_us(lambda: step(*state), 2000)),
         ("mlp step: Compiled.call_tree", _median_us(lambda: compiled.call_tree(leaves), 2000)),
-        ("mlp step: executable call", _median_us(lambda: compiled.executable(*leaves), 2000)),
+        ("mlp step: executable call", _median_us(lambda: compiled.executable(*buffers), 2000)),
         ("mlp step: graph launch", _median_us(lambda: graph.launch(s0), 2000)),
     ]
     ctx.synchronize()

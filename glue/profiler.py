@@ -23,6 +23,8 @@ import time
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
+from glue.settings import config
+
 _active: "Profile | None" = None
 
 
@@ -120,7 +122,7 @@ def span(cat: str, name: str, **args: Any) -> Iterator[None]:
 def _trace_from_env() -> None:
     """GLUE_TRACE=path profiles the whole process and writes the trace at exit."""
     global _active
-    path = os.environ.get("GLUE_TRACE")
+    path = config.trace
     if path and _active is None:
         _active = Profile(path)
 

@@ -183,7 +183,10 @@ class Lowered:
         if config.dump:
             self.dump(config.dump)
         with profiler.span("compile", f"compile {self.name}", backend=self.backend.name):
-            return Compiled(self, self.lowering.compile())
+            compiled = Compiled(self, self.lowering.compile())
+        if compiled.debug:
+            _log_compiled(compiled)
+        return compiled
 
     def dump(self, directory: str) -> list[str]:
         """Write every stage into `directory` as `<n>.<function>.<stage>.<ext>`, `n` counting the
@@ -205,6 +208,36 @@ class Lowered:
         return paths
 
 
+_CODE_STAGES = ("llvm", "ptx", "asm")
+
+
+def _debug_log() -> logging.Logger:
+    """The glue logger, printing to stderr at every level while GLUE_DEBUG is set."""
+    if not any(getattr(h, "_glue_debug", False) for h in log.handlers):
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("glue: %(message)s"))
+        handler._glue_debug = True  # type: ignore[attr-defined]
+        log.addHandler(handler)
+    log.setLevel(logging.DEBUG)
+    return log
+
+
+def _log_compiled(compiled: "Compiled") -> None:
+    """GLUE_DEBUG >= 1: the program's kernels and where its compile time went; 2: every
+    stage's text; 3: the generated code too."""
+    lowered, level = compiled.lowered, compiled.debug
+    out = _debug_log()
+    stats = ", ".join(f"{k} {v['seconds'] * 1e3:.1f} ms{' (cached)' if v['cached'] else ''}"
+                      for k, v in compiled.compile_stats().items())
+    kernels = "\n".join(f"  {getattr(k, 'name', k)} ({getattr(k, 'kind', '')})" for k in compiled.kernels)
+    out.debug("compiled %s for %s: %d kernels; %s\n%s", lowered.name, lowered.backend.name,
+              len(compiled.kernels), stats, kernels)
+    if level >= 2:
+        for stage in lowered.stages:
+            if stage not in _CODE_STAGES or level >= 3:
+                out.debug("%s stage %s:\n%s", lowered.name, stage, lowered.as_text(stage))
+
+
 def _render_svg(dot_path: str) -> list[str]:
     """The fusion picture: Graphviz's `dot` renders the "graph" stage next to it as SVG."""
     svg = os.path.splitext(dot_path)[0] + ".svg"
@@ -223,6 +256,7 @@ class Compiled:
         self.lowered = lowered
         self.executable = executable
         self.check = config.check
+        self.debug = config.debug
         self._consts = tuple(lowered.closed.consts)
         self._out_tree = lowered.out_tree
         self._donated = lowered.donated
@@ -268,6 +302,8 @@ class Compiled:
 
     def call_flat(self, leaves: Sequence[Any]) -> list[Array]:
         """Run on the flat dynamic leaves; one Array per output."""
+        if self.debug:
+            return self._timed_call(leaves)
         buffers = [a.buffer if a.__class__ is Array else a for a in leaves]
         expected = self._reference(buffers) if self.check else None
         if self._donated:
@@ -276,6 +312,23 @@ class Compiled:
         outs = wrap_results(self.executable(*args), self._avals)
         if expected is not None:
             self._compare(outs, expected)
+        return outs
+
+    def _timed_call(self, leaves: Sequence[Any]) -> list[Array]:
+        """A call under GLUE_DEBUG: its host time, and its time to the results being ready."""
+        import time
+
+        start = time.perf_counter()
+        self.debug, debug = 0, self.debug
+        try:
+            outs = self.call_flat(leaves)
+        finally:
+            self.debug = debug
+        queued = time.perf_counter()
+        for out in outs:
+            out.block_until_ready()
+        _debug_log().debug("call %s: %.1f us to queue, %.1f us to the results", self.lowered.name,
+                           (queued - start) * 1e6, (time.perf_counter() - start) * 1e6)
         return outs
 
     def _donate(self, leaves: Sequence[Any], buffers: list[Any]) -> None:

@@ -203,6 +203,11 @@ class DeviceBuffer:
             download(out, self.ptr, readback)
         return out
 
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        """`np.asarray(buffer)`: its values on the host (a download, after its writes)."""
+        out = self.to_host()
+        return out if dtype is None else out.astype(dtype, copy=False)
+
     def fill_bytes(self, value: int) -> DeviceBuffer:
         """Set every byte to `value` (queued on the buffer's stream): 0xFF poisons floats as NaN."""
         drv.check(drv.load().cuMemsetD8Async(self.ptr, value, self.nbytes, self.stream.handle),

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from glue.ir import Graph
+from glue.errors import VerifyError
+from glue.ir import Graph, verify
+from glue.settings import config
 from glue.scheduler.passes.algebra import algebra
 from glue.scheduler.passes.casts import casts
 from glue.scheduler.passes.cse import cse
@@ -28,13 +30,24 @@ def optimize(graph: Graph, consts: Sequence[Any] | None = None) -> Graph:
     """`graph` simplified by every pass until none changes it; `consts` are the values of its
     constvars when known (small constant arrays then fold too). Inputs and outputs keep their
     order and types, and each surviving equation its source line."""
+    check = config.verify
     for _ in range(MAX_ROUNDS):
         before = graph
-        for run in PASSES.values():
+        for name, run in PASSES.items():
             graph = run(graph, consts)
+            if check:
+                _verified(graph, name)
         if graph is before:
             break
     return graph
+
+
+def _verified(graph: Graph, after: str) -> None:
+    """GLUE_VERIFY=1: the graph a pass made must still be well formed."""
+    try:
+        verify(graph)
+    except VerifyError as err:
+        raise VerifyError(f"GLUE_VERIFY: the {after} pass made an ill-formed graph: {err}\n{graph}") from None
 
 
 __all__ = ["MAX_ROUNDS", "PASSES", "optimize"]
