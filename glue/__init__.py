@@ -15,6 +15,7 @@ from glue.frontend import jit, make_ir
 from glue.frontend.array import Array
 from glue.frontend.pytree import tree_flatten, tree_map, tree_unflatten
 from glue.frontend.transforms import grad, jvp, stop_gradient, value_and_grad, vjp, vmap
+from glue.lax import Precision, default_matmul_precision
 from glue.profiler import profile
 from glue.settings import config
 
@@ -33,7 +34,7 @@ def device_put(value: _Any, backend: str | None = None) -> Array:
 
 
 __all__ = ["Array", "BackendError", "ConcretizationError", "GlueError", "GlueTypeError", "ParseError",
-           "VerifyError", "available_backends", "config", "default_backend_name", "device_put", "devices",
+           "Precision", "VerifyError", "available_backends", "config", "default_matmul_precision", "default_backend_name", "device_put", "devices",
            "jit", "make_ir", "profile", "tree_flatten", "tree_map", "tree_unflatten",
            "grad", "jvp", "stop_gradient", "value_and_grad", "vjp", "vmap"]
 __version__ = "0.1.0"

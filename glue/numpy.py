@@ -702,13 +702,22 @@ argmin = _arg_extremum("argmin")
 
 # --- contractions ---------------------------------------------------------------------------
 
-def _contract(a: Any, b: Any, a_axis: int, b_axis: int) -> Any:
+def _contract(a: Any, b: Any, a_axis: int, b_axis: int, **precision: Any) -> Any:
     """Sum over a's `a_axis` against b's `b_axis`, no batch dims: a's free dims then b's."""
-    return bind("dot_general", a, b, dimension_numbers=(((a_axis,), (b_axis,)), ((), ())))
+    return bind("dot_general", a, b, dimension_numbers=(((a_axis,), (b_axis,)), ((), ())), **precision)
 
 
-def matmul(a: Any, b: Any) -> Any:
-    """`a @ b` with NumPy's rules: 1-D operands are vectors, leading dims broadcast as batches."""
+def _precision(precision: Any, preferred_element_type: Any) -> dict[str, Any]:
+    """The contraction params for JAX's `precision=` and `preferred_element_type=` arguments."""
+    preferred = None if preferred_element_type is None else dt.from_numpy(preferred_element_type)
+    return {"precision": precision, "preferred_element_type": preferred}
+
+
+def matmul(a: Any, b: Any, *, precision: Any = None, preferred_element_type: Any = None) -> Any:
+    """`a @ b` with NumPy's rules: 1-D operands are vectors, leading dims broadcast as batches.
+    `precision` ("default" | "high" | "highest" or `glue.Precision.*`; default
+    `glue.config.default_matmul_precision`) and `preferred_element_type` as in JAX."""
+    params = _precision(precision, preferred_element_type)
     a, b = _promote([a, b])
     sa, sb = _shape(a), _shape(b)
     if not sa or not sb:
@@ -717,20 +726,21 @@ def matmul(a: Any, b: Any) -> Any:
     if sa[-1] != kb:
         raise _fail("matmul", f"contraction dimensions differ ({sa[-1]} vs {kb})", a, b)
     if len(sb) <= 2:
-        return _contract(a, b, len(sa) - 1, 0)
+        return _contract(a, b, len(sa) - 1, 0, **params)
     if len(sa) == 1:
-        return _contract(a, b, 0, len(sb) - 2)
+        return _contract(a, b, 0, len(sb) - 2, **params)
     batch = _broadcast_shape(sa[:-2], sb[:-2])
     if batch is None:
         raise _fail("matmul", "batch dimensions cannot be broadcast together", a, b)
     a, b = broadcast_to(a, batch + sa[-2:]), broadcast_to(b, batch + sb[-2:])
     nb = len(batch)
     return bind("dot_general", a, b, dimension_numbers=(((nb + 1,), (nb,)),
-                                                        (tuple(range(nb)), tuple(range(nb)))))
+                                                        (tuple(range(nb)), tuple(range(nb)))), **params)
 
 
-def dot(a: Any, b: Any) -> Any:
+def dot(a: Any, b: Any, *, precision: Any = None, preferred_element_type: Any = None) -> Any:
     """NumPy's dot: a's last axis against b's second-to-last (or only) axis; scalars multiply."""
+    params = _precision(precision, preferred_element_type)
     a, b = _promote([a, b])
     sa, sb = _shape(a), _shape(b)
     if not sa or not sb:
@@ -738,7 +748,7 @@ def dot(a: Any, b: Any) -> Any:
     b_axis = len(sb) - 2 if len(sb) > 1 else 0
     if sa[-1] != sb[b_axis]:
         raise _fail("dot", f"contraction dimensions differ ({sa[-1]} vs {sb[b_axis]})", a, b)
-    return _contract(a, b, len(sa) - 1, b_axis)
+    return _contract(a, b, len(sa) - 1, b_axis, **params)
 
 
 Label = str | int  # a letter of the subscripts, or -k for the k-th ellipsis dim from the right
@@ -782,11 +792,13 @@ def _einsum_labels(subscripts: str, ops: Sequence[Any]) -> tuple[list[list[Label
     return labels, output
 
 
-def einsum(subscripts: str, *operands: Any) -> Any:
-    """Einstein summation over explicit or implicit subscripts, as pairwise dot_generals.
+def einsum(subscripts: str, *operands: Any, precision: Any = None, preferred_element_type: Any = None) -> Any:
+    """Einstein summation over explicit or implicit subscripts, as pairwise dot_generals
+    (`precision` and `preferred_element_type` as for matmul).
 
     Repeated labels within one operand (diagonals) are not supported.
     """
+    params = _precision(precision, preferred_element_type)
     ops = _promote(operands)
     labels, output = _einsum_labels(subscripts, ops)
     sizes: dict[Label, int] = {}
@@ -815,7 +827,7 @@ def einsum(subscripts: str, *operands: Any) -> Any:
         summed = [l for l in shared if l not in needed]
         out = bind("dot_general", a, b, dimension_numbers=(
             (tuple(la.index(l) for l in summed), tuple(lb.index(l) for l in summed)),
-            (tuple(la.index(l) for l in batch), tuple(lb.index(l) for l in batch))))
+            (tuple(la.index(l) for l in batch), tuple(lb.index(l) for l in batch))), **params)
         terms = [(out, batch + [l for l in la if l not in lb] + [l for l in lb if l not in la])] + rest
     result, ls = terms[0]
     return transpose(result, [ls.index(l) for l in output])

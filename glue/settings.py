@@ -63,6 +63,7 @@ class Flag:
     parse: Callable[[str], Any]
     doc: str
     env: str | None = None  # None: GLUE_<NAME>
+    traced: bool = False  # changes what tracing records: part of every jit cache key
 
     @property
     def variable(self) -> str:
@@ -81,10 +82,10 @@ _FLAGS: tuple[Flag, ...] = (
          "root of the disk cache of compiled code; empty turns it off"),
     # numerics
     Flag("enable_x64", False, _bool, "keep float64/int64 inputs wide (else they become 32-bit, as in JAX)",
-         env="JAX_ENABLE_X64"),
+         env="JAX_ENABLE_X64", traced=True),
     Flag("default_matmul_precision", "default", _choice("default", "high", "highest", "bfloat16", "tensorfloat32",
                                                           "float32"),
-         "precision of float32 contractions when a call names none (JAX's values)"),
+         "precision of float32 contractions when a call names none (JAX's values)", traced=True),
     # the cpu backend
     Flag("cpu_threads", None, _optional_int, "threads a CPU kernel is split over (default: the usable cores)"),
     Flag("cpu_parallel_threshold", 400_000, _int,
@@ -127,6 +128,19 @@ class Config:
     def __init__(self) -> None:
         self._updates: dict[str, Any] = {}
         self._overrides = _Overrides()
+        # Bumped whenever a setting that tracing reads may have changed, so a jit cache can
+        # tell with one comparison whether its last trace still holds.
+        self.trace_version = 0
+        self._context: tuple[int, tuple[Any, ...]] | None = None
+
+    def trace_context(self) -> tuple[Any, ...]:
+        """The values of the settings tracing reads (part of every jit cache key)."""
+        cached = self._context
+        if cached is not None and cached[0] == self.trace_version:
+            return cached[1]
+        values = tuple(self.read(f.name) for f in _FLAGS if f.traced)
+        self._context = (self.trace_version, values)
+        return values
 
     @staticmethod
     def _flag(name: str) -> Flag:
@@ -166,6 +180,7 @@ class Config:
             self._updates[flag.name] = self._checked(flag, value)
         except ValueError as exc:
             raise GlueError(f"glue.config.update({name!r}, {value!r}): {exc}") from None
+        self.trace_version += flag.traced
 
     @contextlib.contextmanager
     def override(self, **values: Any) -> Iterator[None]:
@@ -173,12 +188,18 @@ class Config:
         layer = {}
         for name, value in values.items():
             flag = self._flag(name)
-            layer[flag.name] = self._checked(flag, value)
+            try:
+                layer[flag.name] = self._checked(flag, value)
+            except ValueError as exc:
+                raise GlueError(f"glue.config.override({name}={value!r}): {exc}") from None
+        traced = any(FLAGS[name].traced for name in layer)
         self._overrides.stack.append(layer)
+        self.trace_version += traced
         try:
             yield
         finally:
             self._overrides.stack.pop()
+            self.trace_version += traced
 
     def describe(self) -> str:
         """Every setting, its value now, its variable and what it does."""

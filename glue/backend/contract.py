@@ -144,6 +144,9 @@ class Backend(ABC):
 
     name: ClassVar[str]
     Options: ClassVar[type[Options]] = Options
+    # Whether float32 contractions of precision "default"/"high" may run on TF32 tensor cores
+    # (which keep 10 mantissa bits): tests then compare them at float16's tolerance.
+    rounds_to_tf32: ClassVar[bool] = False
 
     @classmethod
     def can_run(cls) -> bool:

@@ -53,6 +53,7 @@ class CudaOptions(Options):
 class CudaBackend(Backend):
     name = "cuda"
     Options = CudaOptions
+    rounds_to_tf32 = True
 
     @classmethod
     def can_run(cls) -> bool:

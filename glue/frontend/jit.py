@@ -46,8 +46,11 @@ class Signature(NamedTuple):
     treedef: PyTreeDef
     types: tuple[TensorType, ...]
     statics: tuple[tuple[Any, Any], ...]
+    context: tuple[Any, ...] = ()  # the settings tracing reads (glue.config.trace_context)
 
     def explain_difference(self, old: "Signature") -> str:
+        if self.context != old.context:
+            return f"settings that tracing reads changed ({old.context} -> {self.context})"
         if self.statics != old.statics:
             changed = [f"{k}: {dict(old.statics).get(k)!r} -> {v!r}"
                        for k, v in self.statics if dict(old.statics).get(k) != v]
@@ -115,7 +118,7 @@ class _ArgSpec:
     def split(self, args: tuple, kwargs: dict) -> tuple[Signature, list[Any]]:
         if not kwargs and not self.static_nums:  # the common calls, kept lean
             leaves, treedef = flatten_call(args)
-            return Signature(treedef, _types(leaves), ()), leaves
+            return Signature(treedef, _types(leaves), (), config.trace_context()), leaves
         missing = [i for i in self.static_nums if i >= len(args)
                    and not (i < len(self._names) and self._names[i] in kwargs)]
         if missing:
@@ -131,7 +134,7 @@ class _ArgSpec:
             raise GlueError(f"static arguments of {self.fn.__name__} must be hashable; got "
                             f"{[type(v).__name__ for _, v in statics]}") from None
         leaves, treedef = tree_flatten((dyn_args, dyn_kwargs))
-        return Signature(treedef, _types(leaves), statics), leaves
+        return Signature(treedef, _types(leaves), statics, config.trace_context()), leaves
 
     def flat_fn(self, sig: Signature) -> Callable[..., list[Any]]:
         """`fn` as a function of the flat dynamic leaves, returning flat outputs."""
@@ -352,11 +355,12 @@ class Compiled:
         return run_graph(self.lowered.closed.graph, [np.asarray(c) for c in self._consts] + values, float64=True)
 
     def _compare(self, outs: Sequence[Array], expected: Sequence[np.ndarray]) -> None:
-        from glue.reference.compare import mismatch
+        from glue.reference.compare import mismatch, tolerance_dtypes
 
         graph = self.lowered.closed.graph
-        for i, (got, want, t) in enumerate(zip(outs, expected, graph.out_types)):
-            problem = mismatch(np.asarray(got), want, t.dtype)
+        tolerances = tolerance_dtypes(graph, tf32=self._backend.rounds_to_tf32)
+        for i, (got, want, t, tol) in enumerate(zip(outs, expected, graph.out_types, tolerances)):
+            problem = mismatch(np.asarray(got), want, tol if tol is not None else t.dtype)
             if problem:
                 raise GlueError(f"GLUE_CHECK: output {i} of {self.lowered.name} ({t}) on the "
                                 f"{self.lowered.backend.name} backend disagrees with the reference: {problem}")
@@ -382,7 +386,7 @@ class Jitted:
         # The last call's signature and program, and where its arguments were glue.Arrays or flat
         # lists or tuples of them, their layout and types (`_array_layout`): a call passing Arrays
         # of those very types in that layout takes the same program.
-        self._hot: tuple[Signature | None, Any, tuple | None] = (None, None, None)
+        self._hot: tuple[Signature | None, Any, tuple | None, int] = (None, None, None, -1)
         self._last: Signature | None = None
 
     @property
@@ -426,15 +430,16 @@ class Jitted:
             # Inlined by tracing straight through `fn`, so that an enclosing transform sees
             # every call it makes (stop_gradient records its cuts in the transform's trace).
             return self.fn(*args, **kwargs)
-        hot_sig, compiled, hot_layout = self._hot
-        leaves = _same_arrays(args, hot_layout) if hot_layout is not None and not kwargs else None
+        hot_sig, compiled, hot_layout, hot_version = self._hot
+        leaves = _same_arrays(args, hot_layout) \
+            if hot_layout is not None and not kwargs and hot_version == config.trace_version else None
         if leaves is None:
             sig, leaves = self.spec.split(args, kwargs)
             if sig != hot_sig:  # a loop's calls pass the same type objects: compared without hashing
                 compiled = self._compiled.get(sig)
                 if compiled is None:
                     compiled = self._compiled[sig] = self.lower(*args, **kwargs).compile()
-            self._hot = (sig, compiled, _array_layout(args, sig) if not kwargs else None)
+            self._hot = (sig, compiled, _array_layout(args, sig) if not kwargs else None, config.trace_version)
         if profiler.active() is None:
             return compiled.call_tree(leaves)
         with profiler.span("call", self.name):

@@ -16,6 +16,7 @@ import numpy as np
 
 from glue.errors import ConcretizationError, GlueError, describe_location, user_frame_location
 from glue.ir import ClosedGraph, Eqn, Graph, Literal, TensorType, Var, infer_types, params_tuple, primitive
+from glue.ir.primitives import canonical_params
 from glue.ir import dtypes as dt
 from glue.ir.core import Atom
 
@@ -189,6 +190,7 @@ def bind(name: str, *args: Any, source: str | None = None, **params: Any) -> Any
     A primitive with multiple results gives a list of values."""
     trace = current_trace()
     where = source or user_frame_location()
+    params = canonical_params(name, params)
     if trace is None:
         return _eager(name, args, params, where)
     atoms = tuple(trace.to_atom(a) for a in args)

@@ -156,6 +156,8 @@ class _Parser:
             return BY_NAME[text]
         if text == "None":
             return None
+        if kind == "name" and text not in ("True", "False", "inf", "nan"):
+            return text  # a word-valued param (a precision)
         return self.scalar(kind, text)
 
     def params(self) -> dict[str, Any]:

@@ -331,12 +331,42 @@ _register("iota", "creation", _iota)
 
 # --- contraction ----------------------------------------------------------------------------
 
+# JAX's matmul precisions. On a GPU, "default" and "high" let float32 operands run on TF32
+# tensor cores and "highest" keeps full float32; 16-bit operands always use their own tensor
+# cores. JAX's other spellings name the same three.
+PRECISIONS = ("default", "high", "highest")
+PRECISION_ALIASES = {"bfloat16": "default", "tensorfloat32": "high", "float32": "highest", "fastest": "default"}
+
+
+def canonical_precision(precision: Any) -> str | None:
+    """"default" | "high" | "highest" for any of JAX's spellings (a string, `glue.Precision.X`,
+    or a pair of equal ones); None for None."""
+    if precision is None:
+        return None
+    if isinstance(precision, (tuple, list)) and len(precision) == 2:
+        first, second = map(canonical_precision, precision)
+        _require(first == second, f"different precisions for the two operands {precision} are not supported")
+        return first
+    name = str(getattr(precision, "name", precision)).lower()
+    name = PRECISION_ALIASES.get(name, name)
+    _require(name in PRECISIONS, f"unknown precision {precision!r}; use one of {PRECISIONS}")
+    return name
+
+
 def _dot_general(lhs: TensorType, rhs: TensorType, *,
                  dimension_numbers: tuple[tuple[tuple[int, ...], tuple[int, ...]],
-                                          tuple[tuple[int, ...], tuple[int, ...]]]) -> TensorType:
+                                          tuple[tuple[int, ...], tuple[int, ...]]],
+                 precision: str | None = None, preferred_element_type: DType | None = None) -> TensorType:
     (lc, rc), (lb, rb) = dimension_numbers
     dtype = _same_dtype(lhs, rhs)
     _require(dtype != dt.bool_, "needs numeric operands")
+    _require(precision is None or precision in PRECISIONS, f"precision must be one of {PRECISIONS}")
+    if preferred_element_type is not None:
+        _require(isinstance(preferred_element_type, DType), "preferred_element_type must be a dtype")
+        _require(preferred_element_type.kind == dtype.kind and preferred_element_type.bits >= dtype.bits,
+                 f"preferred_element_type {preferred_element_type} must be a {dtype.kind} type at least as "
+                 f"wide as the operands' {dtype}")
+        dtype = preferred_element_type
     _require(len(lc) == len(rc) and len(lb) == len(rb), "dimension lists differ in length")
     _check_axes(lhs, lc + lb)
     _check_axes(rhs, rc + rb)
@@ -349,6 +379,23 @@ def _dot_general(lhs: TensorType, rhs: TensorType, *,
 
 
 _register("dot_general", "contraction", _dot_general, linear=True)
+
+
+def canonical_params(name: str, params: dict[str, Any]) -> dict[str, Any]:
+    """The params an equation records: defaults made explicit, so that equal programs have
+    equal text and cache keys (a contraction's precision is resolved from
+    `glue.config.default_matmul_precision` when the caller names none)."""
+    if name != "dot_general":
+        return params
+    from glue.settings import config
+
+    try:
+        chosen = canonical_precision(params.get("precision"))
+        default = canonical_precision(config.default_matmul_precision)
+    except RuleError as err:
+        raise GlueTypeError(f"dot_general: {err}") from None
+    return {**params, "precision": chosen or default,
+            "preferred_element_type": params.get("preferred_element_type")}
 
 
 # --- indexing -------------------------------------------------------------------------------

@@ -36,7 +36,8 @@ def var_names():
 
 
 def format_param(value: Any) -> str:
-    """A param value in the text form: ints, floats, bools, dtypes and (nested) tuples."""
+    """A param value in the text form: ints, floats, bools, words, dtypes, graphs and (nested)
+    tuples."""
     if isinstance(value, DType):
         return value.name
     if isinstance(value, Graph):  # a body or branch: its own text, on its own lines
@@ -44,6 +45,8 @@ def format_param(value: Any) -> str:
     if isinstance(value, tuple):
         inner = ", ".join(format_param(v) for v in value)
         return f"({inner},)" if len(value) == 1 else f"({inner})"
+    if isinstance(value, str):  # a word-valued param (a precision): written bare
+        return value
     if isinstance(value, float) and not math.isfinite(value):
         return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
     return repr(value)

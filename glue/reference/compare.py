@@ -1,8 +1,12 @@
-"""How close a result must be to the reference to count as correct, per dtype."""
+"""How close a result must be to the reference to count as correct, per dtype; and which dtype's
+tolerance applies to each output of a program."""
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 
+from glue.ir import Graph, Var
 from glue.ir import dtypes as dt
 
 # (relative, absolute) tolerances against a float64 reference.
@@ -32,3 +36,30 @@ def mismatch(actual: np.ndarray, expected: np.ndarray, dtype: dt.DType,
     where = tuple(int(i) for i in np.argwhere(bad)[0])
     return (f"{int(bad.sum())} of {bad.size} elements differ; first at {where}: "
             f"got {actual[where]!r}, expected {expected[where]!r}")
+
+
+def least_precise(*dtypes: dt.DType | None) -> dt.DType | None:
+    """The float dtype among `dtypes` whose rounding is coarsest (its tolerance the widest)."""
+    floats = [d for d in dtypes if d is not None and d.is_float]
+    return max(floats, key=lambda d: TOLERANCES[d.name][0], default=None)
+
+
+def tolerance_dtypes(graph: Graph, tf32: bool = False) -> list[dt.DType]:
+    """The dtype whose tolerance applies to each output: for a float output, the least precise
+    float dtype among the values it is computed from (rounding there bounds its accuracy);
+    integer and bool outputs compare exactly. With `tf32` (a backend that runs float32
+    contractions of precision "default" or "high" on TF32 tensor cores), such a contraction
+    counts as float16: TF32 keeps float16's 10 mantissa bits."""
+    dtypes: dict[int, set[dt.DType]] = {v.id: {v.type.dtype} for v in graph.constvars + graph.invars}
+
+    def of(atom: Any) -> set[dt.DType]:
+        return dtypes[atom.id] if isinstance(atom, Var) else {atom.type.dtype}
+
+    for eqn in graph.eqns:
+        found = {v.type.dtype for v in eqn.outvars}.union(*map(of, eqn.inputs))
+        if tf32 and eqn.primitive == "dot_general" and eqn.param_dict.get("precision") != "highest" \
+                and eqn.inputs[0].type.dtype == dt.float32:
+            found.add(dt.float16)
+        for v in eqn.outvars:
+            dtypes[v.id] = found
+    return [least_precise(*of(a)) if a.type.dtype.is_float else a.type.dtype for a in graph.outvars]

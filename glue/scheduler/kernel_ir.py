@@ -273,7 +273,8 @@ class Kernel:
     """One fused kernel. `kind` is pointwise | reduction | contraction | data.
 
     `init` names an input whose contents output 0 starts from before the stores run (scatter).
-    `ops` lists the fused primitives, for names and dumps.
+    `ops` lists the fused primitives, for names and dumps. `precision` is a contraction's
+    ("default" | "high" | "highest": whether a backend may round float32 operands to TF32).
     """
 
     name: str
@@ -287,6 +288,7 @@ class Kernel:
     ops: tuple[str, ...]
     init: int | None = None
     source: tuple[str, ...] = field(default=())
+    precision: str | None = None
 
     @property
     def rank(self) -> int:

@@ -64,7 +64,8 @@ class _Printer:
     def render(self) -> str:
         k = self.kernel
         head = [f"kernel {k.name} {k.kind} parallel={list(k.parallel)} reduce={list(k.reduce)}"
-                + (f" init=out0<-in{k.init}" if k.init is not None else "")]
+                + (f" init=out0<-in{k.init}" if k.init is not None else "")
+                + (f" precision={k.precision}" if k.precision else "")]
         head += [f"  in{i}: {b.type}" for i, b in enumerate(k.inputs)]
         head += [f"  out{i}: {b.type}" for i, b in enumerate(k.outputs)]
         for i, r in enumerate(k.reductions):

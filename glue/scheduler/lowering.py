@@ -314,9 +314,10 @@ def lower_group(eqns: Sequence[Eqn], outputs: Sequence[Var], name: str) -> Kerne
     ops = tuple(dict.fromkeys(e.primitive for e in eqns if not primitive(e.primitive).moves_data_only)) or \
         tuple(dict.fromkeys(e.primitive for e in eqns))
     sources = tuple(dict.fromkeys(e.source for e in eqns if e.source))
+    precision = next((e.param_dict.get("precision") for e in eqns if e.primitive == "dot_general"), None)
     return Kernel(f"{'_'.join(ops[:5])}_{name}", domain.kind, domain.parallel, domain.reduce,
                   tuple(lw.inputs), tuple(Buffer(v.id, v.type) for v in outputs),
-                  tuple(lw.reductions), tuple(stores), ops, init, sources)
+                  tuple(lw.reductions), tuple(stores), ops, init, sources, precision)
 
 
 def _placement(domain: _Domain, var: Var) -> tuple[str, tuple[Index, ...]]:

@@ -15,22 +15,7 @@ from glue.frontend.pytree import leaf_paths, tree_flatten
 from glue.ir import Graph, Var
 from glue.ir.dtypes import DType
 from glue.reference import run_graph
-from glue.reference.compare import mismatch
-from glue.testing.numerics import least_precise
-
-
-def tolerance_dtypes(graph: Graph) -> list[DType]:
-    """The dtype whose tolerance applies to each output: for a float output, the least precise
-    float dtype among the values it is computed from (rounding there bounds its accuracy);
-    integer and bool outputs compare exactly."""
-    dtypes: dict[int, set[DType]] = {v.id: {v.type.dtype} for v in graph.constvars + graph.invars}
-
-    def of(atom: Any) -> set[DType]:
-        return dtypes[atom.id] if isinstance(atom, Var) else {atom.type.dtype}
-
-    for eqn in graph.eqns:
-        dtypes[eqn.outvars[0].id] = {eqn.outvars[0].type.dtype}.union(*map(of, eqn.inputs))
-    return [least_precise(*of(a)) if a.type.dtype.is_float else a.type.dtype for a in graph.outvars]
+from glue.reference.compare import mismatch, tolerance_dtypes
 
 
 def _default_backends(backends: Sequence[str] | None) -> list[str]:
@@ -75,7 +60,7 @@ def check(f: Callable[..., Any], *args: Any, backends: Sequence[str] | None = No
     graph = closed.graph
     inputs = [np.asarray(x) for x in tuple(closed.consts) + tuple(leaves)]
     expected = run_graph(graph, inputs, float64=float64_reference)
-    paths, dtypes = leaf_paths(out_tree, "out"), tolerance_dtypes(graph)
+    paths = leaf_paths(out_tree, "out")
     for backend in _default_backends(backends):
         compiled = jit(fn, backend=backend, static_argnums=static_argnums, static_argnames=static_argnames)
         try:
@@ -83,6 +68,7 @@ def check(f: Callable[..., Any], *args: Any, backends: Sequence[str] | None = No
         except Exception as err:
             err.add_note(f"glue.testing.check: while running {name} on the {backend} backend")
             raise
+        dtypes = tolerance_dtypes(graph, tf32=get_backend(backend).rounds_to_tf32)
         _compare(f"{name} on the {backend} backend", paths, outs, expected, dtypes, scale)
 
 
@@ -92,11 +78,12 @@ def check_graph(graph: Graph, inputs: Sequence[Any], backends: Sequence[str] | N
     values, then invars') and compare every output with the reference interpreter."""
     inputs = [np.asarray(x) for x in inputs]
     expected = run_graph(graph, inputs, float64=float64_reference)
-    paths, dtypes = [str(i) for i in range(len(graph.outvars))], tolerance_dtypes(graph)
+    paths = [str(i) for i in range(len(graph.outvars))]
     for backend in _default_backends(backends):
         try:
             outs = get_backend(backend).lower(graph).compile()(*inputs)
         except Exception as err:
             err.add_note(f"glue.testing.check_graph: while running on the {backend} backend:\n{graph}")
             raise
+        dtypes = tolerance_dtypes(graph, tf32=get_backend(backend).rounds_to_tf32)
         _compare(f"graph on the {backend} backend", paths, outs, expected, dtypes, scale, f"\n{graph}")

@@ -20,7 +20,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 from glue.ir import TensorType
 from glue.ir import dtypes as dt
 from glue.ir.dtypes import DType
-from glue.reference.compare import TOLERANCES
+from glue.reference.compare import TOLERANCES, least_precise
 
 # Program inputs: floats are multiples of 2**-FLOAT_BITS in [-FLOAT_MAX, FLOAT_MAX], ints lie in INT_RANGE.
 FLOAT_BITS, FLOAT_MAX = 3, 4.0
@@ -36,11 +36,6 @@ TRANSCENDENTAL = frozenset({"exp", "exp2", "expm1", "log", "log2", "log1p", "tan
 def unit_roundoff(dtype: DType) -> float:
     """The largest relative rounding error of `dtype` (0 for integers and bool)."""
     return 2.0 ** -_PRECISION[dtype.name] if dtype.is_float else 0.0
-
-
-def least_precise(*dtypes: DType | None) -> DType | None:
-    floats = [d for d in dtypes if d is not None and d.is_float]
-    return min(floats, key=lambda d: _PRECISION[d.name], default=None)
 
 
 @dataclass(frozen=True)

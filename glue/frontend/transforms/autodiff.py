@@ -241,18 +241,24 @@ JVP.update(pad=_pad_jvp, concatenate=_concatenate_jvp)
 
 # --- contraction ----------------------------------------------------------------------------
 
-def _dot(lhs: Any, rhs: Any, dimension_numbers: Any) -> Any:
-    return emit("dot_general", lhs, rhs, dimension_numbers=dimension_numbers)
+def _dot(lhs: Any, rhs: Any, dimension_numbers: Any, precision: str | None = None,
+         preferred_element_type: Any = None) -> Any:
+    return emit("dot_general", lhs, rhs, dimension_numbers=dimension_numbers, precision=precision,
+                preferred_element_type=preferred_element_type)
 
 
-def _dot_jvp(ts, xs, out, *, dimension_numbers):
+def _dot_jvp(ts, xs, out, *, dimension_numbers, precision=None, preferred_element_type=None):
     (tl, tr), (lhs, rhs) = ts, xs
-    return plus(_term(tl, lambda t: _dot(t, rhs, dimension_numbers)),
-                _term(tr, lambda t: _dot(lhs, t, dimension_numbers)))
+    return plus(_term(tl, lambda t: _dot(t, rhs, dimension_numbers, precision, preferred_element_type)),
+                _term(tr, lambda t: _dot(lhs, t, dimension_numbers, precision, preferred_element_type)))
 
 
-def _dot_transpose_lhs(ct: Any, lhs: Any, rhs: Any, dimension_numbers: Any, swap_ans: bool = False) -> Any:
-    """The cotangent of dot_general's lhs: contract ct with rhs over rhs's free axes (JAX's rule)."""
+def _dot_transpose_lhs(ct: Any, lhs: Any, rhs: Any, dimension_numbers: Any, swap_ans: bool = False,
+                       precision: str | None = None, preferred_element_type: Any = None) -> Any:
+    """The cotangent of dot_general's lhs: contract ct with rhs over rhs's free axes (JAX's rule).
+    With a wider `preferred_element_type` (bf16 operands, an f32 product), ct comes in the wide
+    type: it meets rhs in the operands' type, the product accumulates wide, and the cotangent
+    is rounded to lhs's type, as JAX does."""
     (lc, rc), (lb, rb) = dimension_numbers
     l_free = [i for i in range(aval(lhs).ndim) if i not in lc + lb]
     r_free = [i for i in range(aval(rhs).ndim) if i not in rc + rb]
@@ -260,18 +266,25 @@ def _dot_transpose_lhs(ct: Any, lhs: Any, rhs: Any, dimension_numbers: Any, swap
     # ct's axes: batch, then lhs's free and rhs's free axes (the other way round when swapped).
     start = nb if swap_ans else nb + len(l_free)
     ct_r = tuple(range(start, start + len(r_free)))
-    got = _dot(ct, rhs, ((ct_r, tuple(r_free)), (tuple(range(nb)), tuple(rb))))
+    operand_dtype = aval(rhs).dtype
+    wide = preferred_element_type is not None and preferred_element_type != operand_dtype
+    got = _dot(convert(ct, operand_dtype) if wide else ct, rhs, ((ct_r, tuple(r_free)), (tuple(range(nb)), tuple(rb))),
+               precision, preferred_element_type if wide else None)
+    if wide:
+        got = convert(got, aval(lhs).dtype)
     # `got` holds lhs's batch axes, its free axes, then its contracted axes in rhs's order.
     lc_by_r = [lc[i] for i in np.argsort(rc)]
     return transpose(got, np.argsort(list(lb) + l_free + lc_by_r).tolist())
 
 
-def _dot_vjp(ct, wanted, xs, out, *, dimension_numbers):
+def _dot_vjp(ct, wanted, xs, out, *, dimension_numbers, precision=None, preferred_element_type=None):
     lhs, rhs = xs
     (lc, rc), (lb, rb) = dimension_numbers
     swapped = ((rc, lc), (rb, lb))
-    return [_dot_transpose_lhs(ct, lhs, rhs, dimension_numbers) if wanted[0] else None,
-            _dot_transpose_lhs(ct, rhs, lhs, swapped, swap_ans=True) if wanted[1] else None]
+    return [_dot_transpose_lhs(ct, lhs, rhs, dimension_numbers, False, precision, preferred_element_type)
+            if wanted[0] else None,
+            _dot_transpose_lhs(ct, rhs, lhs, swapped, True, precision, preferred_element_type)
+            if wanted[1] else None]
 
 
 JVP["dot_general"], VJP["dot_general"] = _dot_jvp, _dot_vjp

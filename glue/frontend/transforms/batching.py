@@ -121,13 +121,13 @@ def _iota(xs, bdims, size, **params):
     return emit("iota", **params), None
 
 
-def _dot_general(xs, bdims, size, *, dimension_numbers):
+def _dot_general(xs, bdims, size, *, dimension_numbers, **precision):
     (lc, rc), (lb, rb) = dimension_numbers
     (lhs, rhs), (dl, dr) = xs, bdims
     if dl is not None and dr is not None:
         lhs, rhs = moveaxis(lhs, dl, 0), moveaxis(rhs, dr, 0)
         numbers = ((_into(lc, 0), _into(rc, 0)), ((0,) + _into(lb, 0), (0,) + _into(rb, 0)))
-        return emit("dot_general", lhs, rhs, dimension_numbers=numbers), 0
+        return emit("dot_general", lhs, rhs, dimension_numbers=numbers, **precision), 0
     if dl is not None:  # the batch axis is one of lhs's free axes in the output
         lc, lb = _into(lc, dl), _into(lb, dl)
         free = [i for i in range(aval(lhs).ndim) if i not in lc + lb]
@@ -136,7 +136,7 @@ def _dot_general(xs, bdims, size, *, dimension_numbers):
         rc, rb = _into(rc, dr), _into(rb, dr)
         free = [i for i in range(aval(rhs).ndim) if i not in rc + rb]
         out = len(lb) + (aval(lhs).ndim - len(lc) - len(lb)) + free.index(dr)
-    return emit("dot_general", lhs, rhs, dimension_numbers=((lc, rc), (lb, rb))), out
+    return emit("dot_general", lhs, rhs, dimension_numbers=((lc, rc), (lb, rb)), **precision), out
 
 
 def _gather(xs, bdims, size, *, axis, batch_dims):
