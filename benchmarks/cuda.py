@@ -38,7 +38,7 @@ import glue.nn as nn  # noqa: E402
 import glue.numpy as gnp  # noqa: E402
 from glue.backend_cuda.runtime import DeviceBuffer, Event, driver, get_context  # noqa: E402
 
-from benchmarks import cuda_loops  # noqa: E402
+from benchmarks import cuda_loops, cuda_matmul, step  # noqa: E402
 from benchmarks.cuda_loops import device_put  # noqa: E402
 
 ITERS, BURST, WARMUP = 50, 20, 5
@@ -345,8 +345,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--peers", default="torch,torch.compile,jax",
                         help="comma-separated peers: torch, torch.compile, jax (or none)")
     parser.add_argument("--only", default=None, help="run the workloads whose label contains this")
-    parser.add_argument("--suite", default="all", choices=("all", "bandwidth", "loops"),
-                        help="the memory-bound kernels, the small-launch loops (cuda_loops.py), or both")
+    parser.add_argument("--suite", default="all", choices=("all", "bandwidth", "loops", "matmul", "step"),
+                        help="the memory-bound kernels, the small-launch loops (cuda_loops.py), both (all), "
+                             "the contractions (cuda_matmul.py) or the training step (step.py)")
+    parser.add_argument("--configs", default="small,gpt2", help="step suite: configs of benchmarks/step.py")
+    parser.add_argument("--precisions", default="f32,bf16", help="step suite: f32, bf16 or both")
     args = parser.parse_args(argv)
     peers = set(p for p in args.peers.split(",") if p and p != "none")
     sections = []
@@ -357,6 +360,10 @@ def main(argv: list[str] | None = None) -> None:
         sections.append(f"{table(rows, ceiling)}\n\nglue kernels:\n{kernels}")
     if args.suite in ("all", "loops"):
         sections.append(cuda_loops.table(cuda_loops.run(peers, args.only)))
+    if args.suite == "matmul":
+        sections.append(cuda_matmul.table(cuda_matmul.run(peers, args.only)))
+    if args.suite == "step":
+        sections.append(step.table(step.run(args.configs.split(","), args.precisions.split(","), peers)))
     text = "\n\n".join(sections)
     print(text)
     device = glue.devices()[0]

@@ -42,12 +42,18 @@ def default_arch() -> str:
 
 @dataclass(frozen=True)
 class CudaOptions(Options):
+    """arch: the PTX target; gemm: who may serve contractions ("auto" races glue's kernels
+    against cuBLASLt, "library" and "codegen" force one)."""
+
     arch: str = DEFAULT_ARCH
     opt_level: int = 3
+    gemm: str = "auto"
 
     def __post_init__(self) -> None:
         if self.arch not in PTX_FEATURES:
             raise GlueError(f"cuda: no PTX target for arch {self.arch!r}; glue knows {sorted(PTX_FEATURES)}")
+        if self.gemm not in ("auto", "library", "codegen"):
+            raise GlueError(f"cuda: gemm must be auto, library or codegen, not {self.gemm!r}")
 
 
 class CudaBackend(Backend):
@@ -65,7 +71,7 @@ class CudaBackend(Backend):
         return "no NVIDIA GPU and driver"
 
     def default_options(self) -> CudaOptions:
-        return CudaOptions(arch=default_arch())
+        return CudaOptions(arch=default_arch(), gemm=config.gemm)
 
     def add_stages(self, lowering: Lowering) -> None:
         add_plan_stages(lowering, MAX_STREAMS)
@@ -95,7 +101,7 @@ class CudaBackend(Backend):
 
 
 def _program(lowering: Lowering) -> CudaProgram:
-    return build_program(lowering["plan"], lowering.name, lowering.options.arch)
+    return build_program(lowering["plan"], lowering.name, lowering.options.arch, lowering.options.gemm)
 
 
 def _llvm_text(program: CudaProgram) -> str:

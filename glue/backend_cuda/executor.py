@@ -52,7 +52,8 @@ import numpy as np
 
 from glue import profiler
 from glue.backend.results import assemble, plain_outputs
-from glue.backend_cuda.codegen import CudaProgram, Place
+from glue.backend_cuda.codegen import CudaProgram, Launch, Place
+from glue.backend_cuda.gemm_choice import choose_variants
 from glue.backend_cuda.runtime import driver as drv
 from glue.backend_cuda.runtime.context import get_context
 from glue.backend_cuda.runtime.device_array import DeviceBuffer, SlabPool
@@ -85,6 +86,7 @@ class _Step:
     first_args: tuple[int, ...]            # arguments this stream reads first here
     dependent: Any = None                  # launch configuration letting it start before its
                                            # predecessor on the stream (a kernel of this program) ends
+    library: Any = None                    # a cuBLASLt product (cublaslt.Matmul) instead of a kernel
 
 
 @dataclass
@@ -110,13 +112,17 @@ class CudaExecutable:
         self.use_dependent = config.cuda_pdl
         self.graph_stats = GraphStats()
         self._graphs: OrderedDict[tuple[int, ...], Graph] = OrderedDict()
-        module = self.ctx.modules.load(ptx, name) if program.launches else None
-        self.kernels = list(program.launches)
-        self._steps = self._build_steps(program, module)
+        self._module = self.ctx.modules.load(ptx, name) if any(l.grid for l in program.launches) else None
+        # glue has no byte dtype; arena and scratch sizes are multiples of 256 bytes.
+        self.arena = DeviceBuffer((program.arena_bytes // 4,), np.int32, self.stream) if program.arena_bytes else None
+        self._scratch = [DeviceBuffer((max(n, 4) // 4,), np.int32, self.streams[s]) for s, n in enumerate(program.scratch)]
+        self._workspaces: dict[int, DeviceBuffer] = {}
+        self._matmuls: dict[str, Any] = {}
+        self.gemm_choices = choose_variants(self, program)
+        self.kernels = [l for l in program.launches if self.gemm_choices.get(l.group, "codegen") == l.variant]
+        self._steps = self._build_steps(program, self.kernels)
         self._fork = Event(self.ctx) if len(self.streams) > 1 else None
         self._joins = [(self.streams[s], Event(self.ctx)) for s in sorted(plan.tails()) if s]
-        # glue has no byte dtype; arena sizes are multiples of 256 bytes.
-        self.arena = DeviceBuffer((program.arena_bytes // 4,), np.int32, self.stream) if program.arena_bytes else None
         self._arg_dtypes = [t.dtype.numpy for t in program.arg_types]
         self._arg_specs = [(t.shape, t.dtype) for t in program.arg_types]
         # A call's outputs share one allocation: one allocator call, and a loop that feeds its
@@ -131,41 +137,67 @@ class CudaExecutable:
         self._plain_results = plain_outputs(program.results)
         self._copy = drv.load().cuMemcpyDtoDAsync
 
-    def _build_steps(self, program: CudaProgram, module: Any) -> list[_Step]:
+    def _source(self, place: Place) -> tuple[int, int]:
+        """(index into a call's bases, byte offset) of a place: arguments, outputs, the arena,
+        then each stream's scratch region."""
+        n_args, n_outs = len(self.program.arg_types), len(self.program.output_types)
+        if place.kind == "arena":
+            return (n_args + n_outs, place.offset)
+        if place.kind == "scratch":
+            return (n_args + n_outs + 1 + place.slot, place.offset)
+        return ((0 if place.kind == "argument" else n_args) + place.slot, place.offset)
+
+    def _build_steps(self, program: CudaProgram, launches: list[Launch]) -> list[_Step]:
+        """The chosen launches as steps on their streams: a plan kernel's first launch waits for
+        its producers on other streams, its last records the event its consumers wait for."""
         plan = program.plan.streams
-        n_args, n_outs = len(program.arg_types), len(program.output_types)
-
-        def source(place: Place) -> tuple[int, int]:
-            if place.kind == "arena":
-                return (n_args + n_outs, place.offset)
-            return ((0 if place.kind == "argument" else n_args) + place.slot, place.offset)
-
         events = {k: Event(self.ctx) for k in plan.recorded}
         seen: set[tuple[int, int]] = set()
         steps: list[_Step] = []
         last_on: dict[int, _Step] = {}  # the step each stream ran last
-        for k, launch in enumerate(program.launches):
+        for i, launch in enumerate(launches):
+            k = launch.group
             s = plan.streams[k]
+            first_of_kernel = i == 0 or launches[i - 1].group != k
+            last_of_kernel = i == len(launches) - 1 or launches[i + 1].group != k
             places = launch.params + ((launch.copy[1],) if launch.copy else ())
             reads = [p.slot for p in places if p.kind == "argument"]
             first = tuple(a for a in dict.fromkeys(reads) if (s, a) not in seen)
             seen.update((s, a) for a in first)
-            copy = (source(launch.copy[0]), source(launch.copy[1]), launch.copy[2]) if launch.copy else None
-            kernel = module.get_function(launch.symbol) if launch.grid else None
+            copy = (self._source(launch.copy[0]), self._source(launch.copy[1]), launch.copy[2]) if launch.copy else None
+            kernel = self._module.get_function(launch.symbol) if launch.grid else None
             steps.append(_Step(
                 launch.symbol, self.streams[s], kernel,
                 kernel.bind([0] * len(launch.params)) if kernel else None,
-                tuple(source(p) for p in launch.params), (launch.grid, 1, 1), (launch.block, 1, 1),
-                copy, tuple(events[j] for j in plan.waits[k]), events.get(k), first))
+                tuple(self._source(p) for p in launch.params), (launch.grid, 1, 1), (launch.block, 1, 1),
+                copy, tuple(events[j] for j in plan.waits[k]) if first_of_kernel else (),
+                events.get(k) if last_of_kernel else None, first,
+                library=self._matmul(launch, s) if launch.library is not None else None))
             # A kernel whose stream just ran another kernel of this program may be placed on the
             # GPU early, to wait there (it awaits its producers itself); the first kernel of a
             # stream follows someone else's work and launches plainly, so that nothing of it can
-            # run before that work ends.
+            # run before that work ends. (A library's kernels do not wait that way.)
             previous = last_on.get(s)
             if self.use_dependent and launch.dependent and kernel and not copy and previous and previous.kernel:
                 steps[-1].dependent = kernel.dependent_config(steps[-1].grid, steps[-1].block, steps[-1].stream)
             last_on[s] = steps[-1]
         return steps
+
+    def _matmul(self, launch: Launch, stream: int) -> "LibraryStep":
+        """The cuBLASLt product of a library launch, planned once, with this stream's workspace."""
+        from glue.backend_cuda import cublaslt
+
+        gemm = launch.library
+        matmul = self._matmuls.get(launch.symbol)
+        if matmul is None:
+            p = cublaslt.problem(gemm.spec, gemm.a, gemm.b, gemm.d, gemm.precision)
+            matmul = self._matmuls[launch.symbol] = cublaslt.Matmul(cublaslt.handle_for(self.ctx), p)
+        workspace = self._workspaces.get(stream)
+        if workspace is None:
+            workspace = self._workspaces[stream] = DeviceBuffer((cublaslt.WORKSPACE_BYTES // 4,), np.int32,
+                                                                self.streams[stream])
+        views = (gemm.a, gemm.b, gemm.d)
+        return LibraryStep(matmul, tuple(v.offset * v.dtype.itemsize for v in views), workspace.ptr)
 
     def __del__(self) -> None:
         slabs = getattr(self, "_slabs", None)
@@ -234,8 +266,10 @@ class CudaExecutable:
         return assemble(program.results, outputs, buffers, _DeviceMemory(self.stream, self._copy))
 
     def _bases(self, buffers: list[DeviceBuffer], outputs: list[DeviceBuffer]) -> list[int]:
-        """The address of every memory place of the call: arguments, outputs, then the arena."""
-        return [b.ptr for b in buffers] + [o.ptr for o in outputs] + [self.arena.ptr if self.arena else 0]
+        """The address of every memory place of the call: arguments, outputs, the arena, then
+        the scratch regions."""
+        return [b.ptr for b in buffers] + [o.ptr for o in outputs] + [self.arena.ptr if self.arena else 0] + \
+            [s.ptr for s in self._scratch]
 
     def _replay(self, key: tuple[int, ...], buffers: list[DeviceBuffer], outputs: list[DeviceBuffer],
                 unordered: list[DeviceBuffer]) -> bool:
@@ -288,31 +322,41 @@ class CudaExecutable:
             for stream in self.streams[1:]:
                 stream.wait(self._fork)
         for step in self._steps:
-            stream = step.stream
-            handle = stream.handle
-            for event in step.waits:
-                stream.wait(event)
-            if buffers is not None:
-                for a in step.first_args:
-                    buffers[a].prepare_for(stream)
-            with device_span(stream, "kernel", step.name, grid=step.grid[0], block=step.block[0]) \
-                    if prof is not None else nullcontext():
-                if step.copy:
-                    (dst, dst_off), (src, src_off), nbytes = step.copy
-                    drv.check(self._copy(bases[dst] + dst_off, bases[src] + src_off, nbytes, handle),
-                              "cuMemcpyDtoDAsync", step.name)
-                if step.kernel is not None:
-                    step.pack.pack([bases[b] + off for b, off in step.sources])
-                    # (not after waiting for an argument here: only a kernel's predecessor on
-                    # its stream may still run when it starts early)
-                    if step.dependent is not None and prof is None and not (buffers and step.first_args):
-                        step.kernel.launch_dependent(step.pack, step.dependent)
-                    else:
-                        step.kernel.launch_packed(step.pack, step.grid, step.block, stream)
-            if step.record is not None:
-                step.record.record(stream)
+            self._run_step(step, bases, buffers, prof)
         for stream, event in self._joins:
             s0.wait(event.record(stream))
+
+    def run_steps(self, steps: list[_Step], bases: list[int]) -> None:
+        """Queue `steps` alone (a variant being timed), on the streams they name."""
+        for step in steps:
+            self._run_step(step, bases, None, None)
+
+    def _run_step(self, step: _Step, bases: list[int], buffers: list[DeviceBuffer] | None, prof: Any) -> None:
+        stream = step.stream
+        handle = stream.handle
+        for event in step.waits:
+            stream.wait(event)
+        if buffers is not None:
+            for a in step.first_args:
+                buffers[a].prepare_for(stream)
+        with device_span(stream, "kernel", step.name, grid=step.grid[0], block=step.block[0]) \
+                if prof is not None else nullcontext():
+            if step.copy:
+                (dst, dst_off), (src, src_off), nbytes = step.copy
+                drv.check(self._copy(bases[dst] + dst_off, bases[src] + src_off, nbytes, handle),
+                          "cuMemcpyDtoDAsync", step.name)
+            if step.library is not None:
+                step.library.run([bases[b] + off for b, off in step.sources], handle)
+            if step.kernel is not None:
+                step.pack.pack([bases[b] + off for b, off in step.sources])
+                # (not after waiting for an argument here: only a kernel's predecessor on
+                # its stream may still run when it starts early)
+                if step.dependent is not None and prof is None and not (buffers and step.first_args):
+                    step.kernel.launch_dependent(step.pack, step.dependent)
+                else:
+                    step.kernel.launch_packed(step.pack, step.grid, step.block, stream)
+        if step.record is not None:
+            step.record.record(stream)
 
     # --- analyses ----------------------------------------------------------------------------
     def memory_analysis(self) -> MemoryAnalysis:
@@ -329,6 +373,20 @@ def device_put(value: Any) -> DeviceBuffer:
     if isinstance(value, DeviceBuffer):
         return value
     return DeviceBuffer.from_numpy(np.asarray(value))
+
+
+@dataclass(frozen=True)
+class LibraryStep:
+    """A cuBLASLt product in a program: its plan, each operand's byte offset from its place
+    (a, b, d) and this stream's workspace."""
+
+    matmul: Any
+    offsets: tuple[int, int, int]
+    workspace: int
+
+    def run(self, places: list[int], stream_handle: Any) -> None:
+        a, b, d = (p + o for p, o in zip(places, self.offsets))
+        self.matmul.run(a, b, d, self.workspace, int(stream_handle))
 
 
 def device_copy(value: Any) -> DeviceBuffer:

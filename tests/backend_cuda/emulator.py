@@ -182,8 +182,34 @@ def _aligned(nbytes: int, fill: int) -> tuple[np.ndarray, int]:
     return raw, raw.ctypes.data + start
 
 
-def run_program(program: CudaProgram, args: Sequence[Any], poison: int = 0xFF) -> list[np.ndarray]:
-    """Run every launch of `program` on NumPy arguments; outputs and arena start as `poison`."""
+def _view(gemm_view, address: int, batches: int, rows: int, cols: int) -> np.ndarray:
+    """A (batches, rows, cols) strided view of memory at `address`, as a library reads it."""
+    item = gemm_view.dtype.itemsize
+    extent = (gemm_view.offset + (batches - 1) * gemm_view.batch_stride + (rows - 1) * gemm_view.row_stride
+              + (cols - 1) * gemm_view.col_stride + 1) * item
+    raw = np.ctypeslib.as_array((ctypes.c_uint8 * extent).from_address(address))
+    flat = raw.view(gemm_view.dtype.numpy)
+    return np.lib.stride_tricks.as_strided(
+        flat[gemm_view.offset:], (batches, rows, cols),
+        tuple(s * item for s in (gemm_view.batch_stride, gemm_view.row_stride, gemm_view.col_stride)))
+
+
+def _library_product(gemm, addresses: list[int]) -> None:
+    """What cuBLASLt computes for a library launch: D = A @ B, summed in float32 (float64 for
+    float64), rounded once to D's dtype."""
+    batches, m, n, k = gemm.spec.shape
+    a = _view(gemm.a, addresses[0], batches, m, k).astype(np.float64)
+    b = _view(gemm.b, addresses[1], batches, k, n).astype(np.float64)
+    d = _view(gemm.d, addresses[2], batches, m, n)
+    wide = np.float64 if gemm.d.dtype.name == "f64" else np.float32
+    d[...] = np.matmul(a, b).astype(wide).astype(d.dtype)
+
+
+def run_program(program: CudaProgram, args: Sequence[Any], poison: int = 0xFF,
+                variant: str = "library") -> list[np.ndarray]:
+    """Run the launches of `program` on NumPy arguments; outputs, arena and scratch start as
+    `poison`. A contraction with both variants runs `variant` (a library launch computes its
+    product with NumPy, as the library would)."""
     lib = _runtime()
     engine = _Engine(program.llvm_ir)
     keep = []
@@ -201,14 +227,23 @@ def run_program(program: CudaProgram, args: Sequence[Any], poison: int = 0xFF) -
         keep.append(raw)
         outs.append((ptr, t))
     arena_raw, arena = _aligned(program.arena_bytes, poison)
-    bases = [p for p, _ in arrays] + [p for p, _ in outs] + [arena]
+    scratch = [_aligned(n, poison) for n in program.scratch]
+    keep += [raw for raw, _ in scratch]
+    bases = [p for p, _ in arrays] + [p for p, _ in outs] + [arena] + [p for _, p in scratch]
     n_args = len(arrays)
 
     def address(place) -> int:
-        base = {"argument": place.slot, "output": n_args + place.slot, "arena": len(bases) - 1}[place.kind]
+        base = {"argument": place.slot, "output": n_args + place.slot, "arena": n_args + len(outs),
+                "scratch": n_args + len(outs) + 1 + place.slot}[place.kind]
         return bases[base] + place.offset
 
+    chosen = {l.group: l.variant for l in program.launches if l.variant == variant}
     for launch in program.launches:
+        if chosen.get(launch.group, "codegen") != launch.variant:
+            continue
+        if launch.library is not None:
+            _library_product(launch.library, [address(p) for p in launch.params])
+            continue
         if launch.copy:
             dst, src, nbytes = launch.copy
             ctypes.memmove(address(dst), address(src), nbytes)

@@ -34,7 +34,7 @@ ALL_DTYPES = (dt.float32, dt.int32, dt.bool_, dt.bfloat16, dt.float16, dt.int64,
 
 def _lowered(fn, args):
     closed = glue.make_ir(fn)(*args)
-    return closed, CudaBackend().lower(closed.graph, name=fn.__name__, arch="sm_90")
+    return closed, CudaBackend().lower(closed.graph, name=fn.__name__, arch="sm_90", gemm="codegen")
 
 
 def _check(graph, args, got, label):
@@ -70,7 +70,7 @@ def test_workload_ptx_names_bounds_and_vectors(name):
 def test_workload_ptx_assembles_without_spills(name, arch):
     fn, specs = WORKLOADS[name]
     closed = glue.make_ir(fn)(*rng_arrays(0, *specs))
-    report = assemble(CudaBackend().lower(closed.graph, arch=arch).as_text("ptx"), arch)
+    report = assemble(CudaBackend().lower(closed.graph, arch=arch, gemm="codegen").as_text("ptx"), arch)
     assert "bytes spill" in report
     assert not re.search(r"[1-9]\d* bytes spill", report), report
 
@@ -84,7 +84,7 @@ def test_model_shapes_keep_rows_in_registers_without_spills():
                       (xent, [((4096, 32000), np.float32)] * 2),
                       (softmax, [((8192, 4096), BF16)])):
         closed = glue.make_ir(fn)(*zeros(specs))
-        low = CudaBackend().lower(closed.graph, arch="sm_90")
+        low = CudaBackend().lower(closed.graph, arch="sm_90", gemm="codegen")
         assert low["llvm"].launches[0].strategy.startswith("rows registers"), low["llvm"].launches[0].strategy
         report = assemble(low.as_text("ptx"))
         assert not re.search(r"[1-9]\d* bytes spill", report), report
@@ -99,7 +99,7 @@ def test_kernels_await_their_producers_before_touching_memory_on_sm90(name):
     fn, specs = WORKLOADS[name]
     closed = glue.make_ir(fn)(*rng_arrays(0, *specs))
     for arch, dependent in (("sm_90", True), ("sm_80", False)):
-        low = CudaBackend().lower(closed.graph, arch=arch)
+        low = CudaBackend().lower(closed.graph, arch=arch, gemm="codegen")
         bodies = re.split(r"\.entry ", low.as_text("ptx"))[1:]
         assert len(bodies) == len(low["llvm"].launches)
         for body, launch in zip(bodies, low["llvm"].launches):
@@ -117,7 +117,7 @@ def test_short_rows_ask_for_more_resident_blocks():
     1536 resident threads (6 blocks of 256); a float32 one loads 64 and asks for nothing."""
     for dtype, blocks in ((np.float32, 0), (BF16, 6)):
         closed = glue.make_ir(rmsnorm)(np.zeros((64, 4096), dtype), np.zeros(4096, dtype))
-        low = CudaBackend().lower(closed.graph, arch="sm_90")
+        low = CudaBackend().lower(closed.graph, arch="sm_90", gemm="codegen")
         assert [launch.min_blocks for launch in low["llvm"].launches] == [blocks]
         assert re.findall(r"\.minnctapersm (\d+)", low.as_text("ptx")) == ([str(blocks)] if blocks else [])
 
@@ -158,7 +158,7 @@ def test_long_row_chunk_loops_unroll_whole_only_on_sm90():
     fn, specs = WORKLOADS["softmax_long_bf16"]
     closed = glue.make_ir(fn)(*rng_arrays(0, *specs))
     for arch, hint in (("sm_90", False), ("sm_80", True)):
-        text = CudaBackend().lower(closed.graph, arch=arch).as_text("llvm")
+        text = CudaBackend().lower(closed.graph, arch=arch, gemm="codegen").as_text("llvm")
         counts = re.findall(r'!"llvm.loop.unroll.count", i32 (\d+)', text)
         assert set(counts) == ({str(rows_codegen.OLD_ARCH_CHUNK_COPIES)} if hint else set()), (arch, counts)
 
@@ -207,6 +207,6 @@ def test_numpy_and_nn_functions_on_the_emulator(name, fn, args):
 
 def test_a_program_without_kernels_lowers_to_no_ptx():
     closed = glue.make_ir(lambda x: (x, 2.0))(np.ones(3, np.float32))
-    low = CudaBackend().lower(closed.graph, arch="sm_90")
+    low = CudaBackend().lower(closed.graph, arch="sm_90", gemm="codegen")
     assert low["llvm"].launches == [] and ".entry" not in low.as_text("ptx")
     assert [r.kind for r in low["llvm"].results] == ["argument", "literal"]

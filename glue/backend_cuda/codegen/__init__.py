@@ -2,26 +2,36 @@
 
 `build_program(plan)` maps each kernel onto the GPU by its class (`pointwise.py`, `rows.py`,
 `contraction.py`, `data.py`; `common.py` holds what they share) and records how to launch it:
-grid, block, and the memory place of each pointer parameter. Kernel symbols carry the program
+grid, block, and the memory place of each pointer parameter. A contraction may also, or
+instead, be served by cuBLASLt (`library.py`): its launches then form the variant "library" of
+that plan kernel beside the variant "codegen", and the executor runs one (`glue.config.gemm`
+forces either; "auto" races them). Kernel symbols carry the program
 name, the kernel's position and the ops it fuses; each kernel declares its block size as its
 launch bound (`.maxntid`), which lets ptxas budget registers for exactly that many threads.
 """
 from __future__ import annotations
 
+import logging
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from llvmlite import ir
 
+from glue.backend_cuda import cublaslt
 from glue.backend_cuda.codegen.common import KernelEmitter, Launch, Place
 from glue.backend_cuda.codegen.contraction import emit_contraction
 from glue.backend_cuda.codegen.data import emit_data
+from glue.backend_cuda.codegen.library import library_launches
 from glue.backend_cuda.codegen.pointwise import emit_pointwise
 from glue.backend_cuda.codegen.rows import emit_rows
 from glue.backend_cuda.ptx import DEFAULT_ARCH
 from glue.ir import TensorType
+from glue.scheduler.gemm import GemmSpec, gemm_spec
+from glue.scheduler.kernel_ir import Kernel
 from glue.scheduler.memory import Placement
 from glue.scheduler.plan import Plan, Result
+
+log = logging.getLogger("glue")
 
 
 @dataclass
@@ -30,6 +40,7 @@ class CudaProgram:
     llvm_ir: str
     launches: list[Launch]
     arch: str = DEFAULT_ARCH
+    scratch: tuple[int, ...] = ()  # bytes of each stream's scratch region (library operands, products)
 
     @property
     def arena_bytes(self) -> int:
@@ -66,6 +77,8 @@ def _launch_bounds(llvm_ir: str, launches: list[Launch]) -> str:
     multiprocessor where its emitter asks (`.minnctapersm`); llvmlite cannot attach string
     attributes."""
     for launch in launches:
+        if launch.library is not None:
+            continue
         bounds = f'"nvvm.maxntid"="{launch.block}"'
         if launch.min_blocks:
             bounds += f' "nvvm.minctasm"="{launch.min_blocks}"'
@@ -74,26 +87,73 @@ def _launch_bounds(llvm_ir: str, launches: list[Launch]) -> str:
     return llvm_ir
 
 
-def build_program(plan: Plan, name: str = "fn", arch: str = DEFAULT_ARCH) -> CudaProgram:
-    """One LLVM module with a kernel per plan kernel for `arch`, and how to launch each."""
+def _emit(module: ir.Module, kernel: Kernel, symbol: str, inputs: list[Place], outputs: list[Place],
+          arch: str, written: frozenset[Place]) -> Launch:
+    """One of glue's own kernels, emitted by its class."""
+    ke = KernelEmitter(module, kernel, symbol, inputs, outputs, arch, written)
+    shape = emit_contraction(ke) if kernel.kind == "contraction" else None
+    if shape is None:
+        shape = _EMIT.get(kernel.kind, emit_rows)(ke)
+    grid, block, strategy = shape
+    copy = None
+    if kernel.init is not None and inputs[kernel.init] != outputs[0]:
+        copy = (outputs[0], inputs[kernel.init], kernel.outputs[0].type.nbytes)
+    return Launch(symbol, kernel, grid, block, ke.places, strategy, copy, ke.awaited, ke.min_blocks)
+
+
+def gemm_variants(spec: GemmSpec | None, choice: str = "auto") -> tuple[str, ...]:
+    """Who may serve a contraction: glue's own kernel ("codegen"), cuBLASLt ("library"), or
+    both (then the executor races them), as `choice` (the backend's `gemm` option) says and
+    the library can."""
+    if spec is None or choice == "codegen":
+        return ("codegen",)
+    why_not = "nvmath-python is not installed" if not cublaslt.available() else cublaslt.can_serve(spec)
+    if why_not:
+        if choice == "library":
+            _note_once(f"glue.cuda: a contraction runs on glue's own kernels although GLUE_GEMM=library: {why_not}")
+        elif not cublaslt.available():
+            _note_once("glue.cuda: contractions run on glue's own kernels (install the 'cuda' extra, "
+                       "nvmath-python, for cuBLASLt)")
+        return ("codegen",)
+    return ("library",) if choice == "library" else ("codegen", "library")
+
+
+_NOTED: set[str] = set()
+
+
+def _note_once(message: str) -> None:
+    if message not in _NOTED:
+        _NOTED.add(message)
+        log.info(message)
+
+
+def build_program(plan: Plan, name: str = "fn", arch: str = DEFAULT_ARCH, gemm: str = "auto") -> CudaProgram:
+    """One LLVM module with a kernel per plan kernel for `arch` (and the launches of each
+    contraction's library variant), and how to launch each."""
     placements = plan.memory.placements
     module = ir.Module(name=_symbol(name))
-    launches = []
+    launches: list[Launch] = []
+    scratch: dict[int, int] = {}
     written = frozenset(_place(placements[b.value_id]) for kernel in plan.kernels for b in kernel.outputs)
     for i, kernel in enumerate(plan.kernels):
         inputs = [_place(placements[b.value_id]) for b in kernel.inputs]
         outputs = [_place(placements[b.value_id]) for b in kernel.outputs]
         symbol = f"glue_{_symbol(name)}_{i}_{_symbol(kernel.name)}"[:120]
-        ke = KernelEmitter(module, kernel, symbol, inputs, outputs, arch, written)
-        shape = emit_contraction(ke) if kernel.kind == "contraction" else None
-        if shape is None:
-            shape = _EMIT.get(kernel.kind, emit_rows)(ke)
-        grid, block, strategy = shape
-        copy = None
-        if kernel.init is not None and inputs[kernel.init] != outputs[0]:
-            copy = (outputs[0], inputs[kernel.init], kernel.outputs[0].type.nbytes)
-        launches.append(Launch(symbol, kernel, grid, block, ke.places, strategy, copy, ke.awaited, ke.min_blocks))
-    return CudaProgram(plan, _launch_bounds(str(module), launches), launches, arch)
+        spec = gemm_spec(kernel) if kernel.kind == "contraction" else None
+        variants = gemm_variants(spec, gemm)
+        if "codegen" in variants:
+            launches.append(replace(_emit(module, kernel, symbol, inputs, outputs, arch, written), group=i))
+        if "library" in variants:
+            stream = plan.streams.streams[i]
+
+            def emit(k: Kernel, ins: list[Place], outs: list[Place], sym: str) -> Launch:
+                return _emit(module, k, sym, ins, outs, arch, written)
+
+            served, need = library_launches(spec, i, symbol, inputs, outputs, stream, emit)
+            launches += served
+            scratch[stream] = max(scratch.get(stream, 0), need)
+    regions = tuple(scratch.get(s, 0) for s in range(max(scratch, default=-1) + 1))
+    return CudaProgram(plan, _launch_bounds(str(module), launches), launches, arch, regions)
 
 
-__all__ = ["CudaProgram", "Launch", "Place", "Result", "build_program"]
+__all__ = ["CudaProgram", "Launch", "Place", "Result", "build_program", "gemm_variants"]

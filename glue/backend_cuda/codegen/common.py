@@ -27,7 +27,7 @@ from __future__ import annotations
 import contextlib
 import math
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from llvmlite import ir
 
@@ -53,8 +53,9 @@ MAX_LANES = 8
 
 @dataclass(frozen=True)
 class Place:
-    """Where a kernel operand's memory starts: kind is argument | output | arena; `slot` is the
-    argument or output position; `offset` is in bytes."""
+    """Where a kernel operand's memory starts: kind is argument | output | arena | scratch;
+    `slot` is the argument or output position (for scratch: the stream whose scratch region
+    it is); `offset` is in bytes."""
 
     kind: str
     slot: int = 0
@@ -75,6 +76,9 @@ class Launch:
     copy: tuple[Place, Place, int] | None = None
     dependent: bool = False   # waits for its producers itself: may launch before they finish
     min_blocks: int = 0       # blocks that must fit on a multiprocessor (0: no floor)
+    group: int = -1           # the plan kernel this launch computes (a kernel may take several)
+    variant: str = "codegen"  # "codegen" or "library": a contraction may have both, one runs
+    library: Any = None       # for a library launch: what it computes (codegen.LibraryGemm)
 
     @property
     def name(self) -> str:

@@ -1,0 +1,370 @@
+"""The transformer training step suite: one GPT-style step (token and position embeddings, pre-LN
+blocks with causal attention written out by hand and a GELU MLP, a head tied to the token
+embedding, cross-entropy, AdamW) in glue, jax.jit and torch.compile (+ fused AdamW), the same
+math and initial weights in each, in float32 and in bf16 mixed precision (float32 master
+weights cast to bfloat16 for the forward and backward, norms, softmax and the loss in float32).
+
+Per implementation and config: ms/step (the median of 3 timed loops of STEPS steps, each step's
+weights and optimizer state feeding the next, one sync per loop), tokens/s, compile seconds
+(the first step: tracing, compiling, loading), peak device memory (glue: its allocator's peak
+bytes in use; torch: max_memory_allocated; jax: the device's peak_bytes_in_use), and the loss
+after STEPS steps from the same start, which should agree across implementations.
+
+`python -m benchmarks cuda --suite step` runs it on the GPU; `python -m benchmarks step --cpu`
+runs glue's cpu backend against jax.jit on the host.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import math
+import statistics
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Config:
+    name: str
+    d: int
+    heads: int
+    layers: int
+    T: int
+    B: int
+    vocab: int
+
+
+CONFIGS = {
+    "small": Config("d=256 heads=4 layers=4 T=128 B=8 vocab=4096", 256, 4, 4, 128, 8, 4096),
+    "gpt2": Config("d=768 heads=12 layers=4 T=512 B=8 vocab=8192", 768, 12, 4, 512, 8, 8192),
+}
+STEPS = 10
+LR, BETA1, BETA2, EPS, WD = 3e-4, 0.9, 0.95, 1e-8, 0.1
+
+
+def init(cfg: Config, seed: int = 0) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
+    """Initial weights (a flat list, in the order `unpack` reads them), tokens and targets."""
+    rng = np.random.default_rng(seed)
+    d = cfg.d
+
+    def normal(*shape: int, std: float = 0.02) -> np.ndarray:
+        return (rng.standard_normal(shape) * std).astype(np.float32)
+
+    params = [normal(cfg.vocab, d), normal(cfg.T, d)]
+    for _ in range(cfg.layers):
+        params += [np.ones(d, np.float32), np.zeros(d, np.float32),
+                   normal(d, 3 * d), np.zeros(3 * d, np.float32),
+                   normal(d, d, std=0.02 / math.sqrt(2 * cfg.layers)), np.zeros(d, np.float32),
+                   np.ones(d, np.float32), np.zeros(d, np.float32),
+                   normal(d, 4 * d), np.zeros(4 * d, np.float32),
+                   normal(4 * d, d, std=0.02 / math.sqrt(2 * cfg.layers)), np.zeros(d, np.float32)]
+    params += [np.ones(d, np.float32), np.zeros(d, np.float32)]
+    tokens = rng.integers(0, cfg.vocab, (cfg.B, cfg.T)).astype(np.int32)
+    # targets: the next token of a fixed random "text", so the loss can fall
+    targets = np.roll(tokens, -1, axis=1)
+    return params, tokens, targets
+
+
+def model_loss(xp: Any, nn: Any, logsumexp: Callable, cfg: Config, params: list, tokens: Any, targets: Any,
+               bf16: bool) -> Any:
+    """The GPT-style loss, written once for glue.numpy and jax.numpy (`xp`, `nn`)."""
+    d, H = cfg.d, cfg.heads
+    Dh = d // H
+    low = xp.bfloat16 if bf16 else xp.float32
+    cast = (lambda x: x.astype(low)) if bf16 else (lambda x: x)
+
+    def layer_norm(x, g, b):
+        x32 = x.astype(xp.float32)
+        mean = x32.mean(-1, keepdims=True)
+        var = ((x32 - mean) ** 2).mean(-1, keepdims=True)
+        return cast((x32 - mean) / xp.sqrt(var + 1e-5) * g + b)
+
+    wte, wpe = params[0], params[1]
+    x = cast(xp.take(wte, tokens, axis=0) + wpe[None, :, :])
+    causal = xp.tril(xp.ones((cfg.T, cfg.T), dtype=bool))
+    for layer in range(cfg.layers):
+        g1, b1, wqkv, bqkv, wo, bo, g2, b2, w1, bb1, w2, bb2 = params[2 + 12 * layer: 14 + 12 * layer]
+        h = layer_norm(x, g1, b1)
+        qkv = h @ cast(wqkv) + cast(bqkv)
+        qkv = qkv.reshape(cfg.B, cfg.T, 3, H, Dh).transpose(2, 0, 3, 1, 4)
+        q, k, v = qkv[0], qkv[1], qkv[2]
+        s = (q @ k.swapaxes(-1, -2)).astype(xp.float32) * (1.0 / math.sqrt(Dh))
+        s = xp.where(causal, s, -1e9)
+        p = cast(nn.softmax(s, axis=-1))
+        o = (p @ v).transpose(0, 2, 1, 3).reshape(cfg.B, cfg.T, d)
+        x = x + o @ cast(wo) + cast(bo)
+        h = layer_norm(x, g2, b2)
+        x = x + nn.gelu(h @ cast(w1) + cast(bb1), approximate=True) @ cast(w2) + cast(bb2)
+    h = layer_norm(x, params[-2], params[-1])
+    logits = (h @ cast(wte).T).astype(xp.float32)
+    picked = xp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+    return (logsumexp(logits, axis=-1) - picked).mean()
+
+
+def adamw(xp: Any, params: list, grads: list, m: list, v: list, c1: Any, c2: Any) -> tuple[list, list, list]:
+    """One AdamW step (decoupled weight decay), `c1`/`c2` the bias corrections 1/(1-beta^t)."""
+    new_p, new_m, new_v = [], [], []
+    for p, g, mi, vi in zip(params, grads, m, v):
+        mi = BETA1 * mi + (1 - BETA1) * g
+        vi = BETA2 * vi + (1 - BETA2) * g * g
+        update = (mi * c1) / (xp.sqrt(vi * c2) + EPS)
+        new_p.append(p - LR * (update + WD * p))
+        new_m.append(mi)
+        new_v.append(vi)
+    return new_p, new_m, new_v
+
+
+def corrections(t: int) -> tuple[np.float32, np.float32]:
+    return np.float32(1 / (1 - BETA1 ** t)), np.float32(1 / (1 - BETA2 ** t))
+
+
+@dataclass
+class Result:
+    impl: str
+    ms: float
+    compile_s: float
+    peak_mib: float | None
+    loss: float
+
+    def row(self, cfg: Config, prec: str) -> dict:
+        return {"config": cfg.name, "prec": prec, "impl": self.impl, "ms/step": round(self.ms, 3),
+                "tok/s": round(cfg.B * cfg.T / self.ms * 1e3), "compile s": round(self.compile_s, 2),
+                "peak MiB": None if self.peak_mib is None else round(self.peak_mib), "loss": round(self.loss, 5)}
+
+
+def _timed_loops(run: Callable[[int], Any], sync: Callable[[Any], None], steps: int) -> float:
+    """The median over 3 loops of `steps` steps of the wall ms per step (one sync per loop)."""
+    times = []
+    for _ in range(3):
+        start = time.perf_counter()
+        sync(run(steps))
+        times.append((time.perf_counter() - start) / steps * 1e3)
+    return statistics.median(times)
+
+
+# --- glue ---------------------------------------------------------------------------------------
+
+def glue_step(cfg: Config, backend: str, bf16: bool) -> Result:
+    import glue
+    import glue.nn as gnn
+    import glue.numpy as gnp
+
+    def loss_fn(params, tokens, targets):
+        return model_loss(gnp, gnn, gnn.logsumexp, cfg, params, tokens, targets, bf16)
+
+    def step(params, m, v, tokens, targets, c1, c2):
+        loss, grads = glue.value_and_grad(loss_fn)(params, tokens, targets)
+        params, m, v = adamw(gnp, params, grads, m, v, c1, c2)
+        return params, m, v, loss
+
+    jitted = glue.jit(step, backend=backend, donate_argnums=(0, 1, 2))
+    params0, tokens, targets = init(cfg)
+
+    def put(x):
+        return glue.device_put(x, backend)
+
+    state = [[put(p) for p in params0], [put(np.zeros_like(p)) for p in params0],
+             [put(np.zeros_like(p)) for p in params0]]
+    tokens, targets = put(tokens), put(targets)
+    t = [0]
+
+    def run(steps: int):
+        loss = None
+        for _ in range(steps):
+            t[0] += 1
+            c1, c2 = corrections(t[0])
+            *new, loss = jitted(*state, tokens, targets, c1, c2)
+            state[:] = new
+        return loss
+
+    start = time.perf_counter()
+    loss = run(1)
+    loss.block_until_ready()
+    compile_s = time.perf_counter() - start
+    # restart from the same weights so the reported loss is comparable with the peers'
+    state[:] = [[put(p) for p in params0], [put(np.zeros_like(p)) for p in params0],
+                [put(np.zeros_like(p)) for p in params0]]
+    t[0] = 0
+    final = float(run(STEPS))
+    ms = _timed_loops(run, lambda loss: loss.block_until_ready(), STEPS)
+    peak = None
+    if backend == "cuda":
+        from glue.backend_cuda.runtime import get_context
+
+        peak = get_context().allocator.stats().peak_bytes_in_use / 2 ** 20
+    return Result("glue", ms, compile_s, peak, final)
+
+
+# --- jax ----------------------------------------------------------------------------------------
+
+def jax_step(cfg: Config, bf16: bool) -> Result:
+    import jax
+    import jax.numpy as jnp
+    from jax.scipy.special import logsumexp
+
+    def loss_fn(params, tokens, targets):
+        return model_loss(jnp, jax.nn, logsumexp, cfg, params, tokens, targets, bf16)
+
+    def step(params, m, v, tokens, targets, c1, c2):
+        loss, grads = jax.value_and_grad(loss_fn)(params, tokens, targets)
+        params, m, v = adamw(jnp, params, grads, m, v, c1, c2)
+        return params, m, v, loss
+
+    jitted = jax.jit(step, donate_argnums=(0, 1, 2))
+    params0, tokens, targets = init(cfg)
+
+    def fresh():
+        return [[jnp.asarray(p) for p in params0], [jnp.zeros_like(p) for p in params0],
+                [jnp.zeros_like(p) for p in params0]]
+
+    state = fresh()
+    tokens, targets = jnp.asarray(tokens), jnp.asarray(targets)
+    t = [0]
+
+    def run(steps: int):
+        loss = None
+        for _ in range(steps):
+            t[0] += 1
+            c1, c2 = corrections(t[0])
+            *new, loss = jitted(*state, tokens, targets, c1, c2)
+            state[:] = new
+        return loss
+
+    start = time.perf_counter()
+    jax.block_until_ready(run(1))
+    compile_s = time.perf_counter() - start
+    state[:] = fresh()
+    t[0] = 0
+    final = float(run(STEPS))
+    ms = _timed_loops(run, jax.block_until_ready, STEPS)
+    stats = jax.devices()[0].memory_stats() or {}
+    peak = stats.get("peak_bytes_in_use")
+    return Result("jax.jit", ms, compile_s, None if peak is None else peak / 2 ** 20, final)
+
+
+# --- torch --------------------------------------------------------------------------------------
+
+def torch_step(cfg: Config, bf16: bool, compiled: bool) -> Result:
+    import torch
+    import torch.nn.functional as F
+
+    dev = "cuda"
+    torch.backends.cuda.matmul.allow_tf32 = True  # as jax.jit's default precision does
+    torch.backends.cudnn.allow_tf32 = True
+    params0, tokens_np, targets_np = init(cfg)
+    d, H = cfg.d, cfg.heads
+    Dh = d // H
+    low = torch.bfloat16 if bf16 else torch.float32
+
+    def layer_norm(x, g, b):
+        x32 = x.float()
+        mean = x32.mean(-1, keepdim=True)
+        var = ((x32 - mean) ** 2).mean(-1, keepdim=True)
+        return ((x32 - mean) / torch.sqrt(var + 1e-5) * g + b).to(low)
+
+    causal = torch.tril(torch.ones(cfg.T, cfg.T, dtype=torch.bool, device=dev))
+
+    def loss_fn(params, tokens, targets):
+        c = [p.to(low) for p in params]
+        x = (F.embedding(tokens, params[0]) + params[1][None]).to(low)
+        for layer in range(cfg.layers):
+            g1, b1, wqkv, bqkv, wo, bo, g2, b2, w1, bb1, w2, bb2 = range(2 + 12 * layer, 14 + 12 * layer)
+            h = layer_norm(x, params[g1], params[b1])
+            qkv = (h @ c[wqkv] + c[bqkv]).reshape(cfg.B, cfg.T, 3, H, Dh).permute(2, 0, 3, 1, 4)
+            q, k, v = qkv[0], qkv[1], qkv[2]
+            s = (q @ k.transpose(-1, -2)).float() * (1.0 / math.sqrt(Dh))
+            s = torch.where(causal, s, torch.tensor(-1e9, device=dev))
+            p = torch.softmax(s, dim=-1).to(low)
+            o = (p @ v).transpose(1, 2).reshape(cfg.B, cfg.T, d)
+            x = x + o @ c[wo] + c[bo]
+            h = layer_norm(x, params[g2], params[b2])
+            x = x + F.gelu(h @ c[w1] + c[bb1], approximate="tanh") @ c[w2] + c[bb2]
+        h = layer_norm(x, params[-2], params[-1])
+        logits = (h @ c[0].T).float()
+        return F.cross_entropy(logits.reshape(-1, cfg.vocab), targets.reshape(-1).long())
+
+    params = [torch.tensor(p, device=dev, requires_grad=True) for p in params0]
+    tokens = torch.tensor(tokens_np, device=dev)
+    targets = torch.tensor(targets_np, device=dev)
+    opt = torch.optim.AdamW(params, lr=LR, betas=(BETA1, BETA2), eps=EPS, weight_decay=WD, fused=True)
+    fn = torch.compile(loss_fn) if compiled else loss_fn
+
+    def run(steps: int):
+        loss = None
+        for _ in range(steps):
+            opt.zero_grad(set_to_none=True)
+            loss = fn(params, tokens, targets)
+            loss.backward()
+            opt.step()
+        return loss
+
+    torch.cuda.reset_peak_memory_stats()
+    start = time.perf_counter()
+    run(1)
+    torch.cuda.synchronize()
+    compile_s = time.perf_counter() - start
+    with torch.no_grad():
+        for p, p0 in zip(params, params0):
+            p.copy_(torch.tensor(p0, device=dev))
+    opt = torch.optim.AdamW(params, lr=LR, betas=(BETA1, BETA2), eps=EPS, weight_decay=WD, fused=True)
+    final = float(run(STEPS))
+    ms = _timed_loops(run, lambda loss: torch.cuda.synchronize(), STEPS)
+    peak = torch.cuda.max_memory_allocated() / 2 ** 20
+    return Result("torch.compile" if compiled else "torch eager", ms, compile_s, peak, final)
+
+
+def run(configs: list[str], precisions: list[str], peers: set[str], backend: str = "cuda") -> list[dict]:
+    rows = []
+    for name in configs:
+        cfg = CONFIGS[name]
+        for prec in precisions:
+            bf16 = prec == "bf16"
+            attempts = [("glue", lambda: glue_step(cfg, backend, bf16))]
+            if "jax" in peers:
+                attempts.append(("jax.jit", lambda: jax_step(cfg, bf16)))
+            if "torch.compile" in peers:
+                attempts.append(("torch.compile", lambda: torch_step(cfg, bf16, compiled=True)))
+            if "torch" in peers:
+                attempts.append(("torch eager", lambda: torch_step(cfg, bf16, compiled=False)))
+            for impl, attempt in attempts:
+                try:
+                    rows.append(attempt().row(cfg, prec))
+                except Exception as exc:  # a peer failing must not lose the others' numbers
+                    traceback.print_exc()
+                    rows.append({"config": cfg.name, "prec": prec, "impl": impl, "error": repr(exc)[:200]})
+                print(rows[-1], flush=True)
+                gc.collect()
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    cols = ["config", "prec", "impl", "ms/step", "tok/s", "compile s", "peak MiB", "loss"]
+    lines = ["| " + " | ".join(cols) + " |", "| " + " | ".join("---" for _ in cols) + " |"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['config']} | {r['prec']} | {r['impl']} | error: {r['error']} |  |  |  |  |")
+        else:
+            lines.append("| " + " | ".join(str(r.get(c, "")) for c in cols) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks step", description=__doc__.split("\n")[0])
+    parser.add_argument("--configs", default="small,gpt2")
+    parser.add_argument("--precisions", default="f32,bf16")
+    parser.add_argument("--peers", default="jax")
+    parser.add_argument("--cpu", action="store_true", help="glue's cpu backend (peers: jax on the host)")
+    args = parser.parse_args(argv)
+    peers = {p for p in args.peers.split(",") if p and p != "none"}
+    rows = run(args.configs.split(","), args.precisions.split(","), peers, "cpu" if args.cpu else "cuda")
+    print(table(rows))
+
+
+if __name__ == "__main__":
+    import sys
+
+    main(sys.argv[1:])

@@ -1,0 +1,87 @@
+"""A contraction served by a library (cuBLASLt): the launches that compute it that way.
+
+The scheduler's `GemmSpec` says what the product is. Operands the library can read in place
+(views with contiguous rows or columns) it reads where they are; computed ones (a rounding
+cast, a gather, batch dims that do not flatten) are first written by a pointwise kernel of
+glue's own into this stream's scratch region, row-major. The product is written straight into
+the kernel's output when its epilogue is only that (`GemmSpec.direct`, with contiguous columns),
+else into scratch, and glue's own epilogue kernel (bias, activation, residual, casts: the
+contraction kernel's stores) reads it from there. The variant "library" of a plan kernel is
+these launches in order; the variant "codegen" is glue's own kernel, and the executor runs one
+of them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Callable
+
+from glue.backend_cuda.codegen.common import KernelEmitter, Launch, Place
+from glue.ir import TensorType
+from glue.scheduler.gemm import GemmSpec, View, epilogue_kernel, operand_kernel, product_type
+from glue.scheduler.kernel_ir import Kernel
+
+ALIGN = 256  # bytes: scratch pieces start where the allocator's blocks would
+
+
+@dataclass(frozen=True)
+class LibraryGemm:
+    """What one library launch computes: `spec`'s product from the views `a` and `b` into `d`
+    (offsets relative to the launch's places `(a, b, d)`), at `precision`."""
+
+    spec: GemmSpec
+    a: View
+    b: View
+    d: View
+    precision: str | None
+
+
+def _row_major(shape: tuple[int, int, int], dtype) -> View:
+    batches, rows, cols = shape
+    return View(-1, dtype, 0, rows * cols if batches > 1 else 0, cols, 1)
+
+
+Emit = Callable[[Kernel, list[Place], list[Place], str], Launch]
+
+
+def library_launches(spec: GemmSpec, group: int, symbol: str, inputs: list[Place], outputs: list[Place],
+                     stream: int, emit: Emit) -> tuple[list[Launch], int]:
+    """The launches of plan kernel `group` (places `inputs`/`outputs`) served by the library,
+    and the scratch bytes they use in stream `stream`'s region. `emit(kernel, inputs, outputs,
+    symbol)` generates one of glue's own kernels."""
+    launches: list[Launch] = []
+    offset = 0
+
+    def scratch(t: TensorType) -> Place:
+        nonlocal offset
+        place = Place("scratch", stream, offset)
+        offset += -(-t.nbytes // ALIGN) * ALIGN
+        return place
+
+    views = {}
+    for side, view in (("a", spec.a), ("b", spec.b)):
+        if view is not None and view.layout != "strided":
+            views[side] = (inputs[view.buffer], view)
+            continue
+        kernel = operand_kernel(spec, side, symbol)
+        out = kernel.outputs[0].type
+        place = scratch(out)
+        launches.append(emit(kernel, inputs, [place], f"{symbol}_{side}"))
+        views[side] = (place, _row_major(out.shape, out.dtype))
+    direct = spec.direct
+    if direct is not None and direct.col_stride == 1:
+        d_place, d_view = outputs[direct.buffer], direct
+        epilogue = None
+    else:
+        product = product_type(spec)
+        d_place, d_view = scratch(product), _row_major(product.shape, product.dtype)
+        epilogue = epilogue_kernel(spec, symbol)
+    (a_place, a_view), (b_place, b_view) = views["a"], views["b"]
+    gemm = LibraryGemm(spec, a_view, b_view, d_view, spec.kernel.precision)
+    launches.append(Launch(f"cublaslt_{symbol}", spec.kernel, 0, 0, (a_place, b_place, d_place),
+                           f"cuBLASLt {spec.describe()}", library=gemm))
+    if epilogue is not None:
+        launches.append(emit(epilogue, inputs + [d_place], outputs, f"{symbol}_epilogue"))
+    return [replace(launch, group=group, variant="library") for launch in launches], offset
+
+
+__all__ = ["LibraryGemm", "library_launches"]

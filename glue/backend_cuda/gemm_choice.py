@@ -1,0 +1,102 @@
+"""Who serves each contraction of a program: glue's own kernel or cuBLASLt, raced per shape.
+
+A plan kernel that has both variants (see codegen/library.py) is timed both ways on the GPU when
+the program loads, on random data in buffers of the program's types, and the faster variant
+runs; the choice is kept in the disk cache (namespace "gemm"), keyed by the kernel's text, the
+arch, the library's version and both variants' launch strategies, so a later process does not
+race again. `glue.config.gemm` forces one variant ("library" | "codegen"); with
+`glue.config.autotune` off, a kernel with both takes the library's. The choices and their
+timings are on the executable (`gemm_choices`, `gemm_timings`) and in GLUE_DEBUG's log.
+"""
+from __future__ import annotations
+
+import logging
+import statistics
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from glue.backend.cache import DiskCache, digest
+from glue.backend_cuda.runtime.device_array import DeviceBuffer
+from glue.backend_cuda.runtime.stream import Event
+from glue.settings import config
+
+if TYPE_CHECKING:
+    from glue.backend_cuda.codegen import CudaProgram
+    from glue.backend_cuda.executor import CudaExecutable
+
+log = logging.getLogger("glue")
+DISK = DiskCache("gemm")
+WARMUP, RUNS = 2, 10
+
+
+def _key(program: "CudaProgram", group: int) -> bytes:
+    from glue.backend_cuda import cublaslt
+
+    launches = [l for l in program.launches if l.group == group]
+    strategies = "|".join(f"{l.variant}:{l.strategy}" for l in launches)
+    return digest("gemm choice", program.arch, cublaslt.version(), str(program.plan.kernels[group]), strategies)
+
+
+def choose_variants(exe: "CudaExecutable", program: "CudaProgram") -> dict[int, str]:
+    """The variant each plan kernel runs ("codegen" where it has only that)."""
+    variants: dict[int, set[str]] = {}
+    for launch in program.launches:
+        variants.setdefault(launch.group, set()).add(launch.variant)
+    choices = {g: next(iter(v)) for g, v in variants.items() if len(v) == 1}
+    exe.gemm_timings = {}
+    for group in sorted(g for g, v in variants.items() if len(v) > 1):
+        if not config.autotune:
+            choices[group] = "library"
+            continue
+        key = _key(program, group)
+        cached = DISK.load(key)
+        if cached in (b"codegen", b"library"):
+            choices[group] = cached.decode()
+            continue
+        times = race(exe, program, group)
+        exe.gemm_timings[group] = times
+        choices[group] = min(times, key=times.get)
+        DISK.store(key, choices[group].encode())
+        log.debug("glue.cuda: %s: %s (codegen %.1f us, library %.1f us)", program.plan.kernels[group].name,
+                  choices[group], times["codegen"], times["library"])
+    return choices
+
+
+def _random_buffer(shape: tuple[int, ...], dtype: Any, rng: np.random.Generator, stream: Any) -> DeviceBuffer:
+    numpy = dtype.numpy
+    if dtype.is_float:
+        values = rng.standard_normal(shape).astype(np.float32).astype(numpy)
+    else:
+        values = rng.integers(0, 2 if dtype.kind == "bool" else 16, shape).astype(numpy)
+    return DeviceBuffer.from_numpy(values, stream)
+
+
+def race(exe: "CudaExecutable", program: "CudaProgram", group: int) -> dict[str, float]:
+    """Microseconds per run of each variant of plan kernel `group` (median of RUNS event-timed
+    runs after WARMUP), on random arguments; every launch on the executable's first stream."""
+    rng = np.random.default_rng(0)
+    stream = exe.stream
+    args = [_random_buffer(t.shape, t.dtype, rng, stream) for t in program.arg_types]
+    outs = [DeviceBuffer(t.shape, t.dtype, stream) for t in program.output_types]
+    if exe.arena is not None:
+        exe.arena.fill_bytes(0x3C)  # small finite floats wherever an intermediate would be
+    bases = exe._bases(args, outs)
+    exe.ctx.synchronize()
+    times = {}
+    for variant in ("codegen", "library"):
+        launches = [l for l in program.launches if l.group == group and l.variant == variant]
+        steps = exe._build_steps(program, launches)
+        for step in steps:
+            step.stream, step.waits, step.record, step.dependent = stream, (), None, None
+        samples = []
+        for run in range(WARMUP + RUNS):
+            start, end = Event(exe.ctx, timing=True), Event(exe.ctx, timing=True)
+            start.record(stream)
+            exe.run_steps(steps, bases)
+            end.record(stream)
+            end.synchronize()
+            if run >= WARMUP:
+                samples.append(start.elapsed_ms(end) * 1e3)
+        times[variant] = statistics.median(samples)
+    return times

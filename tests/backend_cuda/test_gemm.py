@@ -1,0 +1,101 @@
+"""Contractions served by a library (cuBLASLt) or glue's own kernels: the GEMM description of a
+contraction kernel, the launches of the library variant (operands written out where the library
+cannot read them in place, the epilogue after the product), checked on the CPU emulator (which
+computes a library product with NumPy) and, on a GPU, through cuBLASLt itself."""
+import ml_dtypes
+import numpy as np
+import pytest
+
+import glue
+import glue.nn as nn
+import glue.numpy as gnp
+from glue.backend_cuda import CudaBackend, cublaslt
+from glue.reference import run_graph
+from glue.reference.compare import mismatch, tolerance_dtypes
+from glue.scheduler.gemm import gemm_spec
+from tests.backend_cuda import emulator
+
+BF16 = ml_dtypes.bfloat16
+RNG = np.random.default_rng(11)
+needs_cc = pytest.mark.skipif(not emulator.available(), reason="the emulator needs a C compiler")
+
+CASES = {
+    "NN f32": (lambda a, b: a @ b, [(40, 24), (24, 56)], np.float32),
+    "NT bf16": (lambda a, b: a @ b.T, [(40, 32), (48, 32)], BF16),
+    "TN f32": (lambda a, b: a.T @ b, [(24, 40), (24, 56)], np.float32),
+    "TT f16": (lambda a, b: a.T @ b.T, [(32, 40), (48, 32)], np.float16),
+    "batched bf16": (lambda a, b: a @ b, [(3, 40, 32), (3, 32, 24)], BF16),
+    "broadcast weight": (lambda a, b: a @ b, [(3, 40, 32), (32, 24)], np.float32),
+    "bias gelu": (lambda a, b, c: nn.gelu(a @ b + c), [(40, 24), (24, 56), (56,)], np.float32),
+    "residual bf16 out": (lambda a, b, r: ((a @ b) + r).astype(gnp.bfloat16), [(40, 24), (24, 56), (40, 56)],
+                          np.float32),
+    "cast prologue": (lambda a, b: a.astype(gnp.bfloat16) @ b.astype(gnp.bfloat16), [(40, 32), (32, 24)], np.float32),
+    "attention scores": (lambda q, k: gnp.einsum("bthd,bshd->bhts", q, k) * 0.125, [(2, 16, 3, 8), (2, 16, 3, 8)], BF16),
+    "weight gradient": (lambda x, g: gnp.einsum("btd,bte->de", x, g), [(2, 16, 8), (2, 16, 12)], np.float32),
+    "vector": (lambda a, b: a @ b, [(32,), (32, 24)], np.float32),
+}
+
+
+def _args(shapes, dtype):
+    return [(RNG.standard_normal(s) * 0.5).astype(dtype) for s in shapes]
+
+
+def _compare(graph, args, outs, label, tf32):
+    want = run_graph(graph, args, float64=True)
+    for i, (got, w, d) in enumerate(zip(outs, want, tolerance_dtypes(graph, tf32=tf32))):
+        problem = mismatch(got, w, d if d is not None else graph.out_types[i].dtype, scale=4.0)
+        assert problem is None, f"{label}, output {i}: {problem}"
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_every_training_contraction_is_a_gemm(name):
+    fn, shapes, dtype = CASES[name]
+    plan = glue.jit(fn, backend="cpu").lower(*_args(shapes, dtype)).lowering["plan"]
+    specs = [gemm_spec(k) for k in plan.kernels if k.kind == "contraction"]
+    assert specs and all(s is not None for s in specs), name
+    batches, m, n, k = specs[0].shape
+    assert specs[0].flops == 2 * batches * m * n * k
+
+
+@needs_cc
+@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("variant", ["library", "codegen"])
+def test_library_and_codegen_variants_compute_the_reference(name, variant):
+    fn, shapes, dtype = CASES[name]
+    args = _args(shapes, dtype)
+    closed = glue.make_ir(fn)(*args)
+    program = CudaBackend().lower(closed.graph, name="gemm", gemm="auto" if cublaslt.available() else "codegen")["llvm"]
+    if variant == "library" and not any(l.library for l in program.launches):
+        pytest.skip("nvmath-python is not installed: no library variant")
+    all_args = list(closed.consts) + args
+    outs = emulator.run_program(program, all_args, variant=variant)
+    _compare(closed.graph, all_args, outs, f"{name} ({variant})", tf32=variant == "library")
+
+
+@pytest.mark.skipif(not cublaslt.available(), reason="nvmath-python is not installed")
+def test_the_library_variant_writes_out_only_what_it_cannot_read_in_place():
+    def launches(fn, shapes, dtype):
+        closed = glue.make_ir(fn)(*_args(shapes, dtype))
+        program = CudaBackend().lower(closed.graph, gemm="library")["llvm"]
+        return [l.symbol.split("_")[-1] if l.library is None else "gemm" for l in program.launches]
+
+    assert launches(*CASES["NT bf16"]) == ["gemm"]
+    assert launches(*CASES["bias gelu"]) == ["gemm", "epilogue"]
+    assert launches(*CASES["cast prologue"]) == ["a", "b", "gemm"]
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not cublaslt.available(), reason="nvmath-python is not installed")
+@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("gemm", ["library", "codegen", "auto"])
+def test_on_the_gpu_every_variant_computes_the_reference(name, gemm):
+    fn, shapes, dtype = CASES[name]
+    args = _args(shapes, dtype)
+    closed = glue.make_ir(fn)(*args)
+    with glue.config.override(cuda_poison=0xFF):
+        exe = CudaBackend().lower(closed.graph, name="gemm", gemm=gemm).compile()
+        all_args = list(closed.consts) + args
+        outs = [np.asarray(o) for o in exe(*all_args)]
+    _compare(closed.graph, all_args, outs, f"{name} ({gemm})", tf32=True)
+    if gemm == "library":
+        assert any(step.library is not None for step in exe._steps)
