@@ -350,6 +350,7 @@ def main(argv: list[str] | None = None) -> None:
                              "the contractions (cuda_matmul.py) or the training step (step.py)")
     parser.add_argument("--configs", default="small,gpt2", help="step suite: configs of benchmarks/step.py")
     parser.add_argument("--precisions", default="f32,bf16", help="step suite: f32, bf16 or both")
+    parser.add_argument("--profile", action="store_true", help="step suite: where glue's step spends its time")
     args = parser.parse_args(argv)
     peers = set(p for p in args.peers.split(",") if p and p != "none")
     sections = []
@@ -363,7 +364,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.suite == "matmul":
         sections.append(cuda_matmul.table(cuda_matmul.run(peers, args.only)))
     if args.suite == "step":
-        sections.append(step.table(step.run(args.configs.split(","), args.precisions.split(","), peers)))
+        sections.append(step.table(step.run(args.configs.split(","), args.precisions.split(","), peers,
+                                            profile=args.profile)))
     text = "\n\n".join(sections)
     print(text)
     device = glue.devices()[0]

@@ -57,17 +57,21 @@ def _flops(spec: str, shapes: tuple) -> int:
 
 
 def _burst_us(run: Callable[[], Any]) -> float:
+    """Median over 5 bursts of the device us per run; a slow product gets shorter bursts (about
+    40 ms each) so that the suite stays within minutes."""
     stream = get_context().stream
-    samples = []
-    for _ in range(5):
+
+    def burst(n: int) -> float:
         start, end = Event(stream.ctx, timing=True), Event(stream.ctx, timing=True)
         start.record(stream)
-        for _ in range(BURST):
+        for _ in range(n):
             run()
         end.record(stream)
         end.synchronize()
-        samples.append(start.elapsed_ms(end) * 1e3 / BURST)
-    return statistics.median(samples)
+        return start.elapsed_ms(end) * 1e3 / n
+
+    n = max(1, min(BURST, int(40e3 / max(burst(1), 1.0))))
+    return statistics.median(burst(n) for _ in range(5))
 
 
 def glue_row(label: str, spec: str, arrays: list[np.ndarray], precision: str, gemm: str) -> dict:

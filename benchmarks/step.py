@@ -162,6 +162,7 @@ def glue_step(cfg: Config, backend: str, bf16: bool) -> Result:
         return params, m, v, loss
 
     jitted = glue.jit(step, backend=backend, donate_argnums=(0, 1, 2))
+    GLUE_STEPS.append(jitted)
     params0, tokens, targets = init(cfg)
 
     def put(x):
@@ -191,6 +192,8 @@ def glue_step(cfg: Config, backend: str, bf16: bool) -> Result:
     t[0] = 0
     final = float(run(STEPS))
     ms = _timed_loops(run, lambda loss: loss.block_until_ready(), STEPS)
+    c1, c2 = corrections(t[0] + 1)
+    _LAST_STATE[jitted] = [*state, tokens, targets, c1, c2]
     peak = None
     if backend == "cuda":
         from glue.backend_cuda.runtime import get_context
@@ -317,7 +320,43 @@ def torch_step(cfg: Config, bf16: bool, compiled: bool) -> Result:
     return Result("torch.compile" if compiled else "torch eager", ms, compile_s, peak, final)
 
 
-def run(configs: list[str], precisions: list[str], peers: set[str], backend: str = "cuda") -> list[dict]:
+GLUE_STEPS: list[Any] = []  # the jitted steps glue_step made, for `breakdown`
+
+
+def breakdown(jitted: Any, top: int = 25) -> str:
+    """Where one glue step's device time goes: its kernels from a glue.profile trace, summed by
+    name (a kernel's position and fused ops), the largest first; and who serves each contraction."""
+    import json
+    import os
+    import tempfile
+
+    import glue
+
+    compiled = next(iter(jitted._compiled.values()))
+    exe = compiled.executable
+    path = os.path.join(tempfile.mkdtemp(), "step.json")
+    state = _LAST_STATE[jitted]
+    with glue.profile(path):
+        *new, loss = jitted(*state)
+        loss.block_until_ready()
+    _LAST_STATE[jitted] = [*new, *state[3:]]
+    events = [e for e in json.load(open(path))["traceEvents"] if e.get("ph") == "X" and e.get("cat") == "kernel"]
+    totals: dict[str, float] = {}
+    for e in events:
+        totals[e["name"]] = totals.get(e["name"], 0.0) + e["dur"]
+    total = sum(totals.values())
+    lines = [f"glue step: {len(events)} kernels, {total / 1e3:.2f} ms of device time; "
+             f"contractions: {sorted(getattr(exe, 'gemm_choices', {}).items())}"]
+    for name, us in sorted(totals.items(), key=lambda kv: -kv[1])[:top]:
+        lines.append(f"  {us:9.1f} us  {100 * us / total:5.1f}%  {name}")
+    return "\n".join(lines)
+
+
+_LAST_STATE: dict[Any, list] = {}
+
+
+def run(configs: list[str], precisions: list[str], peers: set[str], backend: str = "cuda",
+        profile: bool = False) -> list[dict]:
     rows = []
     for name in configs:
         cfg = CONFIGS[name]
@@ -333,6 +372,8 @@ def run(configs: list[str], precisions: list[str], peers: set[str], backend: str
             for impl, attempt in attempts:
                 try:
                     rows.append(attempt().row(cfg, prec))
+                    if impl == "glue" and profile:
+                        print(breakdown(GLUE_STEPS[-1]), flush=True)
                 except Exception as exc:  # a peer failing must not lose the others' numbers
                     traceback.print_exc()
                     rows.append({"config": cfg.name, "prec": prec, "impl": impl, "error": repr(exc)[:200]})

@@ -106,6 +106,18 @@ def profile(path: str) -> Iterator[Profile]:
 
 
 @contextmanager
+def suspended() -> Iterator[None]:
+    """Record nothing inside (work glue does for itself, such as timing kernel variants, which
+    would otherwise show up as the program's own copies and kernels)."""
+    global _active
+    prof, _active = _active, None
+    try:
+        yield
+    finally:
+        _active = prof
+
+
+@contextmanager
 def span(cat: str, name: str, **args: Any) -> Iterator[None]:
     """A host interval on the calling thread's track, when a profile is open."""
     prof = _active

@@ -110,8 +110,8 @@ def _llvm_text(program: CudaProgram) -> str:
 
 def _ptx(lowering: Lowering) -> str:
     program: CudaProgram = lowering["llvm"]
-    if not program.launches:  # every output is an argument or a literal
-        return "// this program runs no kernels\n"
+    if not any(launch.grid for launch in program.launches):  # only copies or library calls, or nothing
+        return "// this program runs no kernels of glue's own\n"
     return ptx_for_module(program.llvm_ir, lowering.options.arch, lowering.options.opt_level)
 
 

@@ -70,6 +70,10 @@ def served_view(view: View | None) -> bool:
     return view is not None and view.layout != "strided"
 
 
+class LibraryError(BackendError):
+    """cuBLASLt refused a product (its status, and the product's description)."""
+
+
 @dataclass(frozen=True)
 class Problem:
     """One product as cuBLASLt runs it: sizes, each side's dtype, op, leading dim and batch
@@ -122,6 +126,12 @@ class Matmul:
     `run` queues it on a stream; everything it needs lives as long as this object."""
 
     def __init__(self, handle: int, p: Problem):
+        try:
+            self._plan(handle, p)
+        except _lt.cuBLASLtError as exc:
+            raise LibraryError(f"cuBLASLt cannot plan {p}: {exc}") from None
+
+    def _plan(self, handle: int, p: Problem) -> None:
         lt = _lt
         self.problem = p
         scale = np.float64 if p.d_dtype == dt.float64 else np.float32
@@ -145,7 +155,7 @@ class Matmul:
                                      results.ctypes.data, count.ctypes.data)
         lt.matmul_preference_destroy(pref)
         if count[0] == 0:
-            raise BackendError(f"cuBLASLt has no algorithm for {p}")
+            raise LibraryError(f"cuBLASLt has no algorithm for {p}")
         self.algos = results[:count[0]]
         self.choice = 0
         self.handle = handle
@@ -169,8 +179,11 @@ class Matmul:
         """Queue D = A @ B on `stream` (device addresses of the operands' first elements)."""
         first, second, out = self.layouts
         algo = self.algos[self.choice:self.choice + 1]
-        _lt.matmul(self.handle, self.desc, self._alpha.ctypes.data, b, first, a, second, self._beta.ctypes.data,
-                   d, out, d, out, algo.ctypes.data, workspace, WORKSPACE_BYTES, stream)
+        try:
+            _lt.matmul(self.handle, self.desc, self._alpha.ctypes.data, b, first, a, second,
+                       self._beta.ctypes.data, d, out, d, out, algo.ctypes.data, workspace, WORKSPACE_BYTES, stream)
+        except _lt.cuBLASLtError as exc:
+            raise LibraryError(f"cuBLASLt failed on {self.problem}: {exc}") from None
 
     def __del__(self) -> None:
         lt = _lt
@@ -197,5 +210,5 @@ def handle_for(ctx: Any) -> int:
     return found
 
 
-__all__ = ["Matmul", "Problem", "WORKSPACE_BYTES", "available", "can_serve", "handle_for", "problem",
+__all__ = ["LibraryError", "Matmul", "Problem", "WORKSPACE_BYTES", "available", "can_serve", "handle_for", "problem",
            "served_view"]

@@ -16,7 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from glue import profiler
 from glue.backend.cache import DiskCache, digest
+from glue.errors import BackendError
 from glue.backend_cuda.runtime.device_array import DeviceBuffer
 from glue.backend_cuda.runtime.stream import Event
 from glue.settings import config
@@ -45,7 +47,17 @@ def choose_variants(exe: "CudaExecutable", program: "CudaProgram") -> dict[int, 
         variants.setdefault(launch.group, set()).add(launch.variant)
     choices = {g: next(iter(v)) for g, v in variants.items() if len(v) == 1}
     exe.gemm_timings = {}
-    for group in sorted(g for g, v in variants.items() if len(v) > 1):
+    for group in sorted(g for g, v in variants.items() if "library" in v):
+        why_not = _library_fails(exe, program, group)
+        if why_not is None:
+            continue
+        if "codegen" not in variants[group]:
+            raise BackendError(f"cuda: {program.plan.kernels[group].name} can only run on cuBLASLt "
+                               f"(GLUE_GEMM=library) and cuBLASLt refuses it: {why_not}")
+        log.info("glue.cuda: %s runs on glue's own kernel: cuBLASLt refuses it (%s)",
+                 program.plan.kernels[group].name, why_not)
+        choices[group] = "codegen"
+    for group in sorted(g for g, v in variants.items() if len(v) > 1 and g not in choices):
         if not config.autotune:
             choices[group] = "library"
             continue
@@ -54,13 +66,33 @@ def choose_variants(exe: "CudaExecutable", program: "CudaProgram") -> dict[int, 
         if cached in (b"codegen", b"library"):
             choices[group] = cached.decode()
             continue
-        times = race(exe, program, group)
+        try:
+            with profiler.span("compile", f"race {program.plan.kernels[group].name}"), profiler.suspended():
+                times = race(exe, program, group)
+        except BackendError as exc:  # the library failed to run it: glue's kernel serves
+            log.info("glue.cuda: %s runs on glue's own kernel: cuBLASLt failed on it (%s)",
+                     program.plan.kernels[group].name, exc)
+            choices[group] = "codegen"
+            continue
         exe.gemm_timings[group] = times
         choices[group] = min(times, key=times.get)
         DISK.store(key, choices[group].encode())
         log.debug("glue.cuda: %s: %s (codegen %.1f us, library %.1f us)", program.plan.kernels[group].name,
                   choices[group], times["codegen"], times["library"])
     return choices
+
+
+def _library_fails(exe: "CudaExecutable", program: "CudaProgram", group: int) -> str | None:
+    """None when cuBLASLt plans every product of the group's library variant; else its error."""
+    from glue.backend_cuda.cublaslt import LibraryError
+
+    for launch in program.launches:
+        if launch.group == group and launch.library is not None:
+            try:
+                exe._matmul(launch, program.plan.streams.streams[group])
+            except LibraryError as exc:
+                return str(exc)
+    return None
 
 
 def _random_buffer(shape: tuple[int, ...], dtype: Any, rng: np.random.Generator, stream: Any) -> DeviceBuffer:

@@ -14,7 +14,6 @@ from hypothesis import strategies as st
 import glue
 import glue.numpy as gnp
 from glue.backend_cuda import CudaBackend
-from glue.backend_cuda.executor import device_put
 from glue.ir import dtypes as dt
 from glue.reference import run_graph
 from glue.reference.compare import mismatch
@@ -80,6 +79,10 @@ def test_numpy_and_nn_functions(name, fn, args):
 
 
 # --- arrays on the device ---------------------------------------------------------------------
+
+def device_put(x):
+    return glue.device_put(x, "cuda")
+
 
 def test_results_stay_on_the_device_and_feed_the_next_call():
     f = glue.jit(lambda x, y: gnp.tanh(x) * y, backend="cuda")
