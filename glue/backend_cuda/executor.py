@@ -116,6 +116,9 @@ class CudaExecutable:
         # glue has no byte dtype; arena and scratch sizes are multiples of 256 bytes.
         self.arena = DeviceBuffer((program.arena_bytes // 4,), np.int32, self.stream) if program.arena_bytes else None
         self._scratch = [DeviceBuffer((max(n, 4) // 4,), np.int32, self.streams[s]) for s, n in enumerate(program.scratch)]
+        # Counters start at zero and every kernel that counts leaves them at zero again.
+        self._counters = DeviceBuffer((program.counters // 4,), np.int32, self.stream).fill_bytes(0) \
+            if program.counters else None
         self._workspaces: dict[int, DeviceBuffer] = {}
         self._matmuls: dict[str, Any] = {}
         self.gemm_choices = choose_variants(self, program)
@@ -145,6 +148,8 @@ class CudaExecutable:
             return (n_args + n_outs, place.offset)
         if place.kind == "scratch":
             return (n_args + n_outs + 1 + place.slot, place.offset)
+        if place.kind == "counters":
+            return (n_args + n_outs + 1 + len(self._scratch), place.offset)
         return ((0 if place.kind == "argument" else n_args) + place.slot, place.offset)
 
     def _build_steps(self, program: CudaProgram, launches: list[Launch]) -> list[_Step]:
@@ -266,10 +271,10 @@ class CudaExecutable:
         return assemble(program.results, outputs, buffers, _DeviceMemory(self.stream, self._copy))
 
     def _bases(self, buffers: list[DeviceBuffer], outputs: list[DeviceBuffer]) -> list[int]:
-        """The address of every memory place of the call: arguments, outputs, the arena, then
-        the scratch regions."""
+        """The address of every memory place of the call: arguments, outputs, the arena, the
+        scratch regions, then the counters."""
         return [b.ptr for b in buffers] + [o.ptr for o in outputs] + [self.arena.ptr if self.arena else 0] + \
-            [s.ptr for s in self._scratch]
+            [s.ptr for s in self._scratch] + [self._counters.ptr if self._counters else 0]
 
     def _replay(self, key: tuple[int, ...], buffers: list[DeviceBuffer], outputs: list[DeviceBuffer],
                 unordered: list[DeviceBuffer]) -> bool:

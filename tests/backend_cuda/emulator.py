@@ -150,7 +150,7 @@ def host_ir(nvptx_ir: str) -> str:
     """The module retargeted to the host: no address spaces, plain functions, C intrinsics."""
     text = re.sub(r"\s*addrspace\(\d\)", "", nvptx_ir).replace("define ptx_kernel void", "define void")
     # cache hints and grid dependencies (blocks run one kernel at a time here): no-ops
-    text = re.sub(r"^.*asm sideeffect \"(prefetch|griddepcontrol).*$", "", text, flags=re.M)
+    text = re.sub(r"^.*asm sideeffect \"(prefetch|griddepcontrol|membar).*$", "", text, flags=re.M)
     text, packs = re.subn(r'asm\s+"cvt\.rn\.bf16x2\.f32 \$0, \$1, \$2;", "=r,f,f"', '@"emu_bf16x2"', text)
     if packs:
         text += '\ndeclare i32 @"emu_bf16x2"(float, float)\n'
@@ -228,13 +228,14 @@ def run_program(program: CudaProgram, args: Sequence[Any], poison: int = 0xFF,
         outs.append((ptr, t))
     arena_raw, arena = _aligned(program.arena_bytes, poison)
     scratch = [_aligned(n, poison) for n in program.scratch]
-    keep += [raw for raw, _ in scratch]
-    bases = [p for p, _ in arrays] + [p for p, _ in outs] + [arena] + [p for _, p in scratch]
+    counters = _aligned(program.counters, 0)
+    keep += [raw for raw, _ in scratch] + [counters[0]]
+    bases = [p for p, _ in arrays] + [p for p, _ in outs] + [arena] + [p for _, p in scratch] + [counters[1]]
     n_args = len(arrays)
 
     def address(place) -> int:
         base = {"argument": place.slot, "output": n_args + place.slot, "arena": n_args + len(outs),
-                "scratch": n_args + len(outs) + 1 + place.slot}[place.kind]
+                "scratch": n_args + len(outs) + 1 + place.slot, "counters": len(bases) - 1}[place.kind]
         return bases[base] + place.offset
 
     chosen = {l.group: l.variant for l in program.launches if l.variant == variant}

@@ -27,7 +27,7 @@ EXAMPLES = int(os.environ.get("GLUE_CUDA_EXAMPLES", "200")) // 2
 @settings(max_examples=EXAMPLES, deadline=None)
 def test_replayed_graphs_and_direct_launches_match_the_reference(data):
     graph = data.draw(programs(dtypes=(dt.float32, dt.int32, dt.bfloat16), max_eqns=12, max_side=6))
-    inputs = [device_put(a) for a in data.draw(graph_inputs(graph))]
+    inputs = [device_put(a).buffer for a in data.draw(graph_inputs(graph))]
     exe = CudaBackend().lower(graph, name="random").compile()
     exe.poison = 0xFF
     exe.use_graphs = False

@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from llvmlite import ir
 
 from glue.backend_cuda import cublaslt
+from glue.backend_cuda.codegen.columns import ColumnPlan, columns_fit, emit_columns
 from glue.backend_cuda.codegen.common import KernelEmitter, Launch, Place
 from glue.backend_cuda.codegen.contraction import emit_contraction
 from glue.backend_cuda.codegen.data import emit_data
@@ -25,6 +26,7 @@ from glue.backend_cuda.codegen.library import library_launches
 from glue.backend_cuda.codegen.pointwise import emit_pointwise
 from glue.backend_cuda.codegen.rows import emit_rows
 from glue.backend_cuda.ptx import DEFAULT_ARCH
+from glue.codegen.scope import Analysis
 from glue.ir import TensorType
 from glue.scheduler.gemm import GemmSpec, gemm_spec
 from glue.scheduler.kernel_ir import Kernel
@@ -40,7 +42,8 @@ class CudaProgram:
     llvm_ir: str
     launches: list[Launch]
     arch: str = DEFAULT_ARCH
-    scratch: tuple[int, ...] = ()  # bytes of each stream's scratch region (library operands, products)
+    scratch: tuple[int, ...] = ()  # bytes of each stream's scratch region (library operands, partials)
+    counters: int = 0              # bytes of zeroed counters (column reductions' last-block counts)
 
     @property
     def arena_bytes(self) -> int:
@@ -87,13 +90,44 @@ def _launch_bounds(llvm_ir: str, launches: list[Launch]) -> str:
     return llvm_ir
 
 
+class _Memory:
+    """The working memory kernels of a program claim besides their operands: each stream's
+    scratch region (sized by its largest claim: kernels of one stream run one after another)
+    and the program's zeroed counters (each claim its own)."""
+
+    def __init__(self) -> None:
+        self.scratch: dict[int, int] = {}
+        self.counters = 0
+
+    def claim_scratch(self, stream: int, nbytes: int) -> Place:
+        self.scratch[stream] = max(self.scratch.get(stream, 0), nbytes)
+        return Place("scratch", stream, 0)
+
+    def claim_counters(self, nbytes: int) -> Place:
+        place = Place("counters", 0, self.counters)
+        self.counters += -(-nbytes // 256) * 256
+        return place
+
+    def regions(self) -> tuple[int, ...]:
+        return tuple(self.scratch.get(s, 0) for s in range(max(self.scratch, default=-1) + 1))
+
+
 def _emit(module: ir.Module, kernel: Kernel, symbol: str, inputs: list[Place], outputs: list[Place],
-          arch: str, written: frozenset[Place]) -> Launch:
-    """One of glue's own kernels, emitted by its class."""
-    ke = KernelEmitter(module, kernel, symbol, inputs, outputs, arch, written)
-    shape = emit_contraction(ke) if kernel.kind == "contraction" else None
-    if shape is None:
-        shape = _EMIT.get(kernel.kind, emit_rows)(ke)
+          arch: str, written: frozenset[Place], memory: _Memory | None = None, stream: int = 0) -> Launch:
+    """One of glue's own kernels, emitted by its class (a column reduction claims working
+    memory from `memory`, on `stream`)."""
+    analysis = Analysis()
+    if kernel.kind == "reduction" and memory is not None and columns_fit(kernel, analysis):
+        plan = ColumnPlan(kernel, analysis)
+        extra = [memory.claim_scratch(stream, plan.scratch_bytes), memory.claim_counters(plan.counter_bytes)] \
+            if plan.splits > 1 else []
+        ke = KernelEmitter(module, kernel, symbol, inputs, outputs, arch, written, extra)
+        shape = emit_columns(ke, plan)
+    else:
+        ke = KernelEmitter(module, kernel, symbol, inputs, outputs, arch, written)
+        shape = emit_contraction(ke) if kernel.kind == "contraction" else None
+        if shape is None:
+            shape = _EMIT.get(kernel.kind, emit_rows)(ke)
     grid, block, strategy = shape
     copy = None
     if kernel.init is not None and inputs[kernel.init] != outputs[0]:
@@ -133,7 +167,7 @@ def build_program(plan: Plan, name: str = "fn", arch: str = DEFAULT_ARCH, gemm: 
     placements = plan.memory.placements
     module = ir.Module(name=_symbol(name))
     launches: list[Launch] = []
-    scratch: dict[int, int] = {}
+    memory = _Memory()
     written = frozenset(_place(placements[b.value_id]) for kernel in plan.kernels for b in kernel.outputs)
     for i, kernel in enumerate(plan.kernels):
         inputs = [_place(placements[b.value_id]) for b in kernel.inputs]
@@ -141,19 +175,19 @@ def build_program(plan: Plan, name: str = "fn", arch: str = DEFAULT_ARCH, gemm: 
         symbol = f"glue_{_symbol(name)}_{i}_{_symbol(kernel.name)}"[:120]
         spec = gemm_spec(kernel) if kernel.kind == "contraction" else None
         variants = gemm_variants(spec, gemm)
+        stream = plan.streams.streams[i]
         if "codegen" in variants:
-            launches.append(replace(_emit(module, kernel, symbol, inputs, outputs, arch, written), group=i))
+            launches.append(replace(_emit(module, kernel, symbol, inputs, outputs, arch, written, memory, stream),
+                                    group=i))
         if "library" in variants:
-            stream = plan.streams.streams[i]
-
             def emit(k: Kernel, ins: list[Place], outs: list[Place], sym: str) -> Launch:
                 return _emit(module, k, sym, ins, outs, arch, written)
 
             served, need = library_launches(spec, i, symbol, inputs, outputs, stream, emit)
             launches += served
-            scratch[stream] = max(scratch.get(stream, 0), need)
-    regions = tuple(scratch.get(s, 0) for s in range(max(scratch, default=-1) + 1))
-    return CudaProgram(plan, _launch_bounds(str(module), launches), launches, arch, regions)
+            memory.claim_scratch(stream, need)
+    return CudaProgram(plan, _launch_bounds(str(module), launches), launches, arch, memory.regions(),
+                       memory.counters)
 
 
 __all__ = ["CudaProgram", "Launch", "Place", "Result", "build_program", "gemm_variants"]

@@ -53,9 +53,9 @@ MAX_LANES = 8
 
 @dataclass(frozen=True)
 class Place:
-    """Where a kernel operand's memory starts: kind is argument | output | arena | scratch;
-    `slot` is the argument or output position (for scratch: the stream whose scratch region
-    it is); `offset` is in bytes."""
+    """Where a kernel operand's memory starts: kind is argument | output | arena | scratch |
+    counters; `slot` is the argument or output position (for scratch: the stream whose scratch
+    region it is; counters are one zeroed region per program); `offset` is in bytes."""
 
     kind: str
     slot: int = 0
@@ -123,9 +123,11 @@ class KernelEmitter(BufferAccess):
     """One kernel function being emitted into a module."""
 
     def __init__(self, module: ir.Module, kernel: Kernel, symbol: str, inputs: Sequence[Place],
-                 outputs: Sequence[Place], arch: str = DEFAULT_ARCH, written: frozenset[Place] = frozenset()):
+                 outputs: Sequence[Place], arch: str = DEFAULT_ARCH, written: frozenset[Place] = frozenset(),
+                 extra: Sequence[Place] = ()):
         """`written`: every place some kernel of the program writes; the program's arguments
-        outside it hold the same values from the call's start to its end."""
+        outside it hold the same values from the call's start to its end. `extra`: places of
+        the kernel's own working memory (scratch, counters), after its operands (`extra_ptrs`)."""
         self.module = module
         self.arch = arch
         self.constant_inputs = frozenset(i for i, p in enumerate(inputs) if p.kind == "argument" and p not in written)
@@ -133,7 +135,7 @@ class KernelEmitter(BufferAccess):
         self.min_blocks = 0  # set by an emitter that wants a floor on resident blocks
         self.kernel = kernel
         self.symbol = symbol
-        self.places = tuple(dict.fromkeys(list(inputs) + list(outputs)))
+        self.places = tuple(dict.fromkeys(list(inputs) + list(outputs) + list(extra)))
         self.fn = ir.Function(module, ir.FunctionType(VOID, [PTR1] * len(self.places)), symbol)
         self.fn.calling_convention = "ptx_kernel"
         for arg in self.fn.args:
@@ -141,6 +143,7 @@ class KernelEmitter(BufferAccess):
             arg.attributes.align = VECTOR_BYTES
         self.in_ptrs = [self.fn.args[self.places.index(p)] for p in inputs]
         self.out_ptrs = [self.fn.args[self.places.index(p)] for p in outputs]
+        self.extra_ptrs = [self.fn.args[self.places.index(p)] for p in extra]
         self.b = ir.IRBuilder(self.fn.append_basic_block("entry"))
         self.shapes = [buf.type.shape for buf in kernel.inputs]
         self.analysis = Analysis()

@@ -1,0 +1,219 @@
+"""Column reductions on the GPU: reductions whose rows (the kernel's parallel points) are the
+contiguous dim of their data, and whose reduced dims are strided — a norm's weight gradient or
+a bias gradient, summed over the tokens of each feature (with the optimizer update it feeds).
+
+The row strategy (rows.py) would give each row a group of threads reading it at a stride: a
+warp's loads touch 32 lines for 4 bytes of each. Here a thread owns `width` consecutive rows
+(one 16-byte vector of the narrowest contiguous operand, so a warp's loads are consecutive
+memory) and folds a slice of the reduced points into registers. The reduced points split over
+`splits` blocks so that the whole GPU works; each block writes its partials to the stream's
+scratch region, and the last block of a tile to finish — counted with an atomic increment on a
+zeroed counter, after a fence that makes the partials visible — combines every split's partials
+in split order (so the result does not depend on which block finished last), runs the kernel's
+row-level stores (the epilogue) and sets the counter back to zero for the next call or graph
+replay. With one split, a thread folds all reduced points and stores directly.
+
+Element-level stores that need no row value (a gradient a sibling kernel merged in, computed
+from the same loads) are written as the points are folded. It takes kernels whose reductions
+(sum, prod, max, min) use no row values (one level), whose element stores use none either,
+and where every load that reads both the reduced dims and the rows moves contiguously along
+the last parallel dim and not along the last reduced dim.
+"""
+from __future__ import annotations
+
+import math
+
+from llvmlite import ir
+
+from glue.backend_cuda.codegen.common import (VOID, KernelEmitter, LaneGroup, Partial, Vectorization, flat_index,
+                                              moves_with, pow2_at_least, when)
+from glue.codegen.loops import loop, unflatten
+from glue.codegen.scope import Analysis
+from glue.codegen.types import I32, I64
+from glue.scheduler.kernel_ir import Kernel, Load, subexpressions
+
+BLOCK = 256
+ROWS_PER_THREAD = 16   # reduced points a thread folds before its split's partials are written
+TARGET_BLOCKS = 264    # two blocks per H200 multiprocessor
+SLOT_BYTES = 8         # a partial's slot in scratch holds any register type up to 64 bits
+
+
+def columns_fit(kernel: Kernel, analysis: Analysis) -> bool:
+    """Whether `kernel` is a column reduction this strategy runs (see the module docstring)."""
+    k = kernel
+    if k.kind != "reduction" or not k.parallel or not k.reduce or not k.reductions:
+        return False
+    if any(s.mode != "set" or s.level == "element" and analysis.uses(s.value).rows for s in k.stores):
+        return False
+    if any(r.op not in ("sum", "prod", "max", "min") or analysis.uses(r.value).rows for r in k.reductions):
+        return False
+    column, last_reduced = len(k.parallel) - 1, k.rank - 1
+    reduced = frozenset(range(len(k.parallel), k.rank))
+    loads = [e for e in subexpressions(r.value for r in k.reductions) if isinstance(e, Load)]
+    # The loads of every reduced point that differ from row to row: they must run along the rows
+    # (a per-point value all rows share, such as a token's mean, is one load for every lane).
+    strided = [ld for ld in loads if analysis.uses(ld).dims & reduced and column in analysis.uses(ld).dims]
+    if not strided:
+        return False
+    for ld in strided:
+        flat = flat_index(ld.index, k.inputs[ld.input].type.shape)
+        if not moves_with(flat, column, analysis) or moves_with(flat, last_reduced, analysis):
+            return False
+    return True
+
+
+class ColumnPlan:
+    """How a column reduction maps onto the GPU: `width` rows per thread, `block` threads per
+    block over `groups` row groups, the reduced points split over `splits` blocks."""
+
+    def __init__(self, kernel: Kernel, analysis: Analysis):
+        self.vec = Vectorization(kernel, analysis, len(kernel.parallel) - 1, kernel.parallel[-1])
+        self.width = self.vec.width
+        self.rows = math.prod(kernel.parallel)
+        self.points = math.prod(kernel.reduce)
+        self.groups = self.rows // self.width
+        self.block = min(BLOCK, max(32, pow2_at_least(self.groups)))
+        self.tiles = -(-self.groups // self.block)
+        most = max(1, self.points // ROWS_PER_THREAD)
+        self.splits = max(1, min(most, -(-TARGET_BLOCKS // self.tiles)))
+        self.per_split = -(-self.points // self.splits)
+        self.reductions = len(kernel.reductions)
+
+    @property
+    def scratch_bytes(self) -> int:
+        """The partials every split writes: one slot per split, reduction and row."""
+        return 0 if self.splits == 1 else self.splits * self.reductions * self.rows * SLOT_BYTES
+
+    @property
+    def counter_bytes(self) -> int:
+        return 0 if self.splits == 1 else 4 * self.tiles
+
+
+def emit_columns(ke: KernelEmitter, plan: ColumnPlan) -> tuple[int, int, str]:
+    """Emit the kernel; `ke.extra_ptrs` are (partials scratch, counters) when it splits."""
+    k, b = ke.kernel, ke.b
+    c = lambda v: ir.Constant(I64, v)  # noqa: E731
+    ke.await_producers()
+    block_id, tid = ke.block_index(), ke.thread_index()
+    split, tile = b.udiv(block_id, c(plan.tiles)), b.urem(block_id, c(plan.tiles))
+    group = b.add(b.mul(tile, c(plan.block)), tid)
+    valid = b.icmp_unsigned("<", group, c(plan.groups)) if plan.groups % plan.block else None
+    if valid is not None:
+        group = b.select(valid, group, c(0))
+    first = b.mul(group, c(plan.width))
+    coords = unflatten(b, first, k.parallel)
+    lo = b.mul(split, c(plan.per_split))
+    hi = b.select(b.icmp_unsigned("<", b.add(lo, c(plan.per_split)), c(plan.points)), b.add(lo, c(plan.per_split)),
+                  c(plan.points))
+    starts = [[Partial.start(r) for r in k.reductions] for _ in range(plan.width)]
+    shapes = [len(p.values) for p in starts[0]]
+
+    element_stores = [s for s in k.stores if s.level == "element"]
+
+    def body(b: ir.IRBuilder, r: ir.Value, values: list[ir.Value]) -> list[ir.Value]:
+        it = iter(values)
+        lanes = LaneGroup(ke, plan.vec, coords + unflatten(b, r, k.reduce))
+        lanes.preload([red.value for red in k.reductions] + [s.value for s in element_stores])
+        with when(b, valid):
+            for s in element_stores:
+                lanes.store(s)
+        out = []
+        for lane, em in enumerate(lanes.emitters):
+            for red, n in zip(k.reductions, shapes):
+                p = Partial.start(red).with_values([next(it) for _ in range(n)])
+                out += list(p.add(b, em.value(red.value), r, None).values)
+        return out
+
+    carried = [v for lane in starts for p in lane for v in p.values]
+    folded = loop(b, lo, hi, body, carried, name="point", vectorize=False)
+    partials = _unpack(folded, k, plan.width, shapes)
+    if plan.splits > 1:
+        partials = _combine_splits(ke, plan, partials, split, tile, group, valid)
+    _store_rows(ke, plan, coords, partials, valid)
+    strategy = f"columns x{plan.width} splits {plan.splits}" + (" (last block combines)" if plan.splits > 1 else "")
+    return plan.tiles * plan.splits, plan.block, strategy
+
+
+def _unpack(values: list[ir.Value], k: Kernel, width: int, shapes: list[int]) -> list[list[Partial]]:
+    it = iter(values)
+    return [[Partial.start(r).with_values([next(it) for _ in range(n)]) for r, n in zip(k.reductions, shapes)]
+            for _ in range(width)]
+
+
+def _slot(ke: KernelEmitter, plan: ColumnPlan, split: ir.Value, reduction: int, row: ir.Value) -> ir.Value:
+    """Where split `split` keeps reduction `reduction`'s partial for `row`."""
+    b = ke.b
+    c = lambda v: ir.Constant(I64, v)  # noqa: E731
+    index = b.add(b.mul(b.add(b.mul(split, c(plan.reductions)), c(reduction)), c(plan.rows)), row)
+    return b.gep(ke.extra_ptrs[0], [b.mul(index, c(SLOT_BYTES))], inbounds=True, source_etype=ir.IntType(8))
+
+
+def _combine_splits(ke: KernelEmitter, plan: ColumnPlan, partials: list[list[Partial]], split: ir.Value,
+                    tile: ir.Value, group: ir.Value, valid: ir.Value | None) -> list[list[Partial]]:
+    """Write this split's partials, count the block in, and in the tile's last block read every
+    split's partials back in split order and fold them; the other blocks return here.""" 
+    b = ke.b
+    c = lambda v: ir.Constant(I64, v)  # noqa: E731
+    first = b.mul(group, c(plan.width))
+    with when(b, valid):
+        for lane, lane_partials in enumerate(partials):
+            row = b.add(first, c(lane))
+            for i, p in enumerate(lane_partials):
+                value = p.values[0]
+                b.store(value, _slot(ke, plan, split, i, row))
+    _fence(ke)
+    ke.barrier()
+    flag = ke.shared(I32, 1)
+    counter = b.gep(ke.extra_ptrs[1], [tile], inbounds=True, source_etype=I32)
+    with b.if_then(b.icmp_unsigned("==", ke.thread_index(), c(0))):
+        old = b.atomic_rmw("add", counter, ir.Constant(I32, 1), "monotonic")
+        last = b.icmp_unsigned("==", old, ir.Constant(I32, plan.splits - 1))
+        b.store(b.zext(last, I32), ke.shared_at(flag, c(0), I32))
+        with b.if_then(last):
+            b.store(ir.Constant(I32, 0), counter)  # every other block of the tile has counted in
+    ke.barrier()
+    is_last = b.icmp_unsigned("!=", b.load(ke.shared_at(flag, c(0), I32), typ=I32), ir.Constant(I32, 0))
+    exit_block = b.append_basic_block("not_last")
+    go_on = b.append_basic_block("last_block")
+    b.cbranch(is_last, go_on, exit_block)
+    b.position_at_end(exit_block)
+    b.ret_void()
+    b.position_at_end(go_on)
+    _fence(ke)
+    reductions = ke.kernel.reductions
+    combined = []
+    for lane, lane_partials in enumerate(partials):
+        row = b.add(first, c(lane))
+        folded = []
+        for i, p in enumerate(lane_partials):
+            ty = p.values[0].type
+            acc = Partial.start(reductions[i]).with_values([b.load(_slot(ke, plan, c(0), i, row), typ=ty)])
+            for s in range(1, plan.splits):
+                other = p.with_values([b.load(_slot(ke, plan, c(s), i, row), typ=ty)])
+                acc = acc.combine(b, other)
+            folded.append(acc)
+        combined.append(folded)
+    return combined
+
+
+def _fence(ke: KernelEmitter) -> None:
+    """Make this thread's global writes visible to the whole GPU before what follows."""
+    asm = ir.InlineAsm(ir.FunctionType(VOID, []), "membar.gl;", "~{memory}", side_effect=True)
+    ke.b.call(asm, [])
+
+
+def _store_rows(ke: KernelEmitter, plan: ColumnPlan, coords: list[ir.Value], partials: list[list[Partial]],
+                valid: ir.Value | None) -> None:
+    """The kernel's row-level stores for each of this thread's rows."""
+    k, b = ke.kernel, ke.b
+    with when(b, valid):
+        for lane, lane_partials in enumerate(partials):
+            dims = list(coords)
+            if lane:
+                dims[-1] = b.add(dims[-1], ir.Constant(I64, lane))
+            em = ke.emitter(dims + [None] * len(k.reduce))
+            em.rows = [p.result(b) for p in lane_partials]
+            for s in k.stores:
+                if s.level == "row":
+                    ke.store(em, s)
+    b.ret_void()
