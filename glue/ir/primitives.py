@@ -35,6 +35,8 @@ class Primitive:
     linear: the output is linear in its differentiable operands (add, transpose, sum, gather in
         the gathered array, ...); dot_general, linear in each operand separately, says so too.
     cast: converts element types and changes nothing else.
+    bitwise: reads and writes raw bits (a bitcast), so it is evaluated at the declared widths
+        even where the reference computes every float in float64.
     """
 
     name: str
@@ -45,6 +47,7 @@ class Primitive:
     fold: str | None = None
     linear: bool = False
     cast: bool = False
+    bitwise: bool = False
 
     @property
     def moves_data_only(self) -> bool:
@@ -159,6 +162,7 @@ def _unary(accepts: Callable[[DType], bool], what: str):
 _float = _unary(lambda d: d.is_float, "floating-point")
 _numeric = _unary(lambda d: d != dt.bool_, "numeric")
 _logical = _unary(lambda d: not d.is_float, "bool or integer")
+_integer = _unary(lambda d: d.is_int, "integer")
 
 for _name in ("exp", "exp2", "log", "log2", "log1p", "expm1", "tanh", "logistic", "sqrt",
               "rsqrt", "sin", "cos", "erf"):
@@ -169,6 +173,7 @@ _register("neg", "elementwise", _numeric, linear=True)
 for _name in ("abs", "sign"):
     _register(_name, "elementwise", _numeric)
 _register("not", "elementwise", _logical)
+_register("population_count", "elementwise", _integer)
 
 
 def _binary(accepts: Callable[[DType], bool], what: str, result: DType | None = None):
@@ -191,6 +196,10 @@ for _name in ("and", "or", "xor"):
     _register(_name, "elementwise", _binary(lambda d: not d.is_float, "bool or integer"))
 for _name in ("eq", "ne", "lt", "le", "gt", "ge"):
     _register(_name, "elementwise", _binary(lambda d: True, "any", dt.bool_))
+# Shift amounts are read as unsigned: one of the operand's width or more shifts every bit out
+# (the arithmetic shift then fills with the sign bit), as XLA defines them.
+for _name in ("shift_left", "shift_right_logical", "shift_right_arithmetic"):
+    _register(_name, "elementwise", _binary(lambda d: d.is_int, "integer"))
 
 
 def _select(pred: TensorType, on_true: TensorType, on_false: TensorType) -> TensorType:
@@ -204,8 +213,16 @@ def _convert(x: TensorType, *, new_dtype: DType) -> TensorType:
     return TensorType(x.shape, new_dtype)
 
 
+def _bitcast_convert(x: TensorType, *, new_dtype: DType) -> TensorType:
+    _require(isinstance(new_dtype, DType), "new_dtype must be a dtype")
+    _require(dt.bool_ not in (x.dtype, new_dtype), "bool has no bit pattern to reinterpret")
+    _require(x.dtype.bits == new_dtype.bits, f"{x.dtype} and {new_dtype} differ in width")
+    return TensorType(x.shape, new_dtype)
+
+
 _register("select", "elementwise", _select)
 _register("convert_element_type", "elementwise", _convert, cast=True, linear=True)
+_register("bitcast_convert_type", "elementwise", _bitcast_convert, bitwise=True)
 
 
 # --- reductions -----------------------------------------------------------------------------
