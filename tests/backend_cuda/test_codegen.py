@@ -28,7 +28,7 @@ from tests.backend_cuda.cases import ALL_CASES, BF16, WORKLOADS, layernorm, rmsn
 needs_ptxas = pytest.mark.skipif(not ptxas_available(), reason="ptxas is not on the PATH")
 needs_cc = pytest.mark.skipif(not emulator.available(), reason="no C compiler for the kernel emulator")
 ARCHS = ["sm_90", "sm_80"]
-ALL_DTYPES = (dt.float32, dt.int32, dt.bool_, dt.bfloat16, dt.float16, dt.int64, dt.float64)
+ALL_DTYPES = dt.ALL_DTYPES
 
 
 def _lowered(fn, args):
