@@ -59,15 +59,27 @@ for _name, _fn in _UNARY.items():
     IMPLS[_name] = _quiet(_fn)
 
 
+def _divisor(x, y):
+    """y with the divisors that have a rule of their own replaced by 1: zero, and -1 for
+    signed types (the minimum over -1 overflows), and where they were."""
+    zero = y == 0
+    minus_one = y == -1 if x.dtype.kind == "i" else np.zeros(np.shape(y), bool)
+    return np.where(zero | minus_one, 1, y).astype(x.dtype), zero, minus_one
+
+
 def _int_div(x, y):
-    safe = np.where(y == 0, 1, y)
-    q = np.abs(x) // np.abs(safe) * np.sign(x) * np.sign(safe)
-    return np.where(y == 0, -1, q).astype(x.dtype)
+    """Truncating division from NumPy's flooring one; x / -1 is -x, which wraps at the minimum
+    (abs() would overflow there too)."""
+    safe, zero, minus_one = _divisor(x, y)
+    q = x // safe
+    q = q + (((x - q * safe) != 0) & ((x < 0) != (safe < 0)))
+    all_ones = np.invert(np.zeros((), x.dtype))
+    return np.where(zero, all_ones, np.where(minus_one, np.negative(x), q)).astype(x.dtype)
 
 
 def _int_rem(x, y):
-    safe = np.where(y == 0, 1, y)
-    return np.where(y == 0, x, np.fmod(x, safe)).astype(x.dtype)
+    safe, zero, minus_one = _divisor(x, y)
+    return np.where(zero, x, np.where(minus_one, 0, np.fmod(x, safe))).astype(x.dtype)
 
 
 def _bit_views(x) -> tuple[np.dtype, np.dtype]:
@@ -140,7 +152,8 @@ def _convert(x, *, new_dtype):
                         np.where(t < 0, info.min, info.max).astype(target))
     if new_dtype == dt.bool_:
         return x != 0
-    return x.astype(target)
+    with np.errstate(over="ignore"):  # a float too large for a narrower float becomes inf
+        return x.astype(target)
 
 
 @_impl("bitcast_convert_type")
