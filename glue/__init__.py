@@ -12,6 +12,7 @@ from glue.errors import (BackendError, ConcretizationError, GlueError, GlueTypeE
 from glue.frontend import jit, make_ir
 from glue.frontend.pytree import tree_flatten, tree_map, tree_unflatten
 from glue.profiler import profile
+from glue import random
 from glue.frontend.transforms import grad, jvp, stop_gradient, value_and_grad, vjp, vmap
 
 __all__ = ["Array", "BackendError", "ConcretizationError", "GlueError", "GlueTypeError", "ParseError",
