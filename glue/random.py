@@ -52,7 +52,8 @@ def _fail(fn: str, message: str) -> GlueError:
 class KeyArray:
     """Typed keys (JAX's key<fry> arrays): an array of `shape` whose elements are keys, held as
     their uint32 data of shape `shape + (2,)` (see `key_data`). Indexing and iterating give
-    keys; there is no arithmetic on keys."""
+    keys, and there are no operators on keys; what takes arrays (glue.numpy, transforms) sees
+    a typed key as its data."""
 
     __slots__ = ("_data",)
 
@@ -218,19 +219,21 @@ def _counters(shape: Shape) -> tuple[Any, Any]:
     return np.uint32(0), low
 
 
-def _hash_counts(key0: Any, key1: Any, counts: Any) -> Any:
-    """JAX's threefry_2x32(key, counts) of the earlier scheme: the flat counts (padded to even)
-    split into halves, hashed as pairs, and the two halves of the result joined again."""
-    n = type_of(counts).size
-    padded = gnp.concatenate([counts, gnp.zeros((1,), _U32.numpy)]) if n % 2 else counts
-    half = (n + 1) // 2
-    return gnp.concatenate(threefry_2x32(key0, key1, padded[:half], padded[half:]))[:n]
-
-
 def _count_words(key0: Any, key1: Any, words: int) -> Any:
+    """JAX's threefry_2x32(key, iota(words)) of the earlier scheme: the counts (padded with a
+    0 to even) are split into halves and hashed as pairs (i, i + half), and the two halves of
+    the result are joined again. Each word is computed where it lands: word j comes from pair
+    j (first half) or j - half (second half), one hash per word and no array joined."""
     if words >= 2 ** 32 - 1:
         raise _fail("bits", f"draws of {words} words or more are not supported")
-    return _hash_counts(key0, key1, bind("iota", dtype=_U32, shape=(words,), dimension=0))
+    half = np.uint32((words + 1) // 2)
+    j = bind("iota", dtype=_U32, shape=(words,), dimension=0)
+    second = bind("ge", j, half)
+    pair = gnp.where(second, bind("sub", j, half), j)
+    partner = bind("add", pair, half)
+    partner = gnp.where(bind("lt", partner, np.uint32(words)), partner, np.uint32(0))
+    y0, y1 = threefry_2x32(key0, key1, pair, partner)
+    return gnp.where(second, y1, y0)
 
 
 def _join_64(high: Any, low: Any) -> Any:
@@ -326,6 +329,16 @@ def _split(key_words: Any, shape: Shape, partitionable: bool) -> Any:
     return gnp.reshape(_count_words(key0, key1, 2 * math.prod(shape)), shape + (2,))
 
 
+def _split_in_two(key0: Any, key1: Any, partitionable: bool) -> tuple[tuple[Any, Any], tuple[Any, Any]]:
+    """The words of split(key)'s two keys, each computed on its own (a sampler that splits its
+    key uses them as scalars, with no array of keys to index)."""
+    if partitionable:
+        return threefry_2x32(key0, key1, np.uint32(0), np.uint32(0)), threefry_2x32(key0, key1, np.uint32(0), np.uint32(1))
+    # the counts 0..3 hashed as the pairs (0, 2) and (1, 3); the key words are the results in order
+    (a0, a1), (b0, b1) = (threefry_2x32(key0, key1, np.uint32(i), np.uint32(i + 2)) for i in (0, 1))
+    return (a0, b0), (a1, b1)
+
+
 def split(key: Any, num: int | Sequence[int] = 2) -> Any:
     """`num` new keys (or keys of shape `num`) from one key, as `jax.random.split`."""
     shape = (num,) if isinstance(num, (int, np.integer)) else num
@@ -412,17 +425,21 @@ def _erf_inv(x: Any) -> Any:
     relative away from the far tails."""
     dtype = type_of(x).dtype
     typed = lambda v: np.array(v, dtype.numpy)[()]  # noqa: E731  (a Python float would be weak)
-    w = -gnp.log1p(-x * x)
+    # Where a branch is not taken its operand is made harmless, so that no infinite slope
+    # (log1p at -1, sqrt at 0) meets a zero cotangent in grad and makes a NaN.
+    edge = gnp.abs(x) == 1.0
+    inside = gnp.where(edge, typed(0.0), x)
+    w = -gnp.log1p(-inside * inside)
     central = w < 5.0
-    w = gnp.where(central, w - 2.5, gnp.sqrt(w) - 3.0)
+    w = gnp.where(central, w - 2.5, gnp.sqrt(gnp.where(central, typed(5.0), w)) - 3.0)
     p: Any = gnp.where(central, typed(_ERF_INV_CENTRAL[0]), typed(_ERF_INV_TAIL[0]))
     for near, far in zip(_ERF_INV_CENTRAL[1:], _ERF_INV_TAIL[1:]):
         p = gnp.where(central, typed(near), typed(far)) + p * w
-    y = p * x
+    y = p * inside
     if dtype == dt.float64:
         for _ in range(2):
-            y = y - (bind("erf", y) - x) / (_TWO_OVER_SQRT_PI * gnp.exp(-y * y))
-    return gnp.where(gnp.abs(x) == 1.0, x * np.inf, y)
+            y = y - (bind("erf", y) - inside) / (_TWO_OVER_SQRT_PI * gnp.exp(-y * y))
+    return gnp.where(edge, stop_gradient(x) * np.inf, y)
 
 
 def _scalar(value: float, dtype: DType) -> Any:
@@ -539,9 +556,9 @@ def _randint(key_words: Any, minval: Any, maxval: Any, shape: Shape, dtype: DTyp
     lo, hi = gnp.broadcast_to(lo, shape), gnp.broadcast_to(hi, shape)
     beyond = gnp.broadcast_to(beyond, shape)
     # Twice the bits the dtype needs, to shrink the bias of the remainder.
-    subkeys = _split(key_words, (2,), partitionable)
-    higher = _random_bits(*_words("randint", subkeys[0]), dtype.bits, shape, partitionable)
-    lower = _random_bits(*_words("randint", subkeys[1]), dtype.bits, shape, partitionable)
+    first, second = _split_in_two(*_words("randint", key_words), partitionable)
+    higher = _random_bits(*first, dtype.bits, shape, partitionable)
+    lower = _random_bits(*second, dtype.bits, shape, partitionable)
     one = np.array(1, unsigned.numpy)[()]
     span = bind("convert_element_type", bind("sub", hi, lo), new_dtype=unsigned)
     span = gnp.where(hi <= lo, one, span)
@@ -602,11 +619,10 @@ def _shuffle(key_words: Any, x: Any, axis: int, partitionable: bool) -> Any:
     # JAX: enough rounds of sorting by 32-bit random keys that ties are unlikely
     size = type_of(x).size
     rounds = math.ceil(3 * math.log(max(1, size)) / math.log(2 ** 32 - 1))
+    words = _words("permutation", key_words)
     for _ in range(rounds):
-        keys = _split(key_words, (2,), partitionable)
-        key_words = keys[0]
-        sort_keys = _random_bits(*_words("permutation", keys[1]), 32, type_of(x).shape, partitionable)
-        x = _sorted_by(sort_keys, x, axis)
+        words, subkey = _split_in_two(*words, partitionable)
+        x = _sorted_by(_random_bits(*subkey, 32, type_of(x).shape, partitionable), x, axis)
     return x
 
 
