@@ -18,6 +18,7 @@ for a plain draw); called inside a trace it is inlined.
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Sequence
 
@@ -130,7 +131,7 @@ def _check_impl(fn: str, impl: Any) -> None:
 def _seed_words(fn: str, seed: Any) -> tuple[Any, Any]:
     """The two key words of an integer seed, as JAX's threefry_seed: the high and low 32 bits
     of the seed as a 64-bit integer (a Python int is one; without x64 it wraps to 32 bits)."""
-    if isinstance(seed, bool) or isinstance(seed, float):
+    if isinstance(seed, (bool, float)):
         raise _fail(fn, f"the seed must be an integer, not {type(seed).__name__}")
     if isinstance(seed, int):
         if not -2 ** 63 <= seed < 2 ** 63:
@@ -163,14 +164,20 @@ def key(seed: Any, *, impl: str | None = None) -> Any:
     return _typed(_stack_words(*_seed_words("key", seed)))
 
 
-def _words(fn: str, keys: Any) -> tuple[Any, Any]:
-    """The two uint32 words of a single key (typed or raw), as rank-0 values."""
-    data = gnp.asarray(key_data(keys))
+def _single_key(fn: str, keys: Any) -> Any:
+    """The uint32[2] data of a single key (typed or raw); a GlueError for anything else."""
+    data = key_data(keys)
     t = type_of(data)
     if t != _KEY:
         what = f"typed keys of shape {t.shape[:-1]}" if isinstance(keys, KeyArray) else f"{t}"
         raise _fail(fn, f"needs a single key (a typed key of shape () or a raw uint32[2] key), not "
                         f"{what}; use glue.vmap to work on many keys")
+    return data
+
+
+def _words(fn: str, keys: Any) -> tuple[Any, Any]:
+    """The two uint32 words of a single key (typed or raw), as rank-0 values."""
+    data = _single_key(fn, keys)
     return tuple(bind("reshape", bind("slice", data, start=(i,), limit=(i + 1,), strides=(1,)), shape=())
                  for i in (0, 1))
 
@@ -189,7 +196,7 @@ def _rotate_left(x: Any, bits: int) -> Any:
     return bind("or", bind("shift_left", x, np.uint32(bits)), bind("shift_right_logical", x, np.uint32(32 - bits)))
 
 
-def threefry_2x32(key0: Any, key1: Any, x0: Any, x1: Any) -> tuple[Any, Any]:
+def _threefry(key0: Any, key1: Any, x0: Any, x1: Any) -> tuple[Any, Any]:
     """Threefry-2x32 with 20 rounds (Salmon et al., "Parallel random numbers: as easy as 1, 2,
     3"; Random123's threefry2x32_20): the pair of uint32 words (x0, x1) hashed under the key
     (key0, key1). Rank-0 operands broadcast against the others."""
@@ -202,6 +209,21 @@ def threefry_2x32(key0: Any, key1: Any, x0: Any, x1: Any) -> tuple[Any, Any]:
         x0 = bind("add", x0, ks[(i + 1) % 3])
         x1 = bind("add", bind("add", x1, ks[(i + 2) % 3]), np.uint32(i + 1))
     return x0, x1
+
+
+def threefry_2x32(keypair: Sequence[Any], count: Any) -> Any:
+    """JAX's threefry_2x32: the uint32 array `count` hashed under the key words `keypair`, as
+    pairs of its flat halves (padded with a 0 to even length), in count's shape."""
+    key0, key1 = (gnp.astype(k, _U32) for k in keypair)
+    count = gnp.asarray(count)
+    t = type_of(count)
+    if t.dtype != _U32:
+        raise _fail("threefry_2x32", f"count must be uint32, not {t}")
+    flat = gnp.reshape(count, (t.size,))
+    padded = gnp.concatenate([flat, gnp.zeros((t.size % 2,), _U32.numpy)])
+    half = (t.size + 1) // 2
+    hashed = gnp.concatenate(_threefry(key0, key1, padded[:half], padded[half:]))
+    return gnp.reshape(hashed[:t.size], t.shape)
 
 
 def _counters(shape: Shape) -> tuple[Any, Any]:
@@ -232,7 +254,7 @@ def _count_words(key0: Any, key1: Any, words: int) -> Any:
     pair = gnp.where(second, bind("sub", j, half), j)
     partner = bind("add", pair, half)
     partner = gnp.where(bind("lt", partner, np.uint32(words)), partner, np.uint32(0))
-    y0, y1 = threefry_2x32(key0, key1, pair, partner)
+    y0, y1 = _threefry(key0, key1, pair, partner)
     return gnp.where(second, y1, y0)
 
 
@@ -247,7 +269,7 @@ def _random_bits(key0: Any, key1: Any, width: int, shape: Shape, partitionable: 
     if math.prod(shape) == 0:
         return gnp.zeros(shape, unsigned.numpy)
     if partitionable:
-        y0, y1 = threefry_2x32(key0, key1, *_counters(shape))
+        y0, y1 = _threefry(key0, key1, *_counters(shape))
         if width == 64:
             return _join_64(y0, y1)
         mixed = bind("xor", y0, y1)
@@ -317,15 +339,14 @@ def bits(key: Any, shape: Sequence[int] = (), dtype: Any = None) -> Any:
     d = dt.default_uint() if dtype is None else gnp.to_dtype(dtype)
     if not d.is_unsigned:
         raise _fail("bits", f"dtype argument must be an unsigned integer dtype, not {d}")
-    _words("bits", key)
-    return _bits(key_data(key), d.bits, _shape("bits", shape), _partitionable())
+    return _bits(_single_key("bits", key), d.bits, _shape("bits", shape), _partitionable())
 
 
 @jit(static_argnums=(1, 2))
 def _split(key_words: Any, shape: Shape, partitionable: bool) -> Any:
     key0, key1 = _words("split", key_words)
     if partitionable:
-        return _stack_words(*threefry_2x32(key0, key1, *_counters(shape)))
+        return _stack_words(*_threefry(key0, key1, *_counters(shape)))
     return gnp.reshape(_count_words(key0, key1, 2 * math.prod(shape)), shape + (2,))
 
 
@@ -333,52 +354,52 @@ def _split_in_two(key0: Any, key1: Any, partitionable: bool) -> tuple[tuple[Any,
     """The words of split(key)'s two keys, each computed on its own (a sampler that splits its
     key uses them as scalars, with no array of keys to index)."""
     if partitionable:
-        return threefry_2x32(key0, key1, np.uint32(0), np.uint32(0)), threefry_2x32(key0, key1, np.uint32(0), np.uint32(1))
+        return _threefry(key0, key1, np.uint32(0), np.uint32(0)), _threefry(key0, key1, np.uint32(0), np.uint32(1))
     # the counts 0..3 hashed as the pairs (0, 2) and (1, 3); the key words are the results in order
-    (a0, a1), (b0, b1) = (threefry_2x32(key0, key1, np.uint32(i), np.uint32(i + 2)) for i in (0, 1))
+    (a0, a1), (b0, b1) = (_threefry(key0, key1, np.uint32(i), np.uint32(i + 2)) for i in (0, 1))
     return (a0, b0), (a1, b1)
 
 
 def split(key: Any, num: int | Sequence[int] = 2) -> Any:
     """`num` new keys (or keys of shape `num`) from one key, as `jax.random.split`."""
     shape = (num,) if isinstance(num, (int, np.integer)) else num
-    _words("split", key)
-    return _like_keys(key, _split(key_data(key), _shape("split", shape), _partitionable()))
+    return _like_keys(key, _split(_single_key("split", key), _shape("split", shape), _partitionable()))
 
 
 @jit
 def _fold_in(key_words: Any, data: Any) -> Any:
     key0, key1 = _words("fold_in", key_words)
-    return _stack_words(*threefry_2x32(key0, key1, np.uint32(0), bind("convert_element_type", data, new_dtype=_U32)))
+    return _stack_words(*_threefry(key0, key1, np.uint32(0), bind("convert_element_type", data, new_dtype=_U32)))
 
 
 def fold_in(key: Any, data: Any) -> Any:
     """A new key from a key and an integer (a step number, a device index, ...)."""
-    _words("fold_in", key)
+    raw_key = _single_key("fold_in", key)
     if isinstance(data, int) and not isinstance(data, bool):
         data = gnp.astype(data, gnp.to_dtype(np.uint32 if data >= 0 else np.int32))
     t = type_of(data)
     if t.shape or not t.dtype.is_int:
         raise _fail("fold_in", f"data must be an integer scalar, not {t}")
-    return _like_keys(key, _fold_in(key_data(key), data))
+    return _like_keys(key, _fold_in(raw_key, data))
 
 
 # --- floats -------------------------------------------------------------------------------------
 
-_MANTISSA = {"f16": 10, "bf16": 7, "f32": 23, "f64": 52}
+def _scalar(value: float, dtype: DType) -> Any:
+    """`value` as a NumPy scalar of `dtype`: a literal of that dtype (a Python float is weak)."""
+    return np.array(value, dtype.numpy)[()]
 
 
 def _uniform_floats(key0: Any, key1: Any, shape: Shape, dtype: DType, partitionable: bool) -> Any:
     """Floats in [0, 1): random mantissa bits under the exponent of 1.0, less 1 (as JAX)."""
-    mantissa = _MANTISSA[dtype.name]
+    mantissa = int(ml_dtypes.finfo(dtype.numpy).nmant)
     width = 8 if mantissa < 8 else dtype.bits  # bfloat16 draws a byte per value
     unsigned = dt.from_numpy(f"uint{dtype.bits}")
     raw = _random_bits(key0, key1, width, shape, partitionable)
     raw = raw if width == dtype.bits else bind("convert_element_type", raw, new_dtype=unsigned)
     one = np.array(1.0, dtype.numpy)
     shifted = bind("shift_right_logical", raw, np.array(width - mantissa, unsigned.numpy)[()])
-    exponent_of_one = one.view(unsigned.numpy)[()]
-    floats = bind("bitcast_convert_type", bind("or", shifted, exponent_of_one), new_dtype=dtype)
+    floats = bind("bitcast_convert_type", bind("or", shifted, one.view(unsigned.numpy)[()]), new_dtype=dtype)
     return bind("sub", floats, one[()])
 
 
@@ -397,8 +418,7 @@ def uniform(key: Any, shape: Sequence[int] = (), dtype: Any = float, minval: Any
     """Floats uniform in [minval, maxval), as `jax.random.uniform`."""
     d = _float_dtype("uniform", dtype)
     shape = _shape("uniform", shape, _param_shape(minval), _param_shape(maxval))
-    _words("uniform", key)
-    return _uniform(key_data(key), shape, d, minval, maxval, _partitionable())
+    return _uniform(_single_key("uniform", key), shape, d, minval, maxval, _partitionable())
 
 
 # Mike Giles, "Approximating the erfinv function" (GPU Gems 4): the single-precision
@@ -424,7 +444,7 @@ def _erf_inv(x: Any) -> Any:
     float64 refines the float32 approximation with two Newton steps on erf, to about 1e-14
     relative away from the far tails."""
     dtype = type_of(x).dtype
-    typed = lambda v: np.array(v, dtype.numpy)[()]  # noqa: E731  (a Python float would be weak)
+    typed = functools.partial(_scalar, dtype=dtype)
     # Where a branch is not taken its operand is made harmless, so that no infinite slope
     # (log1p at -1, sqrt at 0) meets a zero cotangent in grad and makes a NaN.
     edge = gnp.abs(x) == 1.0
@@ -440,10 +460,6 @@ def _erf_inv(x: Any) -> Any:
         for _ in range(2):
             y = y - (bind("erf", y) - inside) / (_TWO_OVER_SQRT_PI * gnp.exp(-y * y))
     return gnp.where(edge, stop_gradient(x) * np.inf, y)
-
-
-def _scalar(value: float, dtype: DType) -> Any:
-    return np.array(value, dtype.numpy)[()]
 
 
 def _next_toward_zero(value: float, dtype: DType) -> float:
@@ -462,8 +478,7 @@ def _normal(key_words: Any, shape: Shape, dtype: DType, partitionable: bool) -> 
 def normal(key: Any, shape: Sequence[int] = (), dtype: Any = float) -> Any:
     """Standard normal floats, as `jax.random.normal` (sqrt(2) erf_inv(u), u uniform in (-1, 1))."""
     d = _float_dtype("normal", dtype)
-    _words("normal", key)
-    return _normal(key_data(key), _shape("normal", shape), d, _partitionable())
+    return _normal(_single_key("normal", key), _shape("normal", shape), d, _partitionable())
 
 
 def _nextafter(x: Any, upward: bool) -> Any:
@@ -500,8 +515,7 @@ def truncated_normal(key: Any, lower: Any, upper: Any, shape: Sequence[int] | No
     d = _float_dtype("truncated_normal", dtype)
     bounds = (_param_shape(lower), _param_shape(upper))
     shape = gnp.broadcast_shapes(*bounds) if shape is None else _shape("truncated_normal", shape, *bounds)
-    _words("truncated_normal", key)
-    return _truncated_normal(key_data(key), lower, upper, tuple(shape), d, _partitionable())
+    return _truncated_normal(_single_key("truncated_normal", key), lower, upper, tuple(shape), d, _partitionable())
 
 
 def bernoulli(key: Any, p: Any = 0.5, shape: Sequence[int] | None = None) -> Any:
@@ -538,12 +552,10 @@ def _clip_into(x: Any, dtype: DType) -> Any:
     return bind("convert_element_type", gnp.clip(x, *bounds), new_dtype=dtype)
 
 
-def _integer_bound(fn: str, value: Any) -> Any:
+def _integer_bound(value: Any) -> Any:
+    """A bound of randint as an integer array (a float bound is converted, as JAX does)."""
     value = gnp.asarray(value)
-    d = type_of(value).dtype
-    if not d.is_int:
-        value = gnp.astype(value, dt.default_int())
-    return value
+    return value if type_of(value).dtype.is_int else gnp.astype(value, dt.default_int())
 
 
 @jit(static_argnums=(3, 4, 5))
@@ -575,10 +587,9 @@ def randint(key: Any, shape: Sequence[int], minval: Any, maxval: Any, dtype: Any
     """Integers uniform in [minval, maxval), as `jax.random.randint` (with its small bias when
     the span is no power of two)."""
     d = _int_dtype("randint", dtype)
-    minval, maxval = _integer_bound("randint", minval), _integer_bound("randint", maxval)
+    minval, maxval = _integer_bound(minval), _integer_bound(maxval)
     shape = _shape("randint", shape, _param_shape(minval), _param_shape(maxval))
-    _words("randint", key)
-    return _randint(key_data(key), minval, maxval, shape, d, _partitionable())
+    return _randint(_single_key("randint", key), minval, maxval, shape, d, _partitionable())
 
 
 # --- orderings: permutation, choice, categorical -------------------------------------------------
@@ -629,17 +640,17 @@ def _shuffle(key_words: Any, x: Any, axis: int, partitionable: bool) -> Any:
 def permutation(key: Any, x: Any, axis: int = 0, independent: bool = False) -> Any:
     """A random permutation of range(x) (an int x) or of x along `axis`, as
     `jax.random.permutation` (`independent`: each slice shuffled on its own)."""
-    _words("permutation", key)
+    raw_key = _single_key("permutation", key)
     if isinstance(x, (int, np.integer)) and not isinstance(x, bool):
-        return _shuffle(key_data(key), gnp.arange(int(x)), 0, _partitionable())
+        return _shuffle(raw_key, gnp.arange(int(x)), 0, _partitionable())
     x = gnp.asarray(x)
     t = type_of(x)
     if not t.shape:
         raise _fail("permutation", f"x must be an int or an array of rank 1 or more, not {t}")
     axis = _axis("permutation", axis, t.ndim)
     if independent or t.ndim == 1:
-        return _shuffle(key_data(key), x, axis, _partitionable())
-    order = _shuffle(key_data(key), gnp.arange(t.shape[axis]), 0, _partitionable())
+        return _shuffle(raw_key, x, axis, _partitionable())
+    order = _shuffle(raw_key, gnp.arange(t.shape[axis]), 0, _partitionable())
     return gnp.take(x, order, axis=axis)
 
 
@@ -658,8 +669,6 @@ def _cumulative(p: Any) -> Any:
 def choice(key: Any, a: Any, shape: Sequence[int] = (), replace: bool = True, p: Any = None, axis: int = 0) -> Any:
     """Draws from range(a) (an int a) or from a's slices along `axis`, with or without
     replacement, uniformly or with probabilities p, as `jax.random.choice`."""
-    if isinstance(shape, (int, np.integer)) or not isinstance(shape, Sequence):
-        raise _fail("choice", f"shape must be a sequence, not {shape!r}")
     shape = _shape("choice", shape)
     arr = gnp.asarray(a)
     t = type_of(arr)
@@ -710,8 +719,8 @@ def categorical(key: Any, logits: Any, axis: int = -1, shape: Sequence[int] | No
     max trick), as `jax.random.categorical`."""
     logits = gnp.asarray(logits)
     t = type_of(logits)
-    if not t.shape:
-        raise _fail("categorical", f"logits must have at least one axis, not {t}")
+    if not t.shape or not t.dtype.is_float:
+        raise _fail("categorical", f"logits must be floats with at least one axis, not {t}")
     axis = _axis("categorical", axis, t.ndim) - t.ndim  # counted from the end
     batch = t.shape[:t.ndim + axis] + t.shape[t.ndim + axis + 1:]
     shape = batch if shape is None else _shape("categorical", shape, batch)

@@ -192,14 +192,16 @@ def promote(a: DType, b: DType) -> DType:
 
 
 def result_type(*operands) -> DType:
-    """The dtype elementwise operands promote to: DTypes are strong, Python scalars weak. The
-    join is taken over all of them before a weak result becomes a default dtype, as in JAX (so
-    int8, uint64 and float16 give float16, where pairwise promotion would give float32)."""
+    """The dtype elementwise operands promote to in a traced program: DTypes are strong,
+    Python scalars weak. The join is taken over all of them before a weak result becomes a
+    default dtype, as in JAX (so int8, uint64 and float16 give float16, where pairwise
+    promotion would give float32), and the result is `canonical` (uint32 and int32 meet at
+    int64, which is int32 without x64)."""
     nodes = [op if isinstance(op, DType) else _weak_node(op) for op in operands]
     out = nodes[0]
     for node in nodes[1:]:
         out = _join(out, node)
-    return _strong(out)
+    return canonical(_strong(out))
 
 
 def weak_scalar_dtype(value) -> DType:
@@ -215,9 +217,3 @@ def _weak_node(value) -> DType | str:
     if isinstance(value, (bool, np.bool_)):
         return bool_  # Python bools are not weak in JAX: bool is the bottom anyway
     return WEAK_INT if isinstance(value, (int, np.integer)) else WEAK_FLOAT
-
-
-def promote_with_weak(strong: DType, scalar) -> DType:
-    """The dtype of `strong` combined with a weakly typed Python scalar: the array's dtype
-    unless the scalar is of a higher kind (a float meeting ints, an int meeting bools)."""
-    return result_type(strong, scalar)

@@ -20,6 +20,8 @@ from glue.ir import dtypes as dt
 from glue.reference.compare import mismatch
 
 RNG = np.random.default_rng(7)
+# float64 operands are part of what is tested.
+pytestmark = pytest.mark.usefixtures("x64")
 
 
 @contextlib.contextmanager

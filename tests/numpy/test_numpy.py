@@ -237,7 +237,7 @@ def test_64_bit_inputs_narrow_unless_x64(wide, narrow):
     assert np.asarray(double(x)).dtype == narrow
     assert gnp.asarray(x).dtype == narrow and gnp.zeros(2, wide).dtype == narrow
     assert glue.make_ir(double)(x).graph.in_types[0].dtype.numpy == narrow
-    assert (gnp.ones(2, np.int8) + wide(1)).dtype == narrow
+    assert (gnp.ones(2, narrow) + wide(1)).dtype == narrow
     with config.override(enable_x64=True):
         assert np.asarray(double(x)).dtype == wide
         assert gnp.asarray(x).dtype == wide and gnp.zeros(2, wide).dtype == wide

@@ -38,10 +38,16 @@ def traced(fn, *args):
 @pytest.mark.parametrize("counter, key, want", KNOWN_ANSWERS)
 def test_threefry_matches_random123s_known_answers(counter, key, want):
     assert tuple(int(v[0]) for v in jax_model.threefry2x32(key, u32(counter[0]), u32(counter[1]))) == want
-    got = random.threefry_2x32(*(np.uint32(v) for v in key + counter))
-    assert tuple(int(np.asarray(v)) for v in got) == want
-    jitted = glue.jit(lambda k, c: random.threefry_2x32(k[0], k[1], c[0], c[1]))(u32(*key), u32(*counter))
-    assert tuple(int(np.asarray(v)) for v in jitted) == want
+    assert tuple(np.asarray(random.threefry_2x32(key, u32(*counter))).tolist()) == want
+    jitted = glue.jit(lambda k, c: random.threefry_2x32((k[0], k[1]), c))(u32(*key), u32(*counter))
+    assert tuple(np.asarray(jitted).tolist()) == want
+
+
+def test_threefry_2x32_hashes_the_halves_of_its_counts_as_pairs():
+    counts = np.arange(7, dtype=np.uint32).reshape(7, 1)
+    got = np.asarray(random.threefry_2x32((np.uint32(3), np.uint32(4)), counts))
+    y0, y1 = jax_model.threefry2x32((3, 4), u32(0, 1, 2, 3), u32(4, 5, 6, 0))
+    assert got.shape == (7, 1) and got.ravel().tolist() == np.concatenate([y0, y1])[:7].tolist()
 
 
 def test_published_jax_values_of_the_original_scheme():
