@@ -243,6 +243,13 @@ def test_64_bit_inputs_narrow_unless_x64(wide, narrow):
         assert gnp.asarray(x).dtype == wide and gnp.zeros(2, wide).dtype == wide
 
 
+def test_jax_enable_x64_in_the_environment_keeps_64_bits(monkeypatch):
+    monkeypatch.setenv("JAX_ENABLE_X64", "1")
+    assert np.asarray(glue.jit(lambda a: a + 1)(np.ones(2))).dtype == np.float64
+    monkeypatch.setenv("JAX_ENABLE_X64", "0")
+    assert np.asarray(glue.jit(lambda a: a + 1)(np.ones(2))).dtype == np.float32
+
+
 def test_x64_also_widens_the_defaults():
     with config.override(enable_x64=True):
         assert gnp.asarray([1, 2]).dtype == np.int64 and gnp.asarray([1.5]).dtype == np.float64
