@@ -59,6 +59,39 @@ def test_published_jax_values_of_the_original_scheme():
         assert np.asarray(random.normal(random.PRNGKey(0), (1,)))[0] == pytest.approx(-0.20584226, abs=1e-7)
 
 
+# jax.random outputs recorded by public projects' tests and docs (values from real JAX runs):
+# key_data(fold_in(key(seed), i)) for i = 0..12, which is also split(key(seed), 13) with the
+# partitionable scheme; and, before it became the default, bits and normal of key(0).
+JAX_FOLD_IN = {
+    0: [(1797259609, 2579123966), (928981903, 3453687069), (4146024105, 2718843009), (2467461003, 3840466878),
+        (2285895361, 433833334), (1524306142, 1887795613), (3792494674, 2909014575), (2716826189, 292468403),
+        (2292653872, 931858003), (823147153, 450340679), (3668660785, 652965180), (255289810, 156206175),
+        (2763346363, 124557586)],
+    12345: [(1214163296, 439912094), (867802714, 3762255628), (795667951, 2300365598), (709272294, 1661227809),
+            (305750198, 730924241), (1545186055, 432531754), (3552431482, 1517125165), (3645526921, 1314572738),
+            (3549796694, 2529333308), (2657012232, 1416960692), (1763606390, 309040335), (3052679535, 1314812838),
+            (2650252694, 1226034348)],
+}
+
+
+@pytest.mark.parametrize("seed", sorted(JAX_FOLD_IN))
+def test_recorded_jax_keys(seed):
+    want = [list(pair) for pair in JAX_FOLD_IN[seed]]
+    key = random.key(seed)
+    assert traced(lambda d: random.split(random.wrap_key_data(d), 13), random.key_data(key)).tolist() == want
+    folded = traced(lambda d: glue.vmap(lambda i: random.fold_in(d, i))(np.arange(13, dtype=np.uint32)),
+                    random.key_data(key))
+    assert folded.tolist() == want
+
+
+def test_recorded_jax_values_of_the_original_scheme():
+    with config.override(threefry_partitionable=False):
+        assert traced(lambda k: random.bits(k, (4,)), random.PRNGKey(0)).tolist() == \
+            [4146024105, 967050713, 2718843009, 1272950319]
+        np.testing.assert_allclose(traced(lambda k: random.normal(k, (2, 2)), random.PRNGKey(0)).ravel(),
+                                   [1.8160863, -0.75488514, 0.33988908, -0.53483534], rtol=1e-6)
+
+
 def test_partitionable_keys_hash_their_index():
     """The first key of a partitionable split is the hash of counter (0, 0): Random123's first
     known answer under the key (0, 0)."""
