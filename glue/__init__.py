@@ -14,6 +14,7 @@ from glue.errors import (BackendError, ConcretizationError, GlueError, GlueTypeE
 from glue.frontend import jit, make_ir
 from glue.frontend.array import Array
 from glue.frontend.pytree import tree_flatten, tree_map, tree_unflatten
+from glue import random  # noqa: F401  (glue.random)
 from glue.frontend.transforms import grad, jvp, stop_gradient, value_and_grad, vjp, vmap
 from glue.lax import Precision, default_matmul_precision
 from glue.profiler import profile

@@ -5,7 +5,8 @@ Each is a short composition of `glue.numpy` functions and IR primitives, written
 scheduler sees its natural kernel: softmax, log_softmax, layer_norm, rms_norm and cross_entropy
 are a few reductions over the same rows of one input with elementwise work around them.
 Given float16 / bfloat16, the row functions compute in float32 and return the input's dtype
-(a cast the scheduler folds into the kernel); the loss returns float32.
+(a cast the scheduler folds into the kernel); the loss returns float32. `dropout` draws its
+mask with `glue.random`.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import math
 from typing import Any
 
 import glue.numpy as gnp
+from glue import random
 from glue.frontend.tracing import bind, type_of
 from glue.ir import dtypes as dt
 from glue.numpy import _fail
@@ -151,3 +153,20 @@ def cross_entropy(logits: Any, labels: Any) -> Any:
     classes = bind("iota", dtype=gnp.to_dtype(labels.dtype), shape=logits.shape, dimension=logits.ndim - 1)
     picked = gnp.sum(gnp.where(gnp.equal(classes, gnp.expand_dims(labels, -1)), shifted, 0), -1)
     return gnp.mean(gnp.subtract(log_total, picked))
+
+
+def dropout(key: Any, rate: float, x: Any) -> Any:
+    """Inverted dropout: each element of x is zeroed with probability `rate` and the others
+    are scaled by 1 / (1 - rate), so the expectation is x (as Flax's Dropout). The mask is
+    `glue.random.bernoulli(key, 1 - rate, x.shape)`."""
+    x = gnp.asarray(x)
+    if isinstance(rate, (int, float)):
+        if not 0.0 <= rate <= 1.0:
+            raise _fail("dropout", f"rate must lie in [0, 1], not {rate}", x)
+        if rate == 0.0:
+            return x
+        if rate == 1.0:
+            return gnp.zeros_like(x)
+    keep_prob = 1.0 - rate
+    keep = random.bernoulli(key, keep_prob, type_of(x).shape)
+    return gnp.where(keep, x / gnp.astype(keep_prob, type_of(x).dtype), gnp.zeros_like(x))

@@ -50,23 +50,14 @@ def _shape(x: Any) -> Shape:
 
 
 def to_dtype(dtype: Any) -> DType:
-    """The glue dtype for a NumPy dtype, a NumPy type, a dtype name or a glue DType."""
-    return dt.from_numpy(dtype)
+    """The glue dtype for a NumPy dtype, a NumPy type, a dtype name or a glue DType, as a
+    traced program has it (64-bit types narrowed to 32 bits unless x64 is enabled, as JAX)."""
+    return dt.canonical(dt.from_numpy(dtype))
 
 
 def result_dtype(*xs: Any) -> DType:
     """The dtype elementwise operands promote to (weak Python scalars follow the arrays)."""
-    strong = [_dtype_of(x) for x in xs if not _is_weak(x)]
-    if not strong:
-        return builtins.max((dt.weak_scalar_dtype(x) for x in xs),
-                            key=lambda d: ("bool", "int", "float").index(d.kind))
-    out = strong[0]
-    for d in strong[1:]:
-        out = dt.promote(out, d)
-    for x in xs:
-        if _is_weak(x):
-            out = dt.promote_with_weak(out, x)
-    return out
+    return dt.result_type(*(x if _is_weak(x) else _dtype_of(x) for x in xs))
 
 
 def astype(x: Any, dtype: Any) -> Any:
@@ -88,14 +79,11 @@ def asarray(x: Any, dtype: Any = None) -> Any:
         if builtins.any(isinstance(v, Tracer) for v in x):
             return stack([asarray(v) for v in x])
         x = np.asarray(x)
-        if dtype is None and x.dtype == np.float64:
-            x = x.astype(np.float32)
-        if dtype is None and x.dtype == np.int64:
-            x = x.astype(np.int32)
     if _is_weak(x):
         x = np.asarray(x, dtype=dt.weak_scalar_dtype(x).numpy)
     if isinstance(x, (np.ndarray, np.generic)) and current_trace() is None:
-        x = Array(np.asarray(x))  # (a trace captures NumPy data by identity, so it is left as is)
+        # (a trace captures NumPy data by identity, so it is left as is)
+        x = Array(np.asarray(x, dtype=_dtype_of(x).numpy))
     return x if dtype is None else astype(x, dtype)
 
 

@@ -9,7 +9,8 @@ default).
 
 Values are parsed when read, so a bad environment value raises a `GlueError` naming the variable
 at the first use rather than a ValueError deep inside a backend. JAX's spellings of the flags glue
-shares with it (`jax_enable_x64`, `jax_default_matmul_precision`) are accepted as aliases.
+shares with it (`jax_enable_x64`, `jax_default_matmul_precision`, `jax_threefry_partitionable`)
+are accepted as aliases.
 `GLUE_DEBUG` levels: 1 logs each compiled program's kernels and each call's timing, 2 also every
 stage's text, 3 also the generated code.
 """
@@ -83,6 +84,9 @@ _FLAGS: tuple[Flag, ...] = (
     # numerics
     Flag("enable_x64", False, _bool, "keep float64/int64 inputs wide (else they become 32-bit, as in JAX)",
          env="JAX_ENABLE_X64", traced=True),
+    Flag("threefry_partitionable", True, _bool,
+         "glue.random hashes each element's index (JAX's default since 0.5); off: JAX's earlier scheme",
+         env="JAX_THREEFRY_PARTITIONABLE", traced=True),
     Flag("default_matmul_precision", "default", _choice("default", "high", "highest", "bfloat16", "tensorfloat32",
                                                           "float32"),
          "precision of float32 contractions when a call names none (JAX's values)", traced=True),
@@ -114,6 +118,7 @@ _FLAGS: tuple[Flag, ...] = (
 
 FLAGS: dict[str, Flag] = {f.name: f for f in _FLAGS}
 ALIASES = {"jax_enable_x64": "enable_x64", "jax_default_matmul_precision": "default_matmul_precision",
+           "jax_threefry_partitionable": "threefry_partitionable",
            "jax_platform_name": "backend", "jax_platforms": "backend"}
 
 

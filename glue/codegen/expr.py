@@ -4,7 +4,9 @@ An `ExprEmitter` emits the value of an expression at one point of a kernel's dom
 supplies the domain indices (i64 values), the row values of finished reductions, and how to load
 an element of an input buffer. Everything emitted is straight-line and branch-free, so loops
 around it vectorise on the CPU. Primitive semantics match `glue.reference.impls` exactly
-(integer division by zero, saturating float->int conversion, NaN-propagating max/min, ...).
+(integer division by zero, saturating float->int conversion, NaN-propagating max/min, shifts
+past the width, ...); LLVM integers carry no sign, so each rule picks the signed or unsigned
+instruction from the operand's dtype.
 """
 from __future__ import annotations
 
@@ -61,8 +63,7 @@ class ExprEmitter:
             top = ir.Constant(I64, atom.size - 1)
             return self.b.select(self.b.icmp_signed(">", low, top), top, low)
         assert isinstance(atom, FromValue)
-        value = self.value(atom.value)
-        return value if value.type == I64 else self.b.sext(value, I64)
+        return index_of(self.b, self.value(atom.value), atom.value.dtype)
 
     def in_bounds(self, mask) -> ir.Value:
         ok: ir.Value = ir.Constant(I1, 1)
@@ -114,6 +115,17 @@ _EMIT = {Load: ExprEmitter._load, Const: ExprEmitter._const, IndexValue: ExprEmi
          InBounds: ExprEmitter._in_bounds, RowValue: ExprEmitter._row, Op: ExprEmitter._op}
 
 
+def index_of(b: ir.IRBuilder, value: ir.Value, dtype: DType) -> ir.Value:
+    """An integer value as an i64 index; uint64 values past the i64 range saturate (they are
+    out of range of every array either way, as the reference sees them)."""
+    if dtype == dt.uint64:
+        top = ir.Constant(I64, (1 << 63) - 1)
+        return b.select(b.icmp_unsigned(">", value, top), top, value)
+    if value.type == I64:
+        return value
+    return b.sext(value, I64) if dtype.signed else b.zext(value, I64)
+
+
 def _is_zero(v: ir.Value) -> bool:
     return isinstance(v, ir.Constant) and v.constant == 0
 
@@ -138,12 +150,15 @@ def convert(b: ir.IRBuilder, x: ir.Value, src: DType, dst: DType) -> ir.Value:
             b.icmp_unsigned("!=", x, ir.Constant(x.type, 0))
     if src == dt.bool_:
         return b.uitofp(x, to) if dst.is_float else b.zext(x, to)
-    if src.is_int and dst.is_int:
-        return b.sext(x, to) if to.width > x.type.width else b.trunc(x, to) if to.width < x.type.width else x
+    if src.is_int and dst.is_int:  # wraps: widening extends by the source's signedness
+        if to.width > x.type.width:
+            return b.sext(x, to) if src.signed else b.zext(x, to)
+        return b.trunc(x, to) if to.width < x.type.width else x
     if src.is_int:
-        return _round_float(b, b.sitofp(x, to), dst)
+        return _round_float(b, b.sitofp(x, to) if src.signed else b.uitofp(x, to), dst)
     if dst.is_int:
-        return b.call(intrinsic(b.module, "llvm.fptosi.sat", to, [x.type], [to, x.type]), [x])
+        saturating = "llvm.fptosi.sat" if dst.signed else "llvm.fptoui.sat"
+        return b.call(intrinsic(b.module, saturating, to, [x.type], [to, x.type]), [x])
     if src == dt.float64 and dst == dt.float16:
         return _round_float(b, _narrow_to_odd(b, x), dst)
     widened = b.fpext(x, to) if _width(to) > _width(x.type) else b.fptrunc(x, to) if _width(to) < _width(x.type) else x
@@ -172,11 +187,8 @@ def _width(t: ir.Type) -> int:
 
 def _round_float(b: ir.IRBuilder, x: ir.Value, dtype: DType) -> ir.Value:
     """Round a float32 register value to a 16-bit float's precision (still held as float32)."""
-    if dtype == dt.float16:
-        return b.fpext(b.fptrunc(x, ir.HalfType()), F32)
-    if dtype == dt.bfloat16:
-        bits = b.zext(round_to_bf16_bits(b, x), I32)
-        return b.bitcast(b.shl(bits, ir.Constant(I32, 16)), F32)
+    if dtype in (dt.float16, dt.bfloat16):
+        return from_bits(b, to_bits(b, x, dtype), dtype)
     return x
 
 
@@ -201,10 +213,18 @@ def _int_div(b, x, y, zero_result, minus_one_result, op):
     return b.select(y_zero, zero_result(x), b.select(y_m1, minus_one_result(x), q))
 
 
+def _unsigned_div(b, x, y, zero_result, op):
+    y_zero = b.icmp_unsigned("==", y, ir.Constant(x.type, 0))
+    q = getattr(b, op)(x, b.select(y_zero, ir.Constant(x.type, 1), y))
+    return b.select(y_zero, zero_result, q)
+
+
 def _div(b, args, dtypes, e):
     x, y = args
     if _is_float(dtypes):
         return _round_float(b, b.fdiv(x, y), e.dtype)
+    if not dtypes[0].signed:
+        return _unsigned_div(b, x, y, ir.Constant(x.type, -1), "udiv")
     return _int_div(b, x, y, lambda x: ir.Constant(x.type, -1), lambda x: b.neg(x), "sdiv")
 
 
@@ -212,6 +232,8 @@ def _rem(b, args, dtypes, e):
     x, y = args
     if _is_float(dtypes):
         return _round_float(b, _fmod(b, x, y), e.dtype)
+    if not dtypes[0].signed:
+        return _unsigned_div(b, x, y, x, "urem")
     return _int_div(b, x, y, lambda x: x, lambda x: ir.Constant(x.type, 0), "srem")
 
 
@@ -248,9 +270,13 @@ def _maxmin(ordered: str, signed: str):
             # NumPy: x when x >= y (resp. <=) or x is NaN, else y (so NaN in y propagates too).
             keep_x = b.or_(b.fcmp_ordered(ordered, x, y), b.fcmp_unordered("uno", x, x))
             return b.select(keep_x, x, y)
-        cmp = b.icmp_unsigned(ordered, x, y) if dtypes[0] == dt.bool_ else b.icmp_signed(ordered, x, y)
-        return b.select(cmp, x, y)
+        return b.select(icmp(b, dtypes[0], ordered, x, y), x, y)
     return rule
+
+
+def icmp(b: ir.IRBuilder, dtype: DType, op: str, x: ir.Value, y: ir.Value) -> ir.Value:
+    """An integer (or bool) comparison that reads the bits as `dtype` does."""
+    return b.icmp_signed(op, x, y) if dtype.signed else b.icmp_unsigned(op, x, y)
 
 
 def _compare(op: str):
@@ -258,7 +284,7 @@ def _compare(op: str):
         x, y = args
         if _is_float(dtypes):
             return b.fcmp_unordered(op, x, y) if op == "!=" else b.fcmp_ordered(op, x, y)
-        return b.icmp_unsigned(op, x, y) if dtypes[0] == dt.bool_ else b.icmp_signed(op, x, y)
+        return icmp(b, dtypes[0], op, x, y)
     return rule
 
 
@@ -270,11 +296,15 @@ def _abs(b, args, dtypes, e):
     x = args[0]
     if _is_float(dtypes):
         return _fcall(b, "llvm.fabs", x)
+    if not dtypes[0].signed:
+        return x
     return b.select(b.icmp_signed("<", x, ir.Constant(x.type, 0)), b.neg(x), x)
 
 
 def _sign(b, args, dtypes, e):
     x = args[0]
+    if not dtypes[0].signed:
+        return b.zext(b.icmp_unsigned("!=", x, ir.Constant(x.type, 0)), x.type)
     zero = ir.Constant(x.type, 0.0 if _is_float(dtypes) else 0)
     one, minus = ir.Constant(x.type, 1.0 if _is_float(dtypes) else 1), ir.Constant(x.type, -1.0 if _is_float(dtypes) else -1)
     gt = b.fcmp_ordered(">", x, zero) if _is_float(dtypes) else b.icmp_signed(">", x, zero)
@@ -288,6 +318,47 @@ def _not(b, args, dtypes, e):
 
 def _bitwise(op: str):
     return lambda b, args, dtypes, e: getattr(b, op)(*args)
+
+
+def _shift(op: str):
+    """XLA's shifts: an amount of the width or more (unsigned) shifts every bit out, where
+    LLVM's shifts would be poison; the arithmetic shift then fills with the sign bit."""
+    def rule(b, args, dtypes, e):
+        x, y = args
+        width = ir.Constant(x.type, x.type.width)
+        inside = b.icmp_unsigned("<", y, width)
+        if op == "ashr":
+            return b.ashr(x, b.select(inside, y, ir.Constant(x.type, x.type.width - 1)))
+        moved = getattr(b, op)(x, b.and_(y, ir.Constant(x.type, x.type.width - 1)))
+        return b.select(inside, moved, ir.Constant(x.type, 0))
+    return rule
+
+
+def _population_count(b, args, dtypes, e):
+    return _fcall(b, "llvm.ctpop", args[0])
+
+
+def _bitcast_convert(b, args, dtypes, e):
+    return from_bits(b, to_bits(b, args[0], dtypes[0]), e.dtype)
+
+
+def to_bits(b: ir.IRBuilder, x: ir.Value, dtype: DType) -> ir.Value:
+    """A register value's bits as an integer of its dtype's width (16-bit floats are held in
+    float32 registers: their bits come from rounding, which is exact for their values)."""
+    if dtype == dt.float16:
+        return b.bitcast(b.fptrunc(x, ir.HalfType()), ir.IntType(16))
+    if dtype == dt.bfloat16:
+        return round_to_bf16_bits(b, x)
+    return b.bitcast(x, ir.IntType(dtype.bits)) if dtype.is_float else x
+
+
+def from_bits(b: ir.IRBuilder, bits: ir.Value, dtype: DType) -> ir.Value:
+    """The register value of `dtype` with these bits (the inverse of `to_bits`)."""
+    if dtype == dt.float16:
+        return b.fpext(b.bitcast(bits, ir.HalfType()), F32)
+    if dtype == dt.bfloat16:
+        return b.bitcast(b.shl(b.zext(bits, I32), ir.Constant(I32, 16)), F32)
+    return b.bitcast(bits, register_type(dtype)) if dtype.is_float else bits
 
 
 def _select(b, args, dtypes, e):
@@ -312,19 +383,21 @@ def _pow(b, args, dtypes, e):
     x, y = args
     if _is_float(dtypes):
         return _round_float(b, mathlib.emit_pow(b, x, y), e.dtype)
-    return _int_pow(b, x, y)
+    return _int_pow(b, x, y, dtypes[0].signed)
 
 
-def _int_pow(b, x, y):
+def _int_pow(b, x, y, signed: bool):
     """x**y for integers by square-and-multiply over every exponent bit; negative y as the
     reference: 1 for x == 1, +-1 for x == -1, else 0."""
     one = ir.Constant(x.type, 1)
     result, base, exp = one, x, y
-    for _ in range(x.type.width - 1):
+    for _ in range(x.type.width - 1 if signed else x.type.width):
         bit = b.trunc(exp, I1)
         result = b.select(bit, b.mul(result, base), result)
         base = b.mul(base, base)
         exp = b.lshr(exp, one)
+    if not signed:
+        return result
     negative = b.icmp_signed("<", y, ir.Constant(x.type, 0))
     odd = b.trunc(y, I1)
     minus_one = b.select(odd, ir.Constant(x.type, -1), one)
@@ -340,6 +413,9 @@ OP_RULES.update({
     "eq": _compare("=="), "ne": _compare("!="), "lt": _compare("<"), "le": _compare("<="),
     "gt": _compare(">"), "ge": _compare(">="),
     "and": _bitwise("and_"), "or": _bitwise("or_"), "xor": _bitwise("xor"), "not": _not,
+    "shift_left": _shift("shl"), "shift_right_logical": _shift("lshr"),
+    "shift_right_arithmetic": _shift("ashr"), "population_count": _population_count,
+    "bitcast_convert_type": _bitcast_convert,
     "neg": _neg, "abs": _abs, "sign": _sign, "select": _select, "convert_element_type": _convert,
     "floor": _rounding("llvm.floor"), "ceil": _rounding("llvm.ceil"), "round": _rounding("llvm.rint"),
     **{name: _math(name) for name in mathlib.UNARY_FUNCTIONS},

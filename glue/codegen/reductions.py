@@ -7,9 +7,10 @@ the loop vectoriser recognises as reductions.
 """
 from __future__ import annotations
 
+import numpy as np
 from llvmlite import ir
 
-from glue.codegen.expr import intrinsic
+from glue.codegen.expr import icmp, intrinsic
 from glue.codegen.types import constant
 from glue.ir import dtypes as dt
 from glue.ir.dtypes import DType
@@ -23,8 +24,8 @@ def identity(op: str, dtype: DType) -> ir.Constant:
     if dtype == dt.bool_:
         return constant(dtype, largest)
     if dtype.is_int:
-        bits = dtype.bits
-        return constant(dtype, (1 << (bits - 1)) - 1 if largest else -(1 << (bits - 1)))
+        info = np.iinfo(dtype.numpy)
+        return constant(dtype, int(info.max if largest else info.min))
     return constant(dtype, float("inf") if largest else float("-inf"))
 
 
@@ -47,5 +48,4 @@ def better(b: ir.IRBuilder, op: str, value: ir.Value, best: ir.Value, dtype: DTy
         strict = b.fcmp_ordered(">" if bigger else "<", value, best)
         nan_wins = b.and_(b.fcmp_unordered("uno", value, value), b.fcmp_ordered("ord", best, best))
         return b.or_(strict, nan_wins)
-    cmp = b.icmp_unsigned if dtype == dt.bool_ else b.icmp_signed
-    return cmp(">" if bigger else "<", value, best)
+    return icmp(b, dtype, ">" if bigger else "<", value, best)

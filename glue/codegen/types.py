@@ -1,7 +1,8 @@
 """How glue dtypes live in LLVM: in registers, and in memory.
 
 16-bit floats are stored as half / i16 (bfloat16) and computed in float32; bools are i1 in
-registers and one byte in memory.
+registers and one byte in memory; integers are LLVM integers of their width, signed or not (LLVM
+has no signed types: instructions say how they read the bits).
 """
 from __future__ import annotations
 
@@ -13,10 +14,9 @@ from glue.ir.dtypes import DType
 I1, I8, I16, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
 F16, F32, F64 = ir.HalfType(), ir.FloatType(), ir.DoubleType()
 
-_REGISTER = {dt.bool_: I1, dt.int32: I32, dt.int64: I64, dt.float16: F32, dt.bfloat16: F32,
-             dt.float32: F32, dt.float64: F64}
-_MEMORY = {dt.bool_: I8, dt.int32: I32, dt.int64: I64, dt.float16: F16, dt.bfloat16: I16,
-           dt.float32: F32, dt.float64: F64}
+_INTEGERS = {d: ir.IntType(d.bits) for d in dt.INT_DTYPES}  # signedness lives in the instructions
+_REGISTER = {dt.bool_: I1, **_INTEGERS, dt.float16: F32, dt.bfloat16: F32, dt.float32: F32, dt.float64: F64}
+_MEMORY = {dt.bool_: I8, **_INTEGERS, dt.float16: F16, dt.bfloat16: I16, dt.float32: F32, dt.float64: F64}
 
 
 def register_type(dtype: DType) -> ir.Type:
@@ -67,5 +67,11 @@ def constant(dtype: DType, value) -> ir.Constant:
     if dtype == dt.bool_:
         return ir.Constant(ty, int(bool(value)))
     if dtype.is_int:
-        return ir.Constant(ty, int(value))
+        return ir.Constant(ty, _twos_complement(int(value), dtype.bits))
     return ir.Constant(ty, float(value))
+
+
+def _twos_complement(value: int, bits: int) -> int:
+    """An integer of `bits` bits as the signed number with the same bits (LLVM's text form)."""
+    value &= (1 << bits) - 1
+    return value - (1 << bits) if value >> (bits - 1) else value

@@ -103,26 +103,38 @@ def _is_array_object(value: Any) -> bool:
 
 
 def type_of(value: Any) -> TensorType:
-    """The TensorType of a concrete or traced value (Python scalars get their weak dtype)."""
+    """The TensorType of a concrete or traced value (Python scalars get their weak dtype).
+    NumPy data gets its dtype as a traced program has it: 64-bit types become 32-bit ones
+    unless x64 is enabled (`glue.ir.dtypes.canonical`), as in JAX."""
     if type(value) is np.ndarray:
-        return TensorType(value.shape, dt.from_numpy(value.dtype))
+        return TensorType(value.shape, _canonical_numpy(value.dtype))
     if isinstance(value, Tracer):
         return value.aval
     aval = getattr(value, "aval", None)
     if isinstance(aval, TensorType):
         return aval
     if isinstance(value, (np.ndarray, np.generic)):  # before Python scalars: np.float64 is a float
-        return TensorType(tuple(value.shape), dt.from_numpy(value.dtype))
+        return TensorType(tuple(value.shape), _canonical_numpy(value.dtype))
     if isinstance(value, (bool, int, float)):
         return TensorType((), dt.weak_scalar_dtype(value))
     raise GlueError(f"glue cannot use a value of type {type(value).__name__} as an array")
 
 
+def _canonical_numpy(dtype: np.dtype):
+    found = dt.from_numpy(dtype)
+    return dt.canonical(found) if found.bits == 64 else found  # the per-call path of jit
+
+
+_PYTHON_SCALAR = {"bool": bool, "int": int, "float": float}
+
+
 def literal(value: Any) -> Literal:
-    """A scalar as an IR literal of its (NumPy or weak) dtype."""
+    """A scalar as an IR literal of its (NumPy or weak) dtype, its value rounded to that dtype
+    (a float64 scalar narrowed to float32 without x64 holds the float32 value)."""
     type_ = type_of(value)
-    kind = {"bool": bool, "int": int, "float": float}[type_.dtype.kind]
-    return Literal(kind(value.item() if hasattr(value, "item") else value), type_)
+    if hasattr(value, "item"):  # NumPy or glue data, not a weak Python scalar
+        value = np.asarray(value).astype(type_.dtype.numpy).item()
+    return Literal(_PYTHON_SCALAR[type_.dtype.kind](value), type_)
 
 
 class Tracer:

@@ -40,6 +40,8 @@ class Primitive:
     opaque: the scheduler never fuses it with anything; it becomes a kernel of its own, which a
         backend runs by the primitive's own rule (a loop around a compiled body, a library
         call, a hand-written kernel).
+    bitwise: reads and writes raw bits (a bitcast), so it is evaluated at the declared widths
+        even where the reference computes every float in float64.
     """
 
     name: str
@@ -52,6 +54,7 @@ class Primitive:
     cast: bool = False
     multiple_results: bool = False
     opaque: bool = False
+    bitwise: bool = False
 
     @property
     def moves_data_only(self) -> bool:
@@ -174,6 +177,7 @@ def _unary(accepts: Callable[[DType], bool], what: str):
 _float = _unary(lambda d: d.is_float, "floating-point")
 _numeric = _unary(lambda d: d != dt.bool_, "numeric")
 _logical = _unary(lambda d: not d.is_float, "bool or integer")
+_integer = _unary(lambda d: d.is_int, "integer")
 
 for _name in ("exp", "exp2", "log", "log2", "log1p", "expm1", "tanh", "logistic", "sqrt",
               "rsqrt", "sin", "cos", "erf"):
@@ -184,6 +188,7 @@ _register("neg", "elementwise", _numeric, linear=True)
 for _name in ("abs", "sign"):
     _register(_name, "elementwise", _numeric)
 _register("not", "elementwise", _logical)
+_register("population_count", "elementwise", _integer)
 
 
 def _binary(accepts: Callable[[DType], bool], what: str, result: DType | None = None):
@@ -206,6 +211,10 @@ for _name in ("and", "or", "xor"):
     _register(_name, "elementwise", _binary(lambda d: not d.is_float, "bool or integer"))
 for _name in ("eq", "ne", "lt", "le", "gt", "ge"):
     _register(_name, "elementwise", _binary(lambda d: True, "any", dt.bool_))
+# Shift amounts are read as unsigned: one of the operand's width or more shifts every bit out
+# (the arithmetic shift then fills with the sign bit), as XLA defines them.
+for _name in ("shift_left", "shift_right_logical", "shift_right_arithmetic"):
+    _register(_name, "elementwise", _binary(lambda d: d.is_int, "integer"))
 
 
 def _select(pred: TensorType, on_true: TensorType, on_false: TensorType) -> TensorType:
@@ -219,8 +228,16 @@ def _convert(x: TensorType, *, new_dtype: DType) -> TensorType:
     return TensorType(x.shape, new_dtype)
 
 
+def _bitcast_convert(x: TensorType, *, new_dtype: DType) -> TensorType:
+    _require(isinstance(new_dtype, DType), "new_dtype must be a dtype")
+    _require(dt.bool_ not in (x.dtype, new_dtype), "bool has no bit pattern to reinterpret")
+    _require(x.dtype.bits == new_dtype.bits, f"{x.dtype} and {new_dtype} differ in width")
+    return TensorType(x.shape, new_dtype)
+
+
 _register("select", "elementwise", _select)
 _register("convert_element_type", "elementwise", _convert, cast=True, linear=True)
+_register("bitcast_convert_type", "elementwise", _bitcast_convert, bitwise=True)
 
 
 # --- reductions -----------------------------------------------------------------------------

@@ -1,8 +1,11 @@
 """NumPy implementations of every primitive: the definition of what each primitive computes.
 
-Conventions the backends must match: integer `div` truncates toward zero and gives -1 on a zero
-divisor, integer `rem` follows the dividend's sign and gives the dividend on a zero divisor,
-float->int conversion truncates and saturates (NaN gives 0), `round` rounds half to even,
+Conventions the backends must match: integer `div` truncates toward zero and gives -1 (all ones,
+for unsigned types) on a zero divisor, integer `rem` follows the dividend's sign and gives the
+dividend on a zero divisor, integer arithmetic wraps, float->int conversion truncates and
+saturates (NaN gives 0, negative values give 0 in unsigned types), int->int conversion wraps,
+shifts by the operand's width or more (the amount read as unsigned) shift every bit out,
+`bitcast_convert_type` reinterprets bits, `round` rounds half to even,
 `gather` clamps indices into range, `scatter_add` drops out-of-range indices, and float16 /
 bfloat16 sums, products and contractions accumulate in float32. float16 / bfloat16 math
 functions compute in float32 and round once.
@@ -56,19 +59,60 @@ for _name, _fn in _UNARY.items():
     IMPLS[_name] = _quiet(_fn)
 
 
+def _divisor(x, y):
+    """y with the divisors that have a rule of their own replaced by 1: zero, and -1 for
+    signed types (the minimum over -1 overflows), and where they were."""
+    zero = y == 0
+    minus_one = y == -1 if x.dtype.kind == "i" else np.zeros(np.shape(y), bool)
+    return np.where(zero | minus_one, 1, y).astype(x.dtype), zero, minus_one
+
+
 def _int_div(x, y):
-    safe = np.where(y == 0, 1, y)
-    q = np.abs(x) // np.abs(safe) * np.sign(x) * np.sign(safe)
-    return np.where(y == 0, -1, q).astype(x.dtype)
+    """Truncating division from NumPy's flooring one; x / -1 is -x, which wraps at the minimum
+    (abs() would overflow there too)."""
+    safe, zero, minus_one = _divisor(x, y)
+    q = x // safe
+    q = q + (((x - q * safe) != 0) & ((x < 0) != (safe < 0)))
+    all_ones = np.invert(np.zeros((), x.dtype))
+    return np.where(zero, all_ones, np.where(minus_one, np.negative(x), q)).astype(x.dtype)
 
 
 def _int_rem(x, y):
-    safe = np.where(y == 0, 1, y)
-    return np.where(y == 0, x, np.fmod(x, safe)).astype(x.dtype)
+    safe, zero, minus_one = _divisor(x, y)
+    return np.where(zero, x, np.where(minus_one, 0, np.fmod(x, safe))).astype(x.dtype)
+
+
+def _bit_views(x) -> tuple[np.dtype, np.dtype]:
+    """The unsigned and signed integer dtypes of x's width."""
+    return np.dtype(f"uint{x.dtype.itemsize * 8}"), np.dtype(f"int{x.dtype.itemsize * 8}")
+
+
+def _shift(direction: str):
+    """XLA's shifts on the two's-complement bits: an amount of the width or more (read as
+    unsigned) gives 0, or the sign fill for the arithmetic right shift."""
+    def shift(x, y):
+        bits = x.dtype.itemsize * 8
+        unsigned, signed = _bit_views(x)
+        amount = np.asarray(y).view(unsigned)
+        inside = amount < bits
+        safe = np.where(inside, amount, 0).astype(unsigned)
+        if direction == "arithmetic":
+            moved = x.view(signed) >> np.where(inside, safe, bits - 1).astype(signed)
+            return moved.view(x.dtype)
+        pattern = x.view(unsigned)
+        moved = pattern << safe if direction == "left" else pattern >> safe
+        return np.where(inside, moved, 0).astype(unsigned).view(x.dtype)
+    return shift
+
+
+def _population_count(x):
+    return np.bitwise_count(x.view(_bit_views(x)[0])).astype(x.dtype)
 
 
 def _int_pow(x, y):
     pos = np.power(x, np.maximum(y, 0))
+    if x.dtype.kind == "u":
+        return pos
     neg = np.where(x == 1, 1, np.where(x == -1, np.where(y % 2 == 0, 1, -1), 0))
     return np.where(y >= 0, pos, neg).astype(x.dtype)
 
@@ -85,6 +129,8 @@ IMPLS.update({
     "and": np.bitwise_and, "or": np.bitwise_or, "xor": np.bitwise_xor,
     "eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal,
     "gt": np.greater, "ge": np.greater_equal,
+    "shift_left": _shift("left"), "shift_right_logical": _shift("logical"),
+    "shift_right_arithmetic": _shift("arithmetic"), "population_count": _population_count,
 })
 
 
@@ -98,14 +144,21 @@ def _convert(x, *, new_dtype):
     target = new_dtype.numpy
     if new_dtype.is_int and x.dtype.kind in "fV":
         info = np.iinfo(target)
-        limit = 2.0 ** (info.bits - 1)  # the float just past info.max (which int64's is not)
+        # the float just past info.max (which is itself no float for 64-bit types)
+        past_max = 2.0 ** (info.bits - new_dtype.signed)
         t = np.trunc(np.nan_to_num(x.astype(np.float64), nan=0.0))
-        inside = (t >= -limit) & (t < limit)
+        inside = (t >= info.min) & (t < past_max)
         return np.where(inside, np.where(inside, t, 0).astype(target),
-                        np.where(t < 0, info.min, info.max)).astype(target)
+                        np.where(t < 0, info.min, info.max).astype(target))
     if new_dtype == dt.bool_:
         return x != 0
-    return x.astype(target)
+    with np.errstate(over="ignore"):  # a float too large for a narrower float becomes inf
+        return x.astype(target)
+
+
+@_impl("bitcast_convert_type")
+def _bitcast_convert(x, *, new_dtype):
+    return x.view(new_dtype.numpy)
 
 
 def _accumulator(x) -> Any:

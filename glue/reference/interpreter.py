@@ -6,7 +6,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from glue.errors import GlueError, describe_location
-from glue.ir import Graph, Literal
+from glue.ir import Graph, Literal, primitive
 from glue.ir import dtypes as dt
 from glue.reference.impls import IMPLS
 
@@ -44,9 +44,13 @@ def run_graph(graph: Graph, args: Sequence[Any], float64: bool = False) -> list[
         return env[atom.id]
 
     for eqn in graph.eqns:
-        params = _widen_params(eqn.param_dict) if float64 else eqn.param_dict
+        params, inputs = eqn.param_dict, [read(a) for a in eqn.inputs]
+        if float64 and primitive(eqn.primitive).bitwise:  # bits exist only at the declared widths
+            inputs = [x.astype(a.type.dtype.numpy) for x, a in zip(inputs, eqn.inputs)]
+        elif float64:
+            params = _widen_params(params)
         try:
-            out = evaluate_eqn(eqn.primitive, [read(a) for a in eqn.inputs], params)
+            out = evaluate_eqn(eqn.primitive, inputs, params)
         except (ValueError, IndexError, TypeError) as err:
             raise GlueError(f"reference evaluation of {eqn.primitive} failed: {err} "
                             f"{describe_location(eqn.source)}") from err

@@ -22,9 +22,16 @@ from glue.ir import dtypes as dt
 from glue.ir.dtypes import DType
 from glue.reference.compare import TOLERANCES, least_precise
 
-# Program inputs: floats are multiples of 2**-FLOAT_BITS in [-FLOAT_MAX, FLOAT_MAX], ints lie in INT_RANGE.
+# Program inputs: floats are multiples of 2**-FLOAT_BITS in [-FLOAT_MAX, FLOAT_MAX], ints lie in
+# INT_RANGE (UINT_RANGE for unsigned types).
 FLOAT_BITS, FLOAT_MAX = 3, 4.0
 INT_RANGE = (-2, 5)
+UINT_RANGE = (0, 7)
+
+
+def int_range(dtype: DType) -> tuple[int, int]:
+    """The range program inputs (and integer literals) of an integer dtype are drawn from."""
+    return UINT_RANGE if dtype.is_unsigned else INT_RANGE
 
 _PRECISION = {"f16": 11, "bf16": 8, "f32": 24, "f64": 53}
 _FINEST = {"f16": 24, "bf16": 133, "f32": 149, "f64": 1074}  # the smallest subnormal is 2**-finest
@@ -64,7 +71,8 @@ def input_facts(dtype: DType) -> Facts:
     if dtype.is_float:
         return Facts(FLOAT_MAX, -FLOAT_MAX, FLOAT_BITS)
     if dtype.is_int:
-        return Facts(float(max(map(abs, INT_RANGE))), float(INT_RANGE[0]))
+        lo, hi = int_range(dtype)
+        return Facts(float(max(abs(lo), hi)), float(lo))
     return Facts(1.0, 0.0)
 
 
@@ -175,6 +183,8 @@ def _mul(x: Facts, y: Facts, *_: Any) -> Est:
 
 
 def _div(x: Facts, y: Facts, types: Sequence[TensorType], *_: Any) -> Est:
+    if types[0].dtype.is_unsigned and y.lo >= 1:  # a zero divisor would give all ones
+        return Est(x.mag, 0.0, 0, 0.0, 0.0)
     if not types[0].dtype.is_float:  # truncating; -1 on a zero divisor
         return Est(max(x.mag, 1.0), -max(x.mag, 1.0), 0, 0.0, 0.0)
     mag = x.mag / y.lo  # divisors are guarded to lie in [0.5, inf)
@@ -191,7 +201,7 @@ def _pow(x: Facts, y: Facts, types: Sequence[TensorType], *_: Any) -> Est:
     if not types[0].dtype.is_float:  # a small literal exponent
         k = int(y.mag)
         mag = x.mag ** k if y.lo >= 0 else 1.0
-        return Est(mag, -mag, 0, 0.0, 0.0)
+        return Est(mag, 0.0 if x.nonneg else -mag, 0, 0.0, 0.0)
     # bases are guarded to lie in [0.5, inf)
     mag = max(x.mag, 1 / x.lo) ** y.mag
     log_base = max(abs(math.log(x.lo)), math.log(max(x.mag, 1.0)))
@@ -214,7 +224,36 @@ def _bitwise(x: Facts, y: Facts, types: Sequence[TensorType], *_: Any) -> Est:
     if types[0].dtype == dt.bool_:
         return Est(1.0, 0.0, 0, 0.0, 0.0)
     mag = 2 * max(x.mag, y.mag, 1.0)
-    return Est(mag, -mag, 0, 0.0, 0.0)
+    return Est(mag, 0.0 if x.nonneg and y.nonneg else -mag, 0, 0.0, 0.0)
+
+
+def _shift_left(x: Facts, y: Facts, types: Sequence[TensorType], *_: Any) -> Est:
+    """x * 2**y, or 0 for amounts past the width (negative ones read as unsigned are)."""
+    mag = x.mag * 2.0 ** min(y.mag, types[0].dtype.bits)
+    return Est(mag, 0.0 if x.nonneg else -mag, 0, 0.0, 0.0)
+
+
+def _shift_right(logical: bool):
+    def rule(x: Facts, y: Facts, types: Sequence[TensorType], *_: Any) -> Est:
+        if x.nonneg:
+            return Est(x.mag, 0.0, 0, 0.0, 0.0)
+        if logical:  # a negative value's bits read as a large unsigned number
+            return Est(2.0 ** (types[0].dtype.bits - 1), 0.0, 0, 0.0, 0.0)
+        return Est(x.mag, min(x.lo, -1.0), 0, 0.0, 0.0)
+    return rule
+
+
+def _population_count(f: Facts, types: Sequence[TensorType], *_: Any) -> Est:
+    return Est(float(types[0].dtype.bits) if f.lo < 0 else f.mag, 0.0, 0, 0.0, 0.0)
+
+
+def _bitcast(f: Facts, types: Sequence[TensorType], out: TensorType, params: dict) -> Est:
+    """Integers of one width keep their value where both dtypes hold it (a negative one read as
+    unsigned wraps, which `derive` sees to); any other reinterpretation can give any value of
+    the result dtype, which no bound admits."""
+    if types[0].dtype.is_int and out.dtype.is_int and f.mag < 2.0 ** (out.dtype.bits - 1):
+        return _same(f)
+    return Est(math.inf, -math.inf, None, None, math.inf)
 
 
 def _boolean(*_: Any, **__: Any) -> Est:
@@ -228,8 +267,10 @@ def _select(pred: Facts, x: Facts, y: Facts, *_: Any) -> Est:
 def _convert(f: Facts, types: Sequence[TensorType], out: TensorType, params: dict) -> Est:
     if out.dtype == dt.bool_:
         return Est(1.0, 0.0, 0, 0.0, 0.0)
-    if out.dtype.is_int:  # from exact values only; truncates toward zero
-        return Est(math.floor(f.mag), -math.floor(f.mag), 0, 0.0, 0.0)
+    if out.dtype.is_int and types[0].dtype.is_float:
+        # from exact values only; truncates toward zero, and saturates (at 0 for unsigned types)
+        lo = 0.0 if out.dtype.is_unsigned else -math.floor(f.mag)
+        return Est(math.floor(f.mag), lo, 0, 0.0, 0.0)
     return _same(f)
 
 
@@ -335,6 +376,9 @@ RULES: dict[str, Callable[..., Est]] = {
     "add": _add, "sub": lambda x, y, *_: _add(x, y, sub=True), "mul": _mul, "div": _div,
     "rem": _rem, "pow": _pow, "max": _extremum(True), "min": _extremum(False),
     "and": _bitwise, "or": _bitwise, "xor": _bitwise,
+    "shift_left": _shift_left, "shift_right_logical": _shift_right(True),
+    "shift_right_arithmetic": _shift_right(False), "population_count": _population_count,
+    "bitcast_convert_type": _bitcast,
     **{c: _boolean for c in ("eq", "ne", "lt", "le", "gt", "ge")},
     "select": _select, "convert_element_type": _convert,
     "reduce_sum": _reduce_sum, "reduce_prod": _reduce_prod,
@@ -360,6 +404,8 @@ def derive(primitive: str, facts: Sequence[Facts], types: Sequence[TensorType], 
            params: dict[str, Any], math_ulps: float = 2.0) -> Facts:
     """The facts of `primitive[params]` applied to operands with `facts`."""
     est = RULES[primitive](*facts, types, out, params)
+    if out.dtype.is_unsigned and est.lo < 0:  # wraps around: any value of the dtype
+        return Facts(float(2 ** out.dtype.bits - 1), 0.0)
     tol = least_precise(*(f.tol for f in facts))
     if not out.dtype.is_float or (est.bits is not None and representable(out.dtype, est.mag, est.bits)):
         return Facts(est.mag, est.lo, est.bits if out.dtype.is_float else 0)

@@ -20,11 +20,12 @@ from glue.ir import PRIMITIVES, Eqn, Graph, Literal, TensorType, Var, infer_type
 from glue.ir import dtypes as dt
 from glue.ir.core import Atom
 from glue.ir.dtypes import DType
-from glue.testing.numerics import (FLOAT_BITS, FLOAT_MAX, INT_RANGE, Facts, derive, input_facts,
+from glue.testing.numerics import (FLOAT_BITS, FLOAT_MAX, Facts, derive, input_facts, int_range,
                                    literal_facts, within_tolerance)
 
 # Shrinking moves toward the front of this order.
-_DTYPE_ORDER = (dt.float32, dt.int32, dt.bool_, dt.bfloat16, dt.float16, dt.int64, dt.float64)
+_DTYPE_ORDER = (dt.float32, dt.int32, dt.bool_, dt.bfloat16, dt.float16, dt.int64, dt.float64,
+                dt.uint32, dt.uint8, dt.int8, dt.int16, dt.uint16, dt.uint64)
 _KINDS = ("float", "int", "bool")
 _MAGNITUDE_LIMIT = 64.0  # no value grows past this: f16 cannot overflow, errors stay small
 _GRID_LITERALS = (0.5, 2.0, -1.0, 1.5, -0.25, 3.0)
@@ -50,13 +51,16 @@ def dtypes(kinds: Iterable[str] = _KINDS) -> st.SearchStrategy[DType]:
 
 def elements(dtype: Any, exact: bool = False) -> st.SearchStrategy[Any]:
     """Scalars for arrays of `dtype`: moderate and finite. With `exact`, floats are multiples of
-    1/8 in [-4, 4] and ints lie in [-2, 5] (what `graph_inputs` uses); otherwise floats also
-    take arbitrary values of that range (rounded to `dtype` later) and ints lie in [-8, 8]."""
+    1/8 in [-4, 4] and ints lie in [-2, 5] ([0, 7] if unsigned; what `graph_inputs` uses);
+    otherwise floats also take arbitrary values of that range (rounded to `dtype` later) and
+    ints lie in [-8, 8] ([0, 16] if unsigned)."""
     dtype = dt.from_numpy(dtype)
     if dtype == dt.bool_:
         return st.booleans()
     if dtype.is_int:
-        return st.integers(*INT_RANGE) if exact else st.integers(-8, 8)
+        if exact:
+            return st.integers(*int_range(dtype))
+        return st.integers(0, 16) if dtype.is_unsigned else st.integers(-8, 8)
     k = int(FLOAT_MAX * 2 ** FLOAT_BITS)
     grid = st.integers(-k, k).map(lambda i: i / 2 ** FLOAT_BITS)
     if exact:
@@ -191,7 +195,7 @@ class _Builder:
         if dtype == dt.bool_:
             value: Any = bool(self.integer(0, 1))
         elif dtype.is_int:
-            value = self.integer(*INT_RANGE)
+            value = self.integer(*int_range(dtype))
         else:
             value = self.choose(_GRID_LITERALS)
         return Literal(value, TensorType((), dtype))
@@ -237,6 +241,10 @@ def _is_exact_numeric(b: _Builder, v: Var) -> bool:
 
 def _is_logical(b: _Builder, v: Var) -> bool:
     return not v.type.dtype.is_float
+
+
+def _is_integer(b: _Builder, v: Var) -> bool:
+    return v.type.dtype.is_int
 
 
 def _has_axes(b: _Builder, v: Var) -> bool:
@@ -297,7 +305,7 @@ def _pow(b: _Builder, x: Var) -> Var:
         exponent = _at_most(2.0)(b, b.partner(x))
     else:
         base = x
-        exponent = Literal(b.integer(-1, 3), TensorType((), x.type.dtype))
+        exponent = Literal(b.integer(0 if x.type.dtype.is_unsigned else -1, 3), TensorType((), x.type.dtype))
     return b.op("pow", base, exponent, tame=(0,))
 
 
@@ -324,6 +332,15 @@ def _convert(b: _Builder, x: Var) -> Var:
     exact = b.exact(x)
     targets = [d for d in b.cfg.dtypes if d != x.type.dtype and (exact or d.is_float)]
     return b.op("convert_element_type", x, new_dtype=b.choose(targets))
+
+
+def _bitcast(b: _Builder, x: Var) -> Var:
+    """Between integers of one width: a float's bits, read as an integer (or the reverse), are
+    no moderate value (the bit patterns of floats are tested on their own); a negative value
+    read as unsigned would wrap, so it is made nonnegative first."""
+    target = b.choose([d for d in b.cfg.dtypes if d.is_int and d.bits == x.type.dtype.bits and d != x.type.dtype])
+    operand = _nonnegative(b, x) if target.is_unsigned and not b.facts_of(x).nonneg else x
+    return b.op("bitcast_convert_type", operand, new_dtype=target)
 
 
 def _axes(b: _Builder, x: Var) -> tuple[int, ...]:
@@ -502,6 +519,11 @@ _OPS: dict[str, _OpSpec] = {
     "and": _OpSpec(_is_logical, _binary("and")),
     "or": _OpSpec(_is_logical, _binary("or")),
     "xor": _OpSpec(_is_logical, _binary("xor")),
+    "shift_left": _OpSpec(_is_integer, _binary("shift_left")),
+    "shift_right_logical": _OpSpec(_is_integer, _binary("shift_right_logical")),
+    "shift_right_arithmetic": _OpSpec(_is_integer, _binary("shift_right_arithmetic")),
+    "population_count": _OpSpec(_is_integer, _unary("population_count")),
+    "bitcast_convert_type": _OpSpec(_is_integer, _bitcast),
     **{c: _OpSpec(_is_exact, _binary(c, exact=True)) for c in ("eq", "ne", "lt", "le", "gt", "ge")},
     "select": _OpSpec(_is_any, _select),
     "convert_element_type": _OpSpec(_is_any, _convert),

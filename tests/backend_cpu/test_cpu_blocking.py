@@ -19,6 +19,8 @@ from glue.reference.compare import mismatch
 from glue.settings import config
 
 RNG = np.random.default_rng(7)
+# float64 operands are part of what is tested.
+pytestmark = pytest.mark.usefixtures("x64")
 
 
 def _blocking(kc: int | None = None, panels: int | None = None, sums_rows: int | None = None, size: int = 4):

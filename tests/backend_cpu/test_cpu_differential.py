@@ -18,7 +18,7 @@ from glue.reference.compare import mismatch
 from glue.settings import config
 from glue.testing import check_graph, graph_inputs, programs, tolerance_dtypes
 
-ALL_DTYPES = (dt.float32, dt.int32, dt.bool_, dt.float16, dt.bfloat16, dt.int64, dt.float64)
+ALL_DTYPES = dt.ALL_DTYPES
 # At least this many examples even under the quick `ci` profile; more under `thorough`.
 EXAMPLES = max(400, settings.default.max_examples)
 

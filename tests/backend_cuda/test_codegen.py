@@ -23,13 +23,14 @@ from glue.reference.compare import mismatch
 from glue.scheduler.plan import schedule
 from glue.testing.check import tolerance_dtypes
 from glue.testing.strategies import graph_inputs, programs
+from tests.backend_cpu import integer_cases
 from tests.backend_cuda import emulator
 from tests.backend_cuda.cases import ALL_CASES, BF16, WORKLOADS, layernorm, rmsnorm, rng_arrays, softmax, xent
 
 needs_ptxas = pytest.mark.skipif(not ptxas_available(), reason="ptxas is not on the PATH")
 needs_cc = pytest.mark.skipif(not emulator.available(), reason="no C compiler for the kernel emulator")
 ARCHS = ["sm_90", "sm_80"]
-ALL_DTYPES = (dt.float32, dt.int32, dt.bool_, dt.bfloat16, dt.float16, dt.int64, dt.float64)
+ALL_DTYPES = dt.ALL_DTYPES
 
 
 def _lowered(fn, args):
@@ -210,3 +211,21 @@ def test_a_program_without_kernels_lowers_to_no_ptx():
     low = CudaBackend().lower(closed.graph, arch="sm_90", gemm="codegen")
     assert low["llvm"].launches == [] and ".entry" not in low.as_text("ptx")
     assert [r.kind for r in low["llvm"].results] == ["argument", "literal"]
+
+
+@needs_cc
+@pytest.mark.parametrize("dtype", dt.INT_DTYPES, ids=str)
+@pytest.mark.parametrize("group", sorted(integer_cases.CASES))
+def test_full_range_integers_match_the_reference(group, dtype):
+    """Integer semantics at full range (see `tests/backend_cpu/integer_cases.py`): the cuda
+    kernels, run by the emulator, give the reference's bits, and their PTX assembles."""
+    @settings(max_examples=max(2, settings.default.max_examples // 10), deadline=None)
+    @given(integer_cases.case(group, dtype))
+    def check(drawn):
+        graph, args = drawn
+        program = build_program(schedule(graph), group.replace(" ", "_"))
+        for i, (got, want) in enumerate(zip(emulator.run_program(program, args), run_graph(graph, args))):
+            assert integer_cases.same(got, want), f"output {i} of\n{graph}\ninputs {args}\ngot {got!r}\nwant {want!r}"
+        if ptxas_available():
+            assemble(ptx_for_module(program.llvm_ir, "sm_90"), "sm_90")
+    check()

@@ -9,6 +9,7 @@ has a float output to differentiate.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -154,6 +155,32 @@ def _logical(name: str):
         x, y = (_logical_values(rng, s, as_bool) for s in (sx, sy))
         return _weighted(lambda a, b: bind(name, a, b), [x, y], np.broadcast_shapes(sx, sy), rng)
     return build
+
+
+@st.composite
+def _shift(draw, smooth: bool, name: str = "shift_left") -> Case:
+    rng = _rng(draw)
+    sx, sy = _operand_shapes(draw, 2)
+    dtype = draw(st.sampled_from([dt.int32, dt.uint32, dt.int8, dt.uint16]))
+    info = np.iinfo(dtype.numpy)
+    x = rng.integers(info.min, info.max, sx, endpoint=True).astype(dtype.numpy)
+    y = rng.integers(-1, dtype.bits + 2, sy).astype(dtype.numpy)  # amounts past the width too
+    return _weighted(lambda a, b: bind(name, a, b), [x, y], np.broadcast_shapes(sx, sy), rng)
+
+
+@st.composite
+def _population_count(draw, smooth: bool) -> Case:
+    rng, shape = _rng(draw), _shape(draw)
+    x = rng.integers(-2**31, 2**31, shape).astype(draw(st.sampled_from([np.int32, np.uint32])))
+    return _weighted(lambda a: bind("population_count", a), [x], shape, rng)
+
+
+@st.composite
+def _bitcast(draw, smooth: bool) -> Case:
+    """The bits of floats, reinterpreted as floats (integer inputs carry no derivative)."""
+    rng, shape = _rng(draw), _shape(draw)
+    bits = _uniform(rng, shape, -2, 2).astype(np.float32).view(np.uint32)
+    return _weighted(lambda a: bind("bitcast_convert_type", a, new_dtype=dt.float32), [bits], shape, rng)
 
 
 @st.composite
@@ -344,6 +371,10 @@ CASES: dict[str, Callable[..., st.SearchStrategy[Case]]] = {
     **{name: _binary(name) for name in ("add", "sub", "mul", "div", "rem", "pow", "max", "min")},
     **{name: _compare(name) for name in ("eq", "ne", "lt", "le", "gt", "ge")},
     **{name: _logical(name) for name in ("and", "or", "xor")},
+    **{name: functools.partial(_shift, name=name)
+       for name in ("shift_left", "shift_right_logical", "shift_right_arithmetic")},
+    "population_count": _population_count,
+    "bitcast_convert_type": _bitcast,
     "select": _select,
     "convert_element_type": _convert,
     **{name: _reduce(name) for name in ("reduce_sum", "reduce_prod", "reduce_max", "reduce_min")},

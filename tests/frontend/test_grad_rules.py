@@ -12,6 +12,9 @@ import glue
 from glue.frontend.transforms.autodiff import JVP, VJP
 from glue.ir import PRIMITIVES
 
+# The cases compute in float64, as finite differences need.
+pytestmark = pytest.mark.usefixtures("x64")
+
 
 def test_every_primitive_has_rules_and_a_case():
     assert set(JVP) == set(VJP) == set(PRIMITIVES) == set(CASES)

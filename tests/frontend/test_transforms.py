@@ -14,6 +14,9 @@ import glue.numpy as gnp
 from glue.errors import GlueError, GlueTypeError
 from glue.frontend.transforms import TransformError
 
+# Derivatives are checked in float64.
+pytestmark = pytest.mark.usefixtures("x64")
+
 HERE = "test_transforms.py"
 
 

@@ -12,6 +12,9 @@ import glue
 from glue.frontend.transforms.batching import BATCH
 from glue.ir import PRIMITIVES
 
+# The cases compute in float64, as finite differences need.
+pytestmark = pytest.mark.usefixtures("x64")
+
 
 def test_every_primitive_has_a_batching_rule():
     assert set(BATCH) == set(PRIMITIVES)

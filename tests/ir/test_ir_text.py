@@ -69,7 +69,7 @@ def test_printing_an_empty_and_a_constant_only_graph():
         assert str(parse(text)) == text
 
 
-@given(programs())
+@given(programs(dtypes=dt.ALL_DTYPES))
 def test_print_parse_round_trip(graph):
     text = str(graph)
     note(text)
@@ -155,3 +155,13 @@ def test_parse_errors_say_what_and_where(text, fragment, line):
     assert fragment in message
     if line is not None:
         assert message.endswith(f"at line {line}")
+
+
+def test_every_dtype_has_a_spelling_that_parses_back():
+    for d in dt.ALL_DTYPES:
+        v = Var(TensorType((2,), d))
+        largest = {"bool": True, "float": 65504.0, "int": int(np.iinfo(d.numpy).max) if d.is_int else 0}[d.kind]
+        top = _literal(largest, d)
+        text = str(Graph((), (v,), (), (v, top)))
+        assert f"a:{d.name}[2]" in text and str(parse(text)) == text
+    assert [d.name for d in dt.INT_DTYPES] == ["i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64"]

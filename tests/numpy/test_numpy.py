@@ -14,6 +14,7 @@ from hypothesis.extra import numpy as hnp
 import glue
 import glue.numpy as gnp
 from glue.errors import GlueIndexError, GlueTypeError
+from glue.settings import config
 
 HERE = "test_numpy.py"
 
@@ -173,12 +174,14 @@ def test_where_and_clip(data):
 PROMOTIONS = [
     (np.int32, np.float16, np.float16), (np.float16, BF16, np.float32), (np.int32, np.int64, np.int64),
     (np.bool_, np.int32, np.int32), (BF16, np.float32, np.float32), (np.float32, np.float64, np.float64),
-    (np.bool_, np.bool_, np.bool_),
+    (np.bool_, np.bool_, np.bool_), (np.uint8, np.int8, np.int16), (np.uint16, np.int16, np.int32),
+    (np.uint32, np.int32, np.int64), (np.uint64, np.int8, np.float64), (np.uint8, np.uint32, np.uint32),
+    (np.int8, np.float16, np.float16), (np.uint16, BF16, BF16), (np.bool_, np.uint8, np.uint8),
 ]
 
 
 @pytest.mark.parametrize("a,b,expected", PROMOTIONS)
-def test_array_promotion_follows_the_jax_lattice(a, b, expected):
+def test_array_promotion_follows_the_jax_lattice(a, b, expected, x64):
     x, y = np.ones(3, a), np.ones(3, b)
     assert np.asarray(gnp.add(x, y)).dtype == np.dtype(expected)
     assert np.asarray(gnp.add(y, x)).dtype == np.dtype(expected)
@@ -186,8 +189,9 @@ def test_array_promotion_follows_the_jax_lattice(a, b, expected):
 
 
 @pytest.mark.parametrize("a,scalar,expected", [
-    (np.int32, 1.5, np.float32), (np.float16, 2, np.float16), (BF16, 2.5, BF16), (np.int64, 3, np.int64),
-    (np.bool_, 1, np.int32), (np.int32, True, np.int32),
+    (np.int32, 1.5, np.float32), (np.float16, 2, np.float16), (BF16, 2.5, BF16), (np.int64, 3, np.int32),
+    (np.bool_, 1, np.int32), (np.int32, True, np.int32), (np.uint8, 3, np.uint8), (np.int8, -3, np.int8),
+    (np.uint16, 2.5, np.float32), (np.uint32, True, np.uint32),
 ])
 def test_python_scalars_are_weak(a, scalar, expected):
     x = gnp.asarray(np.ones(2, a))
@@ -210,18 +214,60 @@ def test_defaults_and_float_functions():
     assert gnp.float32(2.0) == 2.0 and gnp.bfloat16(1.0) == 1.0
 
 
-@pytest.mark.parametrize("target", [np.int32, np.float16, BF16, np.bool_, np.float64])
+@pytest.mark.parametrize("target", [np.int32, np.float16, BF16, np.bool_, np.float64, np.int8, np.uint8,
+                                    np.int16, np.uint16, np.uint32, np.uint64])
 @given(x=arrays(shapes(), np.float32, -100, 100))
+@pytest.mark.usefixtures("x64")
 def test_astype(target, x):
-    check(lambda a: gnp.astype(a, target), lambda a: a.astype(np.float32).astype(target), x, dtype=target)
-    check(lambda a: a.astype(target), lambda a: a.astype(np.float32).astype(target), gnp.asarray(x),
-          dtype=target)
+    def reference(a):  # float -> int truncates and saturates
+        a = a.astype(np.float32)
+        if np.dtype(target).kind in "iu":
+            a = np.clip(np.trunc(a), np.iinfo(target).min, np.iinfo(target).max)
+        return a.astype(target)
+
+    check(lambda a: gnp.astype(a, target), reference, x, dtype=target)
+    check(lambda a: a.astype(target), reference, gnp.asarray(x), dtype=target)
+
+
+@pytest.mark.parametrize("wide, narrow", [(np.float64, np.float32), (np.int64, np.int32), (np.uint64, np.uint32)])
+def test_64_bit_inputs_narrow_unless_x64(wide, narrow):
+    """As in JAX: without x64, 64-bit NumPy inputs, dtypes and scalars become 32-bit ones."""
+    x = np.arange(3).astype(wide)
+    double = glue.jit(lambda a: a * 2)
+    assert np.asarray(double(x)).dtype == narrow
+    assert gnp.asarray(x).dtype == narrow and gnp.zeros(2, wide).dtype == narrow
+    assert glue.make_ir(double)(x).graph.in_types[0].dtype.numpy == narrow
+    assert (gnp.ones(2, narrow) + wide(1)).dtype == narrow
+    with config.override(enable_x64=True):
+        assert np.asarray(double(x)).dtype == wide
+        assert gnp.asarray(x).dtype == wide and gnp.zeros(2, wide).dtype == wide
+
+
+def test_jax_enable_x64_in_the_environment_keeps_64_bits(monkeypatch):
+    monkeypatch.setenv("JAX_ENABLE_X64", "1")
+    assert np.asarray(glue.jit(lambda a: a + 1)(np.ones(2))).dtype == np.float64
+    monkeypatch.setenv("JAX_ENABLE_X64", "0")
+    assert np.asarray(glue.jit(lambda a: a + 1)(np.ones(2))).dtype == np.float32
+
+
+def test_x64_also_widens_the_defaults():
+    with config.override(enable_x64=True):
+        assert gnp.asarray([1, 2]).dtype == np.int64 and gnp.asarray([1.5]).dtype == np.float64
+        assert (gnp.ones(2, np.int32) + 0.5).dtype == np.float64
+    assert gnp.asarray([1, 2]).dtype == np.int32 and (gnp.ones(2, np.int32) + 0.5).dtype == np.float32
+
+
+def test_a_float64_scalar_narrowed_to_float32_holds_the_float32_value():
+    third = np.float64(1 / 3)
+    got = glue.jit(lambda a: a + third)(np.zeros(1, np.float32))
+    assert np.asarray(got)[0] == np.float32(1 / 3)
+    assert "0.3333333432674408:f32" in str(glue.make_ir(lambda a: a + third)(np.zeros(1, np.float32)))
 
 
 def test_asarray_of_values_and_tracers():
     check(lambda a, b: gnp.asarray([a, b, a]), lambda a, b: np.stack([a, b, a]),
           np.ones(2, np.float32), np.zeros(2, np.float32), dtype=np.float32)
-    assert isinstance(gnp.asarray(np.ones(3)), glue.Array) and gnp.asarray(np.ones(3)).dtype == np.float64
+    assert isinstance(gnp.asarray(np.ones(3)), glue.Array) and gnp.asarray(np.ones(3)).dtype == np.float32
     assert gnp.asarray(2.5, gnp.float16).dtype == np.float16
 
 

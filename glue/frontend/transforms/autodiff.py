@@ -146,8 +146,10 @@ def _no_cotangents(ct: Any, wanted: Sequence[bool], primals: list, out: Any, **_
     return [None] * len(primals)
 
 
+# (bitcast_convert_type too: a float reinterpreted as another float's bits has no useful slope)
 for _name in ("sign", "floor", "ceil", "round", "not", "and", "or", "xor", "eq", "ne", "lt", "le",
-              "gt", "ge", "argmax", "argmin", "iota"):
+              "gt", "ge", "argmax", "argmin", "iota", "shift_left", "shift_right_logical",
+              "shift_right_arithmetic", "population_count", "bitcast_convert_type"):
     JVP[_name], VJP[_name] = _no_derivative, _no_cotangents
 
 

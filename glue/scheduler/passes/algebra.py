@@ -32,7 +32,9 @@ def _one(d: DType) -> Any:
 
 
 def _all_ones(d: DType) -> Any:
-    return True if d.kind == "bool" else -1
+    if d.kind == "bool":
+        return True
+    return -1 if d.signed else (1 << d.bits) - 1
 
 
 def _equals(lit: Literal | None, value: Any) -> bool:
