@@ -24,6 +24,7 @@ import llvmlite.binding as llvm
 
 from glue.backend_cpu import cache
 from glue.errors import BackendError
+from glue.settings import config
 
 _lock = threading.RLock()
 
@@ -165,10 +166,11 @@ class LoadedCode:
 
 
 def thread_count() -> int:
-    """Threads a kernel is split over: GLUE_CPU_THREADS, else the cores this process may use."""
-    chosen = os.environ.get("GLUE_CPU_THREADS")
-    if chosen:
-        return max(1, int(chosen))
+    """Threads a kernel is split over: `config.cpu_threads` (GLUE_CPU_THREADS), else the cores
+    this process may use."""
+    chosen = config.cpu_threads
+    if chosen is not None:
+        return max(1, chosen)
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:

@@ -82,13 +82,18 @@ def literal_problem(value: Any, dtype: DType) -> str | None:
             return f"{value!r} is not an integer"
         info = np.iinfo(dtype.numpy)
         if not info.min <= value <= info.max:
-            return f"the int {value} does not fit in {dtype} ([{info.min}, {info.max}])"
+            return f"{_shown_int(value)} does not fit in {dtype} ([{info.min}, {info.max}])"
         return None
     try:
         float(value)
     except OverflowError:
-        return f"the int {value} is too large for any float"
+        return f"{_shown_int(value)} is too large for any float"
     return None
+
+
+def _shown_int(value: int) -> str:
+    digits = str(value)
+    return digits if len(digits) <= 30 else f"{digits[:12]}...{digits[-4:]} ({len(digits.lstrip('-'))} digits)"
 
 
 def strides(shape: tuple[int, ...] | list[int]) -> list[int]:
