@@ -52,7 +52,11 @@ def _shape(x: Any) -> Shape:
 
 def to_dtype(dtype: Any) -> DType:
     """The glue dtype for a NumPy dtype, a NumPy type, a dtype name or a glue DType."""
-    return dt.from_numpy(dtype)
+    try:
+        return dt.from_numpy(dtype)
+    except TypeError as err:  # NumPy's "not understood", or a NumPy dtype glue lacks (complex)
+        raise GlueTypeError(f"{dtype!r} is not a glue dtype: {err} {describe_location(user_frame_location())}") \
+            from None
 
 
 def result_dtype(*xs: Any) -> DType:
@@ -184,7 +188,13 @@ def _broadcast_all(fn: str, xs: Sequence[Any]) -> list[Any]:
 
 def _apply_elementwise(fn: str, primitive: str, xs: Sequence[Any], dtype: DType | None = None,
                        **params: Any) -> Any:
-    return bind(primitive, *_broadcast_all(fn, _promote(xs, dtype, fn)), **params)
+    operands = _broadcast_all(fn, _promote(xs, dtype, fn))
+    try:
+        return bind(primitive, *operands, **params)
+    except GlueTypeError as err:
+        if fn == primitive:
+            raise
+        raise GlueTypeError(f"{fn}: {err}") from None  # name what the user called (bitwise_and for `and`)
 
 
 # --- elementwise ----------------------------------------------------------------------------
@@ -378,7 +388,8 @@ def _shape_arg(fn: str, shape: Any, allow_unknown: bool = False) -> Shape:
 def full(shape: Any, fill_value: Any, dtype: Any = None) -> Any:
     """An array of `shape` filled with `fill_value` (of its dtype unless `dtype` is given)."""
     shape = _shape_arg("full", shape)
-    value = asarray(fill_value) if dtype is None else astype(fill_value, dtype)
+    target = to_dtype(dtype) if dtype is not None else dt.weak_scalar_dtype(fill_value) if _is_weak(fill_value) else None
+    value = asarray(fill_value) if target is None else _cast(fill_value, target, "full")
     if _shape(value):
         return broadcast_to(value, shape)
     return bind("broadcast_in_dim", value, shape=shape, dims=())
@@ -408,8 +419,8 @@ def ones_like(x: Any, dtype: Any = None) -> Any:
 def _affine_iota(n: int, start: Any, step: Any, dtype: DType) -> Any:
     """[start, start + step, ..., start + (n-1) step] in `dtype`."""
     line = bind("iota", dtype=dtype, shape=(n,), dimension=0)
-    line = line if step == 1 else multiply(line, astype(step, dtype))
-    return line if start == 0 else add(line, astype(start, dtype))
+    line = line if step == 1 else multiply(line, _cast(step, dtype, "arange"))
+    return line if start == 0 else add(line, _cast(start, dtype, "arange"))
 
 
 def arange(start: Any, stop: Any = None, step: Any = 1, dtype: Any = None) -> Any:
@@ -619,7 +630,7 @@ def pad(x: Any, pad_width: Any, constant_values: Any = 0) -> Any:
     widths = np.broadcast_to(np.asarray(pad_width, dtype=np.int64), (ndim, 2))
     if (widths < 0).any():
         raise _fail("pad", f"pad widths must be non-negative, got {pad_width}", x)
-    value = astype(constant_values, _dtype_of(x)).item()
+    value = _cast(constant_values, _dtype_of(x), "pad", x).item()
     return bind("pad", x, low=tuple(int(w) for w in widths[:, 0]), high=tuple(int(w) for w in widths[:, 1]),
                 value=value)
 
