@@ -108,6 +108,9 @@ def asarray(x: Any, dtype: Any = None) -> Any:
         if dtype is None and x.dtype == np.float64:
             x = x.astype(np.float32)
         if dtype is None and x.dtype == np.int64:
+            if x.size:  # Python ints default to int32, as alone: one that does not fit is an error
+                _check_weak_int("asarray", int(x.min()), dt.int32)
+                _check_weak_int("asarray", int(x.max()), dt.int32)
             x = x.astype(np.int32)
     if _is_weak(x):
         _check_weak_int("asarray", x, dt.weak_scalar_dtype(x))

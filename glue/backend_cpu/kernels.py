@@ -15,15 +15,17 @@ The loops a kernel becomes depend on its kind:
   dependencies allow (a pass cannot use a row value it is computing itself): softmax is one
   pass for the max, one for the sum and one for the stores. Row-level values are computed once
   per row, before the pass that needs them; an expensive element value a later pass would
-  recompute (softmax's exp) is kept in scratch instead.
+  recompute (softmax's exp) is kept in scratch instead. A float sum over a row longer than
+  SUM_BLOCK folds blocks of it from zero and joins them with a compensated sum
+  (`blocked_fold`), so its error does not grow with the row's length.
 - column reduction (a reduction whose input is contiguous along the last parallel dim and
   strided along the reduce dims: x.sum(0), a dense layer's bias gradient): units are still
   rows, but a block of neighbouring rows (columns of the input) is reduced together, with the
   loop over them innermost, so it reads memory in order and LLVM vectorises it; each row's
   partial results live in per-thread scratch. Every row still folds its elements in the same
   order as the row loop would: steps of the reduce dims in order, in chunks of COLUMN_CHUNK
-  folded apart and then into the running total (which keeps long float sums as accurate as the
-  row loop's many vector accumulators).
+  folded apart and then into the running total, float sums with compensation (as accurate as
+  the row loop's blocks).
 - data (scatter_add): one unit, run on one thread so the additions happen in a fixed order
   (the domain's row-major order, as the reference does); the scattered output first receives
   a copy of the `init` input unless both already are the same memory.
@@ -45,7 +47,7 @@ from glue.backend_cpu.target import host
 from glue.codegen import reductions
 from glue.codegen.buffers import BufferAccess
 from glue.codegen.expr import ExprEmitter, convert
-from glue.codegen.loops import loop, nest, unflatten
+from glue.codegen.loops import NestBody, loop, nest, unflatten
 from glue.codegen.scope import Analysis, hoist
 from glue.codegen.types import F64, I1, I64, from_memory, memory_type, register_type, to_memory
 from glue.ir import dtypes as dt
@@ -65,10 +67,11 @@ STASH_LIMIT = 256 * 1024
 STREAM_BYTES = 8 * 1024 * 1024
 STREAM_ROW = 16384
 # Float sums fold a row in blocks of at most this many elements, each from zero, and add the
-# block sums with compensation (see glue.codegen.reductions): long enough that the per-block
-# work (joining the vector accumulators, the compensated step) costs nothing measurable, short
-# enough that a block's own sequential sums (SUM_BLOCK / the accumulators, 128 float32 additions
-# each with AVX2) stay within a few units in the last place.
+# block sums with compensation (see glue.codegen.reductions). Rows up to this long (the
+# benchmarks' 2048) keep the plain loop; blocks of 512 measured 20% slower on in-cache
+# layernorm rows, where joining the vector accumulators each block shows. A block's own
+# sequential sums (2048 over LLVM's few dozen vector accumulators) stay as accurate as a
+# 2048-element row always was.
 SUM_BLOCK = 2048
 # Column reductions: at most this many rows reduced together (their partial results stay in L1),
 # the steps folded apart before joining each row's running total, and the fewest rows (the
@@ -609,7 +612,7 @@ def block_split(extents: Sequence[int]) -> tuple[int, int] | None:
     return s, max(1, SUM_BLOCK // inner)
 
 
-def blocked_fold(b: ir.IRBuilder, extents: Sequence[int], body, init: Sequence[ir.Value],
+def blocked_fold(b: ir.IRBuilder, extents: Sequence[int], body: NestBody, init: Sequence[ir.Value],
                  summed: Sequence[int], interleave: int = 0) -> list[ir.Value]:
     """`nest(b, extents, body, init)` for a fold whose carried values at positions `summed`
     are float sums: those restart from zero in every block of at most SUM_BLOCK elements (LLVM

@@ -111,6 +111,11 @@ for _backend in ("eager", "reference", "cpu"):
         y = run("{_backend}", lambda x: x + (2**31 - 4), i4)
         assert y.dtype == np.int32 and (np.asarray(y) == np.arange(4) + 2**31 - 4).all(), y
     """, None)
+for _backend in ("eager", "reference", "cpu"):
+    case(f"int_in_a_list_{_backend}", f"""
+        f = lambda x: x + gnp.asarray([2**40, 1, 2, 3])  #!
+        run("{_backend}", f, i4)
+    """, "GlueTypeError", "asarray", "1099511627776", "i32")
 case("int_astype", """
     gnp.astype(2**40, np.int32)  #!
 """, "GlueTypeError", "astype", "1099511627776", "i32")

@@ -42,7 +42,7 @@ def test_programs_of_2000_equations_print_parse_verify_and_run(case):
         assert mismatch(got, want, dtype) is None
 
 
-@settings(max_examples=40 if THOROUGH else 1)
+@settings(max_examples=10 if THOROUGH else 1)
 @given(_large_programs_with_inputs(min_eqns=1000 if THOROUGH else 250, max_eqns=2000 if THOROUGH else 300))
 def test_large_programs_match_the_reference_on_cpu(case):
     check_graph(*case, backends=["cpu"])
@@ -61,9 +61,11 @@ def test_programs_on_large_arrays_match_the_reference_on_cpu(data):
 
 
 # Adversarial values make results depend on the order of additions (an overflow in one order
-# is finite in another), so these programs avoid sums and contractions; every other primitive
-# must treat NaN, infinities, signed zeros, subnormals and integer extremes as the reference does.
-_ORDER_FREE = sorted(set(glue.ir.PRIMITIVES) - {"reduce_sum", "reduce_prod", "dot_general"})
+# is finite in another), so these programs avoid sums and contractions; sin and cos are exact
+# only for |x| <= 1e5 (float32), as glue.codegen.mathlib documents, not near 3e38. Every other
+# primitive must treat NaN, infinities, signed zeros, subnormals and integer extremes as the
+# reference does.
+_ORDER_FREE = sorted(set(glue.ir.PRIMITIVES) - {"reduce_sum", "reduce_prod", "dot_general", "sin", "cos"})
 # 16-bit floats compute in float32 between stores, which moves where they overflow.
 _EXACT_DTYPES = (dt.float32, dt.float64, dt.int32, dt.int64, dt.bool_)
 _MATH_ULPS = 4  # glue's math library against NumPy's, on top of one rounding

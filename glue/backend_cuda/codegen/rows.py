@@ -18,7 +18,9 @@ once per thread, not once per element.
   flight outgrow the 50 MB L2, and a softmax over 65536-wide float32 rows goes from 66% to 75%
   of the copy bandwidth. Rows of more than ONLINE_ROW_ELEMENTS, whose re-reads mostly miss L2,
   fold a softmax's max and sum of exponentials in one pass (`online.py`), in chunks of
-  ONLINE_CHUNK elements per thread.
+  ONLINE_CHUNK elements per thread. A float sum (an online one too) folds each chunk from
+  zero and joins it to the thread's total with a compensated sum, so that a thread's
+  thousands of elements do not add up their rounding errors.
 
 Out-of-range groups of a ragged last chunk read group 0 (always in bounds) and are left out of
 the folds and the stores, so no load is ever out of bounds and no branch splits a warp before a
