@@ -55,6 +55,19 @@ def user_frame_location() -> str | None:
     return None
 
 
+def innermost_user_location(exc: BaseException) -> str | None:
+    """`file:line` of the innermost frame outside the glue package in `exc`'s traceback (where
+    in the user's code an error raised deep inside glue or Python was reached)."""
+    found = None
+    tb = exc.__traceback__
+    while tb is not None:
+        path = os.path.abspath(tb.tb_frame.f_code.co_filename)
+        if not (path.startswith(_GLUE_DIR + os.sep) and path != _DEMO) and not path.startswith("<frozen"):
+            found = f"{_short_path(path)}:{tb.tb_lineno}"
+        tb = tb.tb_next
+    return found
+
+
 def _short_path(path: str) -> str:
     try:
         rel = os.path.relpath(path)

@@ -22,6 +22,7 @@ from glue.errors import GlueError, GlueIndexError, GlueTypeError, describe_locat
 from glue.frontend.array import Array
 from glue.frontend.tracing import Tracer, bind, current_trace, type_of
 from glue.ir import dtypes as dt
+from glue.ir.core import literal_problem
 from glue.ir.dtypes import DType
 
 float16, bfloat16, float32, float64 = (d.numpy.type for d in dt.FLOAT_DTYPES)
@@ -52,7 +53,11 @@ def _shape(x: Any) -> Shape:
 def to_dtype(dtype: Any) -> DType:
     """The glue dtype for a NumPy dtype, a NumPy type, a dtype name or a glue DType, as a
     traced program has it (64-bit types narrowed to 32 bits unless x64 is enabled, as JAX)."""
-    return dt.canonical(dt.from_numpy(dtype))
+    try:
+        return dt.canonical(dt.from_numpy(dtype))
+    except TypeError as err:  # NumPy's "not understood", or a NumPy dtype glue lacks (complex)
+        raise GlueTypeError(f"{dtype!r} is not a glue dtype: {err} {describe_location(user_frame_location())}") \
+            from None
 
 
 def result_dtype(*xs: Any) -> DType:
@@ -62,24 +67,42 @@ def result_dtype(*xs: Any) -> DType:
 
 def astype(x: Any, dtype: Any) -> Any:
     """`x` converted to `dtype` (float -> int truncates toward zero and saturates)."""
-    target = to_dtype(dtype)
+    return _cast(x, to_dtype(dtype), "astype")
+
+
+def _cast(x: Any, target: DType, fn: str, *operands: Any) -> Any:
+    """`x` converted to `target` for `fn` (on `operands`, which an error names): a Python int
+    that `target` cannot hold is an error rather than a wrapped value, as in JAX."""
     if _is_weak(x):
-        if target.is_int and isinstance(x, int) and not (
-                np.iinfo(target.numpy).min <= x <= np.iinfo(target.numpy).max):
-            raise _fail("astype", f"the Python int {x} does not fit in {target}")
+        _check_weak_int(fn, x, target, *operands)
         return Array(np.asarray(x, dtype=target.numpy))
     x = asarray(x)
     return x if _dtype_of(x) == target else bind("convert_element_type", x, new_dtype=target)
+
+
+def _check_weak_int(fn: str, x: Any, target: DType, *operands: Any) -> None:
+    if isinstance(x, int) and not isinstance(x, bool) and target != dt.bool_:
+        problem = literal_problem(x, target)
+        if problem:
+            raise _fail(fn, f"the Python int {problem} (a Python int takes the dtype of the arrays it "
+                            f"meets, else {dt.DEFAULT_INT}; make it an array of a wider dtype)",
+                        *(o for o in operands if not _is_weak(o)))
 
 
 def asarray(x: Any, dtype: Any = None) -> Any:
     """`x` as a glue value: Tracers and glue.Arrays stay as they are; NumPy data, Python
     scalars and lists become a glue.Array (without a copy) when evaluating eagerly."""
     if isinstance(x, (list, tuple)):
-        if builtins.any(isinstance(v, Tracer) for v in x):
+        if _holds_tracer(x):
             return stack([asarray(v) for v in x])
-        x = np.asarray(x)
+        x = _from_sequence(x)
+        if dtype is None and x.dtype == np.int64 and x.size:
+            # Python ints default to the default int, as alone: one that does not fit is an error
+            default = dt.canonical(dt.int64)
+            _check_weak_int("asarray", int(x.min()), default)
+            _check_weak_int("asarray", int(x.max()), default)
     if _is_weak(x):
+        _check_weak_int("asarray", x, dt.weak_scalar_dtype(x))
         x = np.asarray(x, dtype=dt.weak_scalar_dtype(x).numpy)
     if isinstance(x, (np.ndarray, np.generic)) and current_trace() is None:
         # (a trace captures NumPy data by identity, so it is left as is)
@@ -90,11 +113,27 @@ def asarray(x: Any, dtype: Any = None) -> Any:
 array = asarray
 
 
-def _promote(xs: Sequence[Any], dtype: DType | None = None) -> list[Any]:
-    """Operands converted to one dtype: `dtype`, or the one they promote to."""
+def _holds_tracer(x: list | tuple) -> bool:
+    """Whether a (nested) list or tuple has a traced value anywhere in it."""
+    return builtins.any(isinstance(v, Tracer) or isinstance(v, (list, tuple)) and _holds_tracer(v) for v in x)
+
+
+def _from_sequence(x: list | tuple) -> np.ndarray:
+    """A (nested) list of concrete values as a NumPy array: a ragged one, or one of values glue
+    has no dtype for (strings, objects, complex numbers), is an error naming the line."""
+    try:
+        values = np.asarray(x)
+        to_dtype(values.dtype)
+    except (ValueError, TypeError, OverflowError) as err:
+        raise _fail("asarray", f"cannot make an array of this {type(x).__name__} ({err})") from None
+    return values
+
+
+def _promote(xs: Sequence[Any], dtype: DType | None = None, fn: str = "promote") -> list[Any]:
+    """Operands of `fn` converted to one dtype: `dtype`, or the one they promote to."""
     xs = [x if _is_weak(x) else asarray(x) for x in xs]
     dtype = dtype or result_dtype(*xs)
-    return [astype(x, dtype) for x in xs]
+    return [_cast(x, dtype, fn, *xs) for x in xs]
 
 
 # --- broadcasting ---------------------------------------------------------------------------
@@ -142,7 +181,13 @@ def _broadcast_all(fn: str, xs: Sequence[Any]) -> list[Any]:
 
 def _apply_elementwise(fn: str, primitive: str, xs: Sequence[Any], dtype: DType | None = None,
                        **params: Any) -> Any:
-    return bind(primitive, *_broadcast_all(fn, _promote(xs, dtype)), **params)
+    operands = _broadcast_all(fn, _promote(xs, dtype, fn))
+    try:
+        return bind(primitive, *operands, **params)
+    except GlueTypeError as err:
+        if fn == primitive:
+            raise
+        raise GlueTypeError(f"{fn}: {err}") from None  # name what the user called (bitwise_and for `and`)
 
 
 # --- elementwise ----------------------------------------------------------------------------
@@ -246,7 +291,7 @@ def where(condition: Any, x: Any = None, y: Any = None) -> Any:
         raise _fail("where", "needs x and y: where(condition) alone has a data-dependent shape",
                     asarray(condition))
     cond = astype(condition, dt.bool_)
-    return bind("select", *_broadcast_all("where", [cond, *_promote([x, y])]))
+    return bind("select", *_broadcast_all("where", [cond, *_promote([x, y], fn="where")]))
 
 
 def clip(x: Any, a_min: Any = None, a_max: Any = None) -> Any:
@@ -280,7 +325,7 @@ def power(x: Any, y: Any) -> Any:
 
 def _signed_rem(fn: str, x: Any, y: Any) -> tuple[Any, Any, Any, Any]:
     """(x, y, fmod(x, y), where that remainder's sign differs from the divisor's)."""
-    x, y = _broadcast_all(fn, _promote([x, y]))
+    x, y = _broadcast_all(fn, _promote([x, y], fn=fn))
     rem = bind("rem", x, y)
     fix = logical_and(not_equal(rem, 0), not_equal(less(rem, 0), less(y, 0)))
     return x, y, rem, fix
@@ -311,7 +356,7 @@ def floor_divide(x: Any, y: Any) -> Any:
 
 def logaddexp(x: Any, y: Any) -> Any:
     """log(exp(x) + exp(y)) without overflow."""
-    x, y = _broadcast_all("logaddexp", _promote([x, y]))
+    x, y = _broadcast_all("logaddexp", _promote([x, y], fn="logaddexp"))
     if not _dtype_of(x).is_float:
         x, y = astype(x, dt.DEFAULT_FLOAT), astype(y, dt.DEFAULT_FLOAT)
     delta = subtract(x, y)
@@ -336,7 +381,8 @@ def _shape_arg(fn: str, shape: Any, allow_unknown: bool = False) -> Shape:
 def full(shape: Any, fill_value: Any, dtype: Any = None) -> Any:
     """An array of `shape` filled with `fill_value` (of its dtype unless `dtype` is given)."""
     shape = _shape_arg("full", shape)
-    value = asarray(fill_value) if dtype is None else astype(fill_value, dtype)
+    target = to_dtype(dtype) if dtype is not None else dt.weak_scalar_dtype(fill_value) if _is_weak(fill_value) else None
+    value = asarray(fill_value) if target is None else _cast(fill_value, target, "full")
     if _shape(value):
         return broadcast_to(value, shape)
     return bind("broadcast_in_dim", value, shape=shape, dims=())
@@ -366,8 +412,8 @@ def ones_like(x: Any, dtype: Any = None) -> Any:
 def _affine_iota(n: int, start: Any, step: Any, dtype: DType) -> Any:
     """[start, start + step, ..., start + (n-1) step] in `dtype`."""
     line = bind("iota", dtype=dtype, shape=(n,), dimension=0)
-    line = line if step == 1 else multiply(line, astype(step, dtype))
-    return line if start == 0 else add(line, astype(start, dtype))
+    line = line if step == 1 else multiply(line, _cast(step, dtype, "arange"))
+    return line if start == 0 else add(line, _cast(start, dtype, "arange"))
 
 
 def arange(start: Any, stop: Any = None, step: Any = 1, dtype: Any = None) -> Any:
@@ -510,7 +556,7 @@ def squeeze(x: Any, axis: Any = None) -> Any:
 
 
 def concatenate(arrays: Sequence[Any], axis: int | None = 0) -> Any:
-    xs = _promote(list(arrays))
+    xs = _promote(list(arrays), fn="concatenate")
     if not xs:
         raise _fail("concatenate", "needs at least one array")
     if axis is None:
@@ -577,7 +623,7 @@ def pad(x: Any, pad_width: Any, constant_values: Any = 0) -> Any:
     widths = np.broadcast_to(np.asarray(pad_width, dtype=np.int64), (ndim, 2))
     if (widths < 0).any():
         raise _fail("pad", f"pad widths must be non-negative, got {pad_width}", x)
-    value = astype(constant_values, _dtype_of(x)).item()
+    value = _cast(constant_values, _dtype_of(x), "pad", x).item()
     return bind("pad", x, low=tuple(int(w) for w in widths[:, 0]), high=tuple(int(w) for w in widths[:, 1]),
                 value=value)
 
@@ -706,7 +752,7 @@ def matmul(a: Any, b: Any, *, precision: Any = None, preferred_element_type: Any
     `precision` ("default" | "high" | "highest" or `glue.Precision.*`; default
     `glue.config.default_matmul_precision`) and `preferred_element_type` as in JAX."""
     params = _precision(precision, preferred_element_type)
-    a, b = _promote([a, b])
+    a, b = _promote([a, b], fn="matmul")
     sa, sb = _shape(a), _shape(b)
     if not sa or not sb:
         raise _fail("matmul", "operands must not be scalars (use multiply)", a, b)
@@ -729,7 +775,7 @@ def matmul(a: Any, b: Any, *, precision: Any = None, preferred_element_type: Any
 def dot(a: Any, b: Any, *, precision: Any = None, preferred_element_type: Any = None) -> Any:
     """NumPy's dot: a's last axis against b's second-to-last (or only) axis; scalars multiply."""
     params = _precision(precision, preferred_element_type)
-    a, b = _promote([a, b])
+    a, b = _promote([a, b], fn="dot")
     sa, sb = _shape(a), _shape(b)
     if not sa or not sb:
         return multiply(a, b)
@@ -787,7 +833,7 @@ def einsum(subscripts: str, *operands: Any, precision: Any = None, preferred_ele
     Repeated labels within one operand (diagonals) are not supported.
     """
     params = _precision(precision, preferred_element_type)
-    ops = _promote(operands)
+    ops = _promote(operands, fn="einsum")
     labels, output = _einsum_labels(subscripts, ops)
     sizes: dict[Label, int] = {}
     for ls, op in zip(labels, ops):

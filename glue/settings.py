@@ -187,6 +187,11 @@ class Config:
             raise GlueError(f"glue.config.update({name!r}, {value!r}): {exc}") from None
         self.trace_version += flag.traced
 
+    def reset(self) -> None:
+        """Forget every `update` (back to the environment and the defaults)."""
+        self.trace_version += any(FLAGS[name].traced for name in self._updates)
+        self._updates.clear()
+
     @contextlib.contextmanager
     def override(self, **values: Any) -> Iterator[None]:
         """Settings for the duration of a `with` block, in this thread."""

@@ -15,15 +15,17 @@ The loops a kernel becomes depend on its kind:
   dependencies allow (a pass cannot use a row value it is computing itself): softmax is one
   pass for the max, one for the sum and one for the stores. Row-level values are computed once
   per row, before the pass that needs them; an expensive element value a later pass would
-  recompute (softmax's exp) is kept in scratch instead.
+  recompute (softmax's exp) is kept in scratch instead. A float sum over a row longer than
+  SUM_BLOCK folds blocks of it from zero and joins them with a compensated sum
+  (`blocked_fold`), so its error does not grow with the row's length.
 - column reduction (a reduction whose input is contiguous along the last parallel dim and
   strided along the reduce dims: x.sum(0), a dense layer's bias gradient): units are still
   rows, but a block of neighbouring rows (columns of the input) is reduced together, with the
   loop over them innermost, so it reads memory in order and LLVM vectorises it; each row's
   partial results live in per-thread scratch. Every row still folds its elements in the same
   order as the row loop would: steps of the reduce dims in order, in chunks of COLUMN_CHUNK
-  folded apart and then into the running total (which keeps long float sums as accurate as the
-  row loop's many vector accumulators).
+  folded apart and then into the running total, float sums with compensation (as accurate as
+  the row loop's blocks).
 - data (scatter_add): one unit, run on one thread so the additions happen in a fixed order
   (the domain's row-major order, as the reference does); the scattered output first receives
   a copy of the `init` input unless both already are the same memory.
@@ -45,7 +47,7 @@ from glue.backend_cpu.target import host
 from glue.codegen import reductions
 from glue.codegen.buffers import BufferAccess
 from glue.codegen.expr import ExprEmitter, convert
-from glue.codegen.loops import loop, nest, unflatten
+from glue.codegen.loops import NestBody, loop, nest, unflatten
 from glue.codegen.scope import Analysis, hoist
 from glue.codegen.types import F64, I1, I64, from_memory, memory_type, register_type, to_memory
 from glue.ir import dtypes as dt
@@ -64,6 +66,13 @@ STASH_LIMIT = 256 * 1024
 # stores): they do not fit in them anyway, and a store that misses would first read the line it
 # overwrites. Their rows go through a per-thread buffer of at most STREAM_ROW elements.
 STREAM_ROW = 16384
+# Float sums fold a row in blocks of at most this many elements, each from zero, and add the
+# block sums with compensation (see glue.codegen.reductions). Rows up to this long (the
+# benchmarks' 2048) keep the plain loop; blocks of 512 measured 20% slower on in-cache
+# layernorm rows, where joining the vector accumulators each block shows. A block's own
+# sequential sums (2048 over LLVM's few dozen vector accumulators) stay as accurate as a
+# 2048-element row always was.
+SUM_BLOCK = 2048
 # Column reductions: at most this many rows reduced together (their partial results stay in L1),
 # the steps folded apart before joining each row's running total, and the fewest rows (the
 # last parallel extent) for which the column loop pays.
@@ -362,9 +371,12 @@ class KernelBuilder(BufferAccess):
         column_dim = frozenset((p - 1,))
         values = [r.value for r in k.reductions]
         types = [register_type(r.dtype) for r in k.reductions]
-        # Per reduction, one block of running totals and one of the current chunk's results.
+        # Per reduction, one block of running totals and one of the current chunk's results;
+        # per float sum, one of the totals' rounding errors (the chunks are added with compensation).
         totals = [self.reserve(block * _bytes(t)) for t in types]
         chunks = [self.reserve(block * _bytes(t)) for t in types]
+        errors = [self.reserve(block * _bytes(t)) if reductions.compensated(r.op, r.dtype) else None
+                  for r, t in zip(k.reductions, types)]
         row_stores = [s for s in k.stores if s.level == "row"]
         first = b.udiv(self.start, ir.Constant(I64, width))
         last = b.udiv(b.sub(self.end, ir.Constant(I64, 1)), ir.Constant(I64, width))
@@ -372,10 +384,11 @@ class KernelBuilder(BufferAccess):
         def slot(b: ir.IRBuilder, offsets: list[int], i: int, j: ir.Value) -> ir.Value:
             return b.gep(self.scratch_at(offsets[i]), [j], inbounds=True, source_etype=types[i])
 
-        def reset(b: ir.IRBuilder, offsets: list[int], count: ir.Value) -> None:
+        def reset(b: ir.IRBuilder, offsets: list[int | None], count: ir.Value) -> None:
             def column(b: ir.IRBuilder, j: ir.Value, _):
                 for i, r in enumerate(k.reductions):
-                    b.store(reductions.identity(r.op, r.value.dtype), slot(b, offsets, i, j))
+                    if offsets[i] is not None:
+                        b.store(reductions.identity(r.op, r.value.dtype), slot(b, offsets, i, j))
                 return []
             loop(b, 0, count, column, name="c")
 
@@ -389,6 +402,7 @@ class KernelBuilder(BufferAccess):
                 c0 = b.add(lo, b.mul(q, ir.Constant(I64, block)))
                 count = _min(b, ir.Constant(I64, block), b.sub(hi, c0))
                 reset(b, totals, count)
+                reset(b, errors, count)
 
                 def chunk(b: ir.IRBuilder, c: ir.Value, _):
                     t0 = b.mul(c, ir.Constant(I64, COLUMN_CHUNK))
@@ -415,7 +429,14 @@ class KernelBuilder(BufferAccess):
                         for i, r in enumerate(k.reductions):
                             at = slot(b, totals, i, j)
                             part = b.load(slot(b, chunks, i, j), typ=types[i])
-                            b.store(reductions.combine(b, r.op, b.load(at, typ=types[i]), part, r.dtype), at)
+                            total = b.load(at, typ=types[i])
+                            if errors[i] is None:
+                                b.store(reductions.combine(b, r.op, total, part, r.dtype), at)
+                                continue
+                            error_at = slot(b, errors, i, j)
+                            total, error = reductions.compensated_add(b, total, b.load(error_at, typ=types[i]), part)
+                            b.store(total, at)
+                            b.store(error, error_at)
                         return []
                     loop(b, 0, count, fold, name="c")
                     return []
@@ -423,7 +444,12 @@ class KernelBuilder(BufferAccess):
 
                 def store(b: ir.IRBuilder, j: ir.Value, _):
                     em = self.emitter(coords + [b.add(c0, j)] + [None] * len(k.reduce))
-                    em.rows = [b.load(slot(b, totals, i, j), typ=types[i]) for i in range(len(types))]
+                    em.rows = []
+                    for i, ty in enumerate(types):
+                        total = b.load(slot(b, totals, i, j), typ=ty)
+                        if errors[i] is not None:
+                            total = reductions.compensated_result(b, total, b.load(slot(b, errors, i, j), typ=ty))
+                        em.rows.append(total)
                     self.store_all(em, row_stores)
                     return []
                 loop(b, 0, count, store, name="c")
@@ -509,7 +535,12 @@ class KernelBuilder(BufferAccess):
             return out
         exprs = [r.value for r in reds] + [s.value for s in level.stores]
         spread = interleave_for(exprs, self.analysis, frozenset(range(len(k.parallel), k.rank)))
-        accs = iter(nest(self.b, k.reduce, body, init, interleave=spread))
+        positions, summed = 0, []
+        for r in reds:
+            if reductions.compensated(r.op, r.dtype):
+                summed.append(positions)
+            positions += 2 if r.op.startswith("arg") else 1
+        accs = iter(blocked_fold(self.b, k.reduce, body, init, summed, spread))
         results = []
         for r in reds:
             value = next(accs)
@@ -566,6 +597,59 @@ class KernelBuilder(BufferAccess):
                 computed.setdefault(e, depth)
                 stack.extend(children(e))
         return chosen
+
+
+def block_split(extents: Sequence[int]) -> tuple[int, int] | None:
+    """How a fold over `extents` (row-major) is cut into blocks of at most SUM_BLOCK
+    consecutive elements: (dim s, chunk c) where a block is c steps of dim s and all of the dims
+    after it; None when the whole fold is one block."""
+    if math.prod(extents) <= SUM_BLOCK:
+        return None
+    inner, s = 1, len(extents) - 1
+    while inner * extents[s] <= SUM_BLOCK:
+        inner *= extents[s]
+        s -= 1
+    return s, max(1, SUM_BLOCK // inner)
+
+
+def blocked_fold(b: ir.IRBuilder, extents: Sequence[int], body: NestBody, init: Sequence[ir.Value],
+                 summed: Sequence[int], interleave: int = 0) -> list[ir.Value]:
+    """`nest(b, extents, body, init)` for a fold whose carried values at positions `summed`
+    are float sums: those restart from zero in every block of at most SUM_BLOCK elements (LLVM
+    keeps a block's sum in a few vector accumulators), and the block sums are added into the
+    row's total with compensation (`reductions.compensated_add`). The other carried values
+    (max, min, arg-reductions, integer sums) run through the blocks unchanged."""
+    split = block_split(extents)
+    if not summed or split is None:
+        return nest(b, extents, body, init, interleave=interleave)
+    s, chunk = split
+    n, steps = len(init), extents[s]
+
+    def blocks(b: ir.IRBuilder, outer: list[ir.Value], state: list[ir.Value]) -> list[ir.Value]:
+        def block(b: ir.IRBuilder, q: ir.Value, state: list[ir.Value]) -> list[ir.Value]:
+            totals, errors = state[:n], state[n:]
+            start = [init[i] if i in summed else v for i, v in enumerate(totals)]
+            lo = b.mul(q, ir.Constant(I64, chunk))
+            hi = b.add(lo, ir.Constant(I64, chunk))
+            if steps % chunk:
+                hi = _min(b, hi, ir.Constant(I64, steps))
+
+            def step(b: ir.IRBuilder, i: ir.Value, values: list[ir.Value]) -> list[ir.Value]:
+                return nest(b, extents[s + 1:], lambda b, rest, vs: body(b, outer + [i] + rest, vs), values,
+                            name="r_in", interleave=interleave)
+            parts = loop(b, lo, hi, step, start, name="r_block",
+                         interleave=interleave if s == len(extents) - 1 else 0)
+            out, new_errors = list(parts), []
+            for i, error in zip(summed, errors):
+                out[i], error = reductions.compensated_add(b, totals[i], error, parts[i])
+                new_errors.append(error)
+            return out + new_errors
+        return loop(b, 0, -(-steps // chunk), block, state, name="blocks", vectorize=False)
+    final = nest(b, extents[:s], blocks, list(init) + [init[i] for i in summed], name="r_out")
+    out = final[:n]
+    for i, error in zip(summed, final[n:]):
+        out[i] = reductions.compensated_result(b, out[i], error)
+    return out
 
 
 # Math functions by the length of their code: a loop around one short function gains from four

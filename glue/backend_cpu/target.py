@@ -169,9 +169,10 @@ class LoadedCode:
 
 
 def thread_count() -> int:
-    """Threads a kernel is split over: GLUE_CPU_THREADS, else the cores this process may use."""
+    """Threads a kernel is split over: `config.cpu_threads` (GLUE_CPU_THREADS), else the cores
+    this process may use."""
     chosen = config.cpu_threads
-    if chosen:
+    if chosen is not None:
         return max(1, chosen)
     try:
         return len(os.sched_getaffinity(0))

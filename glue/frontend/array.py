@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from glue.errors import GlueError
+from glue.errors import GlueError, describe_location, user_frame_location
 from glue.ir import TensorType
 from glue.ir import dtypes as dt
 
@@ -64,7 +64,8 @@ class Array:
     def _check_alive(self) -> None:
         if self._donated_to is not None:
             raise GlueError(f"this glue.Array ({self.aval}) was donated to {self._donated_to} and deleted; "
-                            "use the call's result instead, or do not donate it (donate_argnums)")
+                            "use the call's result instead, or do not donate it (donate_argnums) "
+                            f"{describe_location(user_frame_location())}")
 
     def _host(self) -> np.ndarray:
         if self._value is None:

@@ -26,7 +26,7 @@ import numpy as np
 
 from glue import profiler
 from glue.backend import Backend, Lowering, get_backend
-from glue.errors import GlueError
+from glue.errors import GlueError, describe_location, user_frame_location
 from glue.frontend.array import Array, wrap_results
 from glue.frontend.pytree import LEAF, PyTreeDef, flatten_call, leaf_paths, tree_flatten, tree_unflatten
 from glue.frontend.tracing import current_trace, trace_flat, type_of
@@ -63,8 +63,20 @@ class Signature(NamedTuple):
         return "argument types changed: " + "; ".join(changed)
 
 
-def _types(values: Sequence[Any]) -> tuple[TensorType, ...]:
-    return tuple([v.aval if v.__class__ is Array else type_of(v) for v in values])
+def _types(values: Sequence[Any], treedef: PyTreeDef | None = None) -> tuple[TensorType, ...]:
+    try:
+        return tuple([v.aval if v.__class__ is Array else type_of(v) for v in values])
+    except GlueError as err:  # name which argument it is
+        if treedef is None:
+            raise
+        args_tree, kwargs_tree = treedef.children
+        paths = leaf_paths(args_tree, "args") + leaf_paths(kwargs_tree, "kwargs")
+        for path, v in zip(paths, values):
+            try:
+                v.aval if v.__class__ is Array else type_of(v)
+            except GlueError:
+                raise type(err)(f"argument {path}: {err}") from None
+        raise
 
 
 def _positional_params(fn: Callable) -> tuple[list[str], bool] | None:
@@ -83,19 +95,21 @@ def _argnums(fn: Callable, what: str, nums: Sequence[int]) -> set[int]:
     parameter (as JAX does), each naming a parameter `fn` has."""
     known = _positional_params(fn)
     name = getattr(fn, "__name__", "the function")
+    where = describe_location(user_frame_location())
     out = set()
-    for n in nums:
-        if not isinstance(n, int) or isinstance(n, bool):
-            raise GlueError(f"glue.jit({name}): {what} must be ints, got {n!r}")
+    for given in nums:
+        if not isinstance(given, int) or isinstance(given, bool):
+            raise GlueError(f"glue.jit({name}): {what} must be ints, got {given!r} {where}")
         count = len(known[0]) if known else None
+        n = given
         if n < 0:
             if count is None or known[1]:
-                raise GlueError(f"glue.jit({name}): a negative {what} ({n}) needs a function with a "
-                                "fixed number of positional parameters")
+                raise GlueError(f"glue.jit({name}): a negative {what} ({given}) needs a function with a "
+                                f"fixed number of positional parameters {where}")
             n += count
         if n < 0 or (count is not None and n >= count and not known[1]):
-            raise GlueError(f"glue.jit({name}): {what} {n} is out of range: {name} takes "
-                            f"{count} positional argument{'s' if count != 1 else ''}")
+            raise GlueError(f"glue.jit({name}): {what} {given} is out of range: {name} takes "
+                            f"{count} positional argument{'s' if count != 1 else ''} {where}")
         out.add(n)
     return out
 
@@ -118,7 +132,7 @@ class _ArgSpec:
     def split(self, args: tuple, kwargs: dict) -> tuple[Signature, list[Any]]:
         if not kwargs and not self.static_nums:  # the common calls, kept lean
             leaves, treedef = flatten_call(args)
-            return Signature(treedef, _types(leaves), (), config.trace_context()), leaves
+            return Signature(treedef, _types(leaves, treedef), (), config.trace_context()), leaves
         missing = [i for i in self.static_nums if i >= len(args)
                    and not (i < len(self._names) and self._names[i] in kwargs)]
         if missing:
@@ -132,9 +146,10 @@ class _ArgSpec:
             hash(statics)
         except TypeError:
             raise GlueError(f"static arguments of {self.fn.__name__} must be hashable; got "
-                            f"{[type(v).__name__ for _, v in statics]}") from None
+                            f"{[type(v).__name__ for _, v in statics]} "
+                            f"{describe_location(user_frame_location())}") from None
         leaves, treedef = tree_flatten((dyn_args, dyn_kwargs))
-        return Signature(treedef, _types(leaves), statics, config.trace_context()), leaves
+        return Signature(treedef, _types(leaves, treedef), statics, config.trace_context()), leaves
 
     def flat_fn(self, sig: Signature) -> Callable[..., list[Any]]:
         """`fn` as a function of the flat dynamic leaves, returning flat outputs."""
@@ -207,7 +222,7 @@ class Lowered:
                     paths += _render_svg(path)
         except OSError as exc:
             raise GlueError(f"GLUE_DUMP: cannot write the stages of {self.name} into {directory!r}: "
-                            f"{exc.strerror or exc}") from None
+                            f"{exc.strerror or exc} {describe_location(user_frame_location())}") from None
         return paths
 
 
@@ -295,7 +310,8 @@ class Compiled:
         sig, leaves = lowered.spec.split(args, kwargs)
         if sig != lowered.signature:
             raise GlueError(f"{lowered.name} was compiled for other arguments: "
-                            f"{sig.explain_difference(lowered.signature)}; lower it again for these")
+                            f"{sig.explain_difference(lowered.signature)}; lower it again for these "
+                            f"{describe_location(user_frame_location())}")
         return self.call_tree(leaves)
 
     def call_tree(self, leaves: Sequence[Any]) -> Any:
@@ -380,7 +396,8 @@ class Jitted:
         self.donate_argnums = tuple(sorted(_argnums(fn, "donate_argnums", donate_argnums)))
         both = self.spec.static_nums & set(self.donate_argnums)
         if both:
-            raise GlueError(f"glue.jit({self.name}): argument {min(both)} is both static and donated")
+            raise GlueError(f"glue.jit({self.name}): argument {min(both)} is in both static_argnums and "
+                            f"donate_argnums {describe_location(user_frame_location())}")
         self._traced: dict[Signature, tuple[ClosedGraph, PyTreeDef]] = {}
         self._compiled: dict[Signature, Compiled] = {}
         # The last call's signature and program, and where its arguments were glue.Arrays or flat

@@ -2,9 +2,12 @@
 flattened and rebuilt."""
 from __future__ import annotations
 
+import sys
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable
+
+from glue.errors import GlueError, describe_location, user_frame_location
 
 
 @dataclass(frozen=True)
@@ -42,7 +45,13 @@ LEAF = PyTreeDef("leaf")
 
 
 def _dict_children(tree: dict) -> tuple[str, tuple[Any, ...], tuple[Any, ...]]:
-    keys = tuple(sorted(tree))
+    try:
+        keys = tuple(sorted(tree))
+    except TypeError:  # keys of types that do not compare (str with int), as in JAX an error
+        kinds = sorted({type(k).__name__ for k in tree})
+        raise GlueError(f"a dict in a pytree needs keys that sort (its leaves are ordered by key), but "
+                        f"its keys {list(tree)[:8]} mix {' and '.join(kinds)}; use keys of one type "
+                        f"{describe_location(user_frame_location())}") from None
     return "dict", tuple(tree[k] for k in keys), keys
 
 
@@ -74,7 +83,11 @@ def _node_split(cls: type) -> Callable[[Any], tuple[str, tuple[Any, ...], tuple[
 def tree_flatten(tree: Any) -> tuple[list[Any], PyTreeDef]:
     """The leaves of `tree` (left to right, dict keys sorted) and its structure."""
     leaves: list[Any] = []
-    return leaves, _walk(tree, leaves)
+    try:
+        return leaves, _walk(tree, leaves)
+    except RecursionError:
+        raise GlueError(f"a pytree nested deeper than Python's recursion limit ({sys.getrecursionlimit()} "
+                        f"frames) {describe_location(user_frame_location())}") from None
 
 
 # Structures seen so far, keyed by kind, the ids of the (interned) children and the dict keys,

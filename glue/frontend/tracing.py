@@ -9,16 +9,18 @@ can trace a function, rewrite its Graph, and inline the result into whatever enc
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from glue.errors import ConcretizationError, GlueError, describe_location, user_frame_location
+from glue.errors import (ConcretizationError, GlueError, GlueTypeError, describe_location, innermost_user_location,
+                         user_frame_location)
 from glue.ir import ClosedGraph, Eqn, Graph, Literal, TensorType, Var, infer_types, params_tuple, primitive
 from glue.ir.primitives import canonical_params
 from glue.ir import dtypes as dt
-from glue.ir.core import Atom
+from glue.ir.core import Atom, literal_problem
 
 
 class Trace:
@@ -107,21 +109,34 @@ def type_of(value: Any) -> TensorType:
     NumPy data gets its dtype as a traced program has it: 64-bit types become 32-bit ones
     unless x64 is enabled (`glue.ir.dtypes.canonical`), as in JAX."""
     if type(value) is np.ndarray:
-        return TensorType(value.shape, _canonical_numpy(value.dtype))
+        return TensorType(value.shape, _numpy_dtype(value))
     if isinstance(value, Tracer):
         return value.aval
     aval = getattr(value, "aval", None)
     if isinstance(aval, TensorType):
         return aval
     if isinstance(value, (np.ndarray, np.generic)):  # before Python scalars: np.float64 is a float
-        return TensorType(tuple(value.shape), _canonical_numpy(value.dtype))
+        return TensorType(tuple(value.shape), _numpy_dtype(value))
     if isinstance(value, (bool, int, float)):
-        return TensorType((), dt.weak_scalar_dtype(value))
-    raise GlueError(f"glue cannot use a value of type {type(value).__name__} as an array")
+        dtype = dt.weak_scalar_dtype(value)
+        problem = literal_problem(value, dtype)
+        if problem:
+            raise GlueTypeError(f"the Python int {problem}: a Python int standing alone is {dtype}, as in "
+                                f"JAX; pass an array of a wider dtype {describe_location(user_frame_location())}")
+        return TensorType((), dtype)
+    shown = repr(value)
+    raise GlueTypeError(f"glue cannot use {shown if len(shown) <= 60 else shown[:57] + '...'} (of type "
+                        f"{type(value).__name__}) as an array: arrays hold booleans, integers and floats "
+                        f"{describe_location(user_frame_location())}")
 
 
-def _canonical_numpy(dtype: np.dtype):
-    found = dt.from_numpy(dtype)
+def _numpy_dtype(value: np.ndarray | np.generic) -> dt.DType:
+    """The glue dtype a NumPy value traces as: 64-bit types narrow unless x64 is enabled."""
+    try:
+        found = dt.from_numpy(value.dtype)
+    except GlueTypeError as err:  # complex, strings, objects, datetimes, ...
+        raise GlueTypeError(f"{err} (an array of shape {value.shape}) {describe_location(user_frame_location())}") \
+            from None
     return dt.canonical(found) if found.bits == 64 else found  # the per-call path of jit
 
 
@@ -234,7 +249,15 @@ def trace_flat(fn: Callable[..., Sequence[Any]], in_types: Sequence[TensorType],
     """Trace `fn` (taking and returning flat sequences of arrays) at `in_types`."""
     with new_trace(name) as trace:
         args = [trace.new_arg(t) for t in in_types]
-        outs = fn(*args)
+        try:
+            outs = fn(*args)
+        except RecursionError as err:
+            # Jitted functions called inside a trace run inline, so functions nested hundreds
+            # deep reach Python's recursion limit with the user's own frames and a few of glue's.
+            raise GlueError(f"tracing {name} went deeper than Python's recursion limit "
+                            f"({sys.getrecursionlimit()} frames) {describe_location(innermost_user_location(err))}; "
+                            "nested jit calls, like any Python calls, add frames: call fewer levels, or raise "
+                            "the limit with sys.setrecursionlimit") from None
         return trace.finish(outs)
 
 

@@ -11,6 +11,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Union
 
+import numpy as np
+
 from glue.ir.dtypes import DType
 
 
@@ -42,6 +44,56 @@ class TensorType:
 
     def __str__(self) -> str:
         return f"{self.dtype.name}[{','.join(map(str, self.shape))}]"
+
+
+# The largest array glue accepts: 1 TiB. No backend can hold a larger buffer (the largest GPU has
+# 141 GB; the cpu backend plans every value of a program into one address space), and below it
+# every byte offset a kernel computes (indices times strides, in i64) stays far from overflow.
+# A shape past it is a GlueTypeError where it is made, naming the op and the user's line,
+# rather than a MemoryError at call time.
+MAX_ARRAY_BYTES = 2 ** 40
+
+
+def shape_problem(shape: Any, dtype: DType) -> str | None:
+    """Why `shape` cannot be the shape of an array of `dtype` (not a tuple of non-negative
+    ints, or more than MAX_ARRAY_BYTES), or None when it can."""
+    if not isinstance(shape, tuple) or not all(isinstance(n, int) and not isinstance(n, bool) for n in shape):
+        return f"a shape is a tuple of ints, not {shape!r}"
+    if any(n < 0 for n in shape):
+        return f"shape {shape} has a negative dimension"
+    nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes > MAX_ARRAY_BYTES:
+        return (f"shape {shape} of {dtype} would take {nbytes:.3g} bytes, more than the "
+                f"{MAX_ARRAY_BYTES:.3g} (1 TiB) an array may have")
+    return None
+
+
+def literal_problem(value: Any, dtype: DType) -> str | None:
+    """Why `value` cannot be a literal of `dtype` (an int outside the dtype's range, a float
+    for an integer dtype, a Python int too large for a float), or None when it can."""
+    if isinstance(value, np.generic):
+        value = value.item()
+    if dtype.kind == "bool":
+        return None if isinstance(value, bool) or value in (0, 1) else f"{value!r} is not a bool"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return f"{value!r} is not a number"
+    if dtype.is_int:
+        if not isinstance(value, int):
+            return f"{value!r} is not an integer"
+        info = np.iinfo(dtype.numpy)
+        if not info.min <= value <= info.max:
+            return f"{_shown_int(value)} does not fit in {dtype} ([{info.min}, {info.max}])"
+        return None
+    try:
+        float(value)
+    except OverflowError:
+        return f"{_shown_int(value)} is too large for any float"
+    return None
+
+
+def _shown_int(value: int) -> str:
+    digits = str(value)
+    return digits if len(digits) <= 30 else f"{digits[:12]}...{digits[-4:]} ({len(digits.lstrip('-'))} digits)"
 
 
 def strides(shape: tuple[int, ...] | list[int]) -> list[int]:

@@ -5,7 +5,7 @@ import re
 from typing import Any
 
 from glue.errors import GlueTypeError, ParseError
-from glue.ir.core import Atom, Eqn, Graph, Literal, TensorType, Var, params_tuple
+from glue.ir.core import Atom, Eqn, Graph, Literal, TensorType, Var, literal_problem, params_tuple, shape_problem
 from glue.ir.dtypes import BY_NAME, DType
 from glue.ir.primitives import infer_types
 
@@ -16,6 +16,11 @@ _TOKEN = re.compile(r"""
   | (?P<name>[A-Za-z_][A-Za-z_0-9]*)
   | (?P<punct>[{}()\[\],:=;.])
 """, re.VERBOSE)
+
+
+# Param values nest tuples this deep at most (dot_general's dimension_numbers: three); deeper
+# text is malformed, and is rejected before it could exhaust Python's recursion limit.
+MAX_NESTING = 16
 
 
 class _Tokens:
@@ -100,6 +105,9 @@ class _Parser:
         while not self.toks.accept("]"):
             dims.append(self.int_())
             self.toks.accept(",")
+        problem = shape_problem(tuple(dims), dtype)
+        if problem:
+            raise self.error(problem)
         return TensorType(tuple(dims), dtype)
 
     def binder(self) -> tuple[str, TensorType]:
@@ -134,11 +142,14 @@ class _Parser:
         if kind in ("num", "name") and self.toks.accept(":"):
             dtype = self.dtype()
             value = self.scalar(kind, text)
+            problem = literal_problem(value, dtype)
+            if problem:
+                raise self.error(f"bad literal {text}:{dtype}: {problem}")
             cast = bool if dtype.kind == "bool" else int if dtype.is_int else float
             return Literal(cast(value), TensorType((), dtype))
         raise ParseError(f"unknown variable or bad literal {_shown(text)} {_at(line)}")
 
-    def param_value(self) -> Any:
+    def param_value(self, depth: int = 0) -> Any:
         if self.toks.peek()[1] == "{":  # a graph param (a body or branch), with names of its own
             outer, self.env = self.env, {}
             try:
@@ -147,9 +158,11 @@ class _Parser:
                 self.env = outer
         kind, text, line = self.toks.next()
         if text == "(":
+            if depth == MAX_NESTING:
+                raise self.error(f"parameter tuples nested deeper than {MAX_NESTING}")
             items = []
             while not self.toks.accept(")"):
-                items.append(self.param_value())
+                items.append(self.param_value(depth + 1))
                 self.toks.accept(",")
             return tuple(items)
         if kind == "name" and text in BY_NAME:
@@ -216,6 +229,8 @@ class _Parser:
 
 def parse(text: str) -> Graph:
     """The Graph that `text` (in the printer's form) describes; a ParseError if it is malformed."""
+    if not isinstance(text, str):
+        raise ParseError(f"glue.ir.parse reads a str, not {type(text).__name__}")
     parser = _Parser(text)
     graph = parser.graph()
     if parser.toks.peek()[0] != "end":

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from glue.errors import GlueTypeError, describe_location
 from glue.ir import dtypes as dt
-from glue.ir.core import TensorType
+from glue.ir.core import TensorType, literal_problem, shape_problem
 from glue.ir.dtypes import DType
 
 
@@ -137,19 +137,38 @@ def infer_type(name: str, in_types: tuple[TensorType, ...], params: dict[str, An
     if prim is None:
         raise GlueTypeError(f"unknown primitive '{name}'{where}")
     try:
-        return prim.rule(*in_types, **params)
+        out = prim.rule(*in_types, **params)
+        for result in out if isinstance(out, tuple) else (out,):
+            problem = shape_problem(result.shape, result.dtype) if isinstance(result.dtype, DType) else \
+                f"{result.dtype!r} is not a dtype"
+            if problem:
+                raise RuleError(f"the result cannot be an array: {problem}")
+        return out
     except RuleError as err:
         operands = ", ".join(map(str, in_types)) or "no operands"
         shown = " ".join(f"{k}={v}" for k, v in params.items())
         raise GlueTypeError(f"{name}{'[' + shown + ']' if shown else ''} on ({operands}): {err}{where}") from None
-    except TypeError as err:  # a wrong number of operands, or wrong or missing params
+    except (TypeError, ValueError, IndexError, KeyError, AttributeError, OverflowError) as err:
+        # A wrong number of operands, missing params, or params of the wrong kind (a rule
+        # unpacks and indexes them): the rule met something it was not written for.
         raise GlueTypeError(f"{name}: bad operands or parameters ({len(in_types)} operands, params "
-                            f"{sorted(params)}): {err}{where}") from None
+                            f"{sorted(params)}): {type(err).__name__}: {err}{where}") from None
 
 
 def _require(cond: bool, message: str) -> None:
     if not cond:
         raise RuleError(message)
+
+
+def _int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _ints(value: Any, what: str, length: int | None = None) -> None:
+    """`value` must be a tuple of ints (of `length` entries when given): a float there would
+    make a float shape that compares equal to an int one and fails only in a backend."""
+    _require(isinstance(value, tuple) and all(map(_int, value)), f"{what} must be a tuple of ints, not {value!r}")
+    _require(length is None or len(value) == length, f"{what} needs one entry per axis ({length}), not {value!r}")
 
 
 def _common_shape(*types: TensorType) -> tuple[int, ...]:
@@ -243,8 +262,7 @@ _register("bitcast_convert_type", "elementwise", _bitcast_convert, bitwise=True)
 # --- reductions -----------------------------------------------------------------------------
 
 def _check_axes(x: TensorType, axes: tuple[int, ...]) -> None:
-    _require(isinstance(axes, tuple) and all(isinstance(a, int) for a in axes),
-             "axes must be a tuple of ints")
+    _ints(axes, "axes")
     _require(len(set(axes)) == len(axes), f"repeated axis in {axes}")
     _require(all(0 <= a < x.ndim for a in axes), f"axes {axes} out of range for rank {x.ndim}")
 
@@ -260,7 +278,7 @@ def _reduce(numeric: bool):
 def _arg_reduce(x: TensorType, *, axis: int, index_dtype: DType) -> TensorType:
     _check_axes(x, (axis,))
     _require(x.shape[axis] > 0, "cannot reduce an empty axis")
-    _require(index_dtype.is_int, "index_dtype must be an integer dtype")
+    _require(isinstance(index_dtype, DType) and index_dtype.is_int, "index_dtype must be an integer dtype")
     return TensorType(x.shape[:axis] + x.shape[axis + 1:], index_dtype)
 
 
@@ -275,11 +293,12 @@ _register("argmin", "reduction", _arg_reduce, fold="argmin")
 # --- layout ---------------------------------------------------------------------------------
 
 def _is_shape(shape: Any) -> bool:
-    return isinstance(shape, tuple) and all(isinstance(n, int) and n >= 0 for n in shape)
+    return isinstance(shape, tuple) and all(_int(n) and n >= 0 for n in shape)
 
 
 def _broadcast_in_dim(x: TensorType, *, shape: tuple[int, ...], dims: tuple[int, ...]) -> TensorType:
     _require(_is_shape(shape), f"bad target shape {shape}")
+    _ints(dims, "dims")
     _require(len(dims) == x.ndim, f"dims {dims} must name one target axis per operand axis")
     _require(all(0 <= d < len(shape) for d in dims) and list(dims) == sorted(set(dims)),
              f"dims {dims} must be increasing target axes")
@@ -295,6 +314,7 @@ def _reshape(x: TensorType, *, shape: tuple[int, ...]) -> TensorType:
 
 
 def _transpose(x: TensorType, *, permutation: tuple[int, ...]) -> TensorType:
+    _ints(permutation, "permutation")
     _require(sorted(permutation) == list(range(x.ndim)),
              f"{permutation} is not a permutation of {x.ndim} axes")
     return TensorType(tuple(x.shape[p] for p in permutation), x.dtype)
@@ -302,8 +322,8 @@ def _transpose(x: TensorType, *, permutation: tuple[int, ...]) -> TensorType:
 
 def _slice(x: TensorType, *, start: tuple[int, ...], limit: tuple[int, ...],
            strides: tuple[int, ...]) -> TensorType:
-    _require(len(start) == len(limit) == len(strides) == x.ndim,
-             "start, limit and strides need one entry per axis")
+    for value, what in ((start, "start"), (limit, "limit"), (strides, "strides")):
+        _ints(value, what, x.ndim)
     out = []
     for n, lo, hi, st in zip(x.shape, start, limit, strides):
         _require(0 <= lo <= hi <= n and st >= 1, f"slice {lo}:{hi}:{st} is out of bounds for size {n}")
@@ -312,9 +332,13 @@ def _slice(x: TensorType, *, start: tuple[int, ...], limit: tuple[int, ...],
 
 
 def _pad(x: TensorType, *, low: tuple[int, ...], high: tuple[int, ...], value: Any) -> TensorType:
-    _require(len(low) == len(high) == x.ndim, "low and high need one entry per axis")
+    _ints(low, "low", x.ndim)
+    _ints(high, "high", x.ndim)
     _require(all(p >= 0 for p in low + high), "padding must be non-negative")
     _require(isinstance(value, (bool, int, float)), "the padding value must be a scalar")
+    if x.dtype.is_int:  # an integral float (0.0) is accepted for integers, as NumPy does
+        _require(math.isfinite(value) and float(value).is_integer() and literal_problem(int(value), x.dtype) is None,
+                 f"the padding value {value!r} is not an integer of {x.dtype}")
     return TensorType(tuple(n + lo + hi for n, lo, hi in zip(x.shape, low, high)), x.dtype)
 
 
@@ -322,7 +346,7 @@ def _concatenate(*xs: TensorType, dimension: int) -> TensorType:
     _require(len(xs) >= 1, "needs at least one operand")
     dtype = _same_dtype(*xs)
     first = xs[0]
-    _require(0 <= dimension < first.ndim, f"dimension {dimension} out of range for rank {first.ndim}")
+    _require(_int(dimension) and 0 <= dimension < first.ndim, f"dimension {dimension} out of range for rank {first.ndim}")
     for x in xs:
         _require(x.ndim == first.ndim and all(
             a == b for i, (a, b) in enumerate(zip(x.shape, first.shape)) if i != dimension),
@@ -332,8 +356,8 @@ def _concatenate(*xs: TensorType, dimension: int) -> TensorType:
 
 
 def _iota(*, dtype: DType, shape: tuple[int, ...], dimension: int) -> TensorType:
-    _require(_is_shape(shape) and 0 <= dimension < len(shape), f"bad iota {shape} along {dimension}")
-    _require(dtype != dt.bool_, "iota needs a numeric dtype")
+    _require(_is_shape(shape) and _int(dimension) and 0 <= dimension < len(shape), f"bad iota {shape} along {dimension}")
+    _require(isinstance(dtype, DType) and dtype != dt.bool_, "iota needs a numeric dtype")
     return TensorType(shape, dtype)
 
 
@@ -374,7 +398,12 @@ def _dot_general(lhs: TensorType, rhs: TensorType, *,
                  dimension_numbers: tuple[tuple[tuple[int, ...], tuple[int, ...]],
                                           tuple[tuple[int, ...], tuple[int, ...]]],
                  precision: str | None = None, preferred_element_type: DType | None = None) -> TensorType:
+    _require(isinstance(dimension_numbers, tuple) and len(dimension_numbers) == 2
+             and all(isinstance(p, tuple) and len(p) == 2 for p in dimension_numbers),
+             "dimension_numbers must be ((lhs contracting, rhs contracting), (lhs batch, rhs batch))")
     (lc, rc), (lb, rb) = dimension_numbers
+    for axes in (lc, rc, lb, rb):
+        _ints(axes, "each list of dimension_numbers")
     dtype = _same_dtype(lhs, rhs)
     _require(dtype != dt.bool_, "needs numeric operands")
     _require(precision is None or precision in PRECISIONS, f"precision must be one of {PRECISIONS}")
@@ -420,7 +449,7 @@ def canonical_params(name: str, params: dict[str, Any]) -> dict[str, Any]:
 def gather_shape(x: TensorType, idx: TensorType, axis: int, batch_dims: int) -> tuple[int, ...]:
     """Shape of `gather[axis, batch_dims] x idx`: x.shape[:axis] + idx.shape[batch_dims:] + x.shape[axis+1:]."""
     _require(idx.dtype.is_int, "indices must be integers")
-    _require(0 <= batch_dims <= axis < x.ndim, f"need 0 <= batch_dims <= axis < rank {x.ndim}")
+    _require(_int(axis) and _int(batch_dims) and 0 <= batch_dims <= axis < x.ndim, f"need 0 <= batch_dims <= axis < rank {x.ndim}")
     _require(idx.ndim >= batch_dims and x.shape[:batch_dims] == idx.shape[:batch_dims],
              "leading batch dimensions of operand and indices differ")
     return x.shape[:axis] + idx.shape[batch_dims:] + x.shape[axis + 1:]

@@ -3,7 +3,7 @@ each primitive's rule."""
 from __future__ import annotations
 
 from glue.errors import GlueTypeError, VerifyError
-from glue.ir.core import Graph, Literal, Var
+from glue.ir.core import Graph, Literal, Var, literal_problem, shape_problem
 from glue.ir.primitives import infer_types
 
 
@@ -14,6 +14,9 @@ def verify(graph: Graph) -> None:
     def define(v: Var, where: str) -> None:
         if v.id in defined:
             raise VerifyError(f"{v} is defined twice ({where})")
+        problem = shape_problem(v.type.shape, v.type.dtype)
+        if problem:
+            raise VerifyError(f"{v} cannot be an array: {problem} ({where})")
         defined.add(v.id)
 
     def check_use(atom, where: str) -> None:
@@ -21,6 +24,8 @@ def verify(graph: Graph) -> None:
             raise VerifyError(f"{atom} is used before it is defined ({where})")
         if isinstance(atom, Literal) and atom.type.ndim:
             raise VerifyError(f"literal {atom} is not a scalar ({where})")
+        if isinstance(atom, Literal) and literal_problem(atom.value, atom.type.dtype):
+            raise VerifyError(f"literal {atom}: {literal_problem(atom.value, atom.type.dtype)} ({where})")
 
     for v in graph.constvars + graph.invars:
         define(v, "graph inputs")

@@ -17,6 +17,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple, Sequence
 
+from glue.backend_cpu.kernels import SUM_BLOCK
 from glue.ir import TensorType
 from glue.ir import dtypes as dt
 from glue.ir.dtypes import DType
@@ -281,8 +282,11 @@ def _reduced(types: Sequence[TensorType], axes: Sequence[int]) -> int:
 def _reduce_sum(f: Facts, types: Sequence[TensorType], out: TensorType, params: dict) -> Est:
     n = _reduced(types, params["axes"])
     mag = n * f.mag
-    acc = _accumulated(out, mag, f.bits, n)
-    rel = None if not f.nonneg or _rel(f) is None else _rel(f) + n * unit_roundoff(_accumulator(out.dtype))
+    # Every backend adds at most SUM_BLOCK terms one after another and joins the blocks with a
+    # compensated sum (two roundings more), so the error does not grow with n past a block.
+    terms = min(n, SUM_BLOCK + 2)
+    acc = _accumulated(out, mag, f.bits, terms)
+    rel = None if not f.nonneg or _rel(f) is None else _rel(f) + terms * unit_roundoff(_accumulator(out.dtype))
     return Est(mag, n * f.lo, f.bits, rel, n * f.err + acc)
 
 

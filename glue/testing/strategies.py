@@ -1,15 +1,20 @@
 """Hypothesis strategies for testing glue and functions written with it.
 
 `shapes`, `dtypes` and `arrays` draw inputs (finite, of moderate magnitude, never all zeros;
-bfloat16 through ml_dtypes). `programs` draws random well-typed Graphs over every primitive of
-the IR, and `graph_inputs` draws inputs for one; the pair agrees with the float64 reference
-within tolerance by construction (see `glue.testing.numerics`), and shrinks to small programs.
+bfloat16 through ml_dtypes), `special_elements` adversarial ones (huge, tiny, subnormal, NaN,
+infinite, -0.0, the integer extremes). `programs` draws random well-typed Graphs over every
+primitive of the IR, and `graph_inputs` draws inputs for one; the pair agrees with the float64
+reference within tolerance by construction (see `glue.testing.numerics`), and shrinks to small
+programs. `large_programs` builds programs of thousands of equations from a drawn seed (a
+hypothesis example cannot hold that many choices), and `graph_inputs` makes large inputs from
+a seed too.
 """
 from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+import random
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
@@ -23,9 +28,9 @@ from glue.ir.dtypes import DType
 from glue.testing.numerics import (FLOAT_BITS, FLOAT_MAX, Facts, derive, input_facts, int_range,
                                    literal_facts, within_tolerance)
 
-# Shrinking moves toward the front of this order.
-_DTYPE_ORDER = (dt.float32, dt.int32, dt.bool_, dt.bfloat16, dt.float16, dt.int64, dt.float64,
-                dt.uint32, dt.uint8, dt.int8, dt.int16, dt.uint16, dt.uint64)
+# Shrinking moves toward the front of this order; every other dtype glue has follows.
+_PREFERRED = (dt.float32, dt.int32, dt.bool_, dt.bfloat16, dt.float16, dt.int64, dt.float64)
+_DTYPE_ORDER = _PREFERRED + tuple(d for d in dt.ALL_DTYPES if d not in _PREFERRED)
 _KINDS = ("float", "int", "bool")
 _MAGNITUDE_LIMIT = 64.0  # no value grows past this: f16 cannot overflow, errors stay small
 _GRID_LITERALS = (0.5, 2.0, -1.0, 1.5, -0.25, 3.0)
@@ -92,6 +97,26 @@ def arrays(dtype: Any, shape: Any, elements: st.SearchStrategy[Any] | None = Non
     return draw_array()
 
 
+def special_elements(dtype: Any) -> st.SearchStrategy[Any]:
+    """Adversarial scalars for arrays of `dtype`: for floats the largest and smallest normal
+    values, subnormals, NaN, both infinities, -0.0 and ordinary numbers; for integers the
+    extremes of the dtype and their neighbours; for bool both values."""
+    dtype = dt.from_numpy(dtype)
+    if dtype == dt.bool_:
+        return st.booleans()
+    if dtype.is_int:
+        info = np.iinfo(dtype.numpy)
+        edges = [info.min, info.min + 1, info.max - 1, info.max, -1, 0, 1]
+        return st.one_of(st.sampled_from([v for v in edges if info.min <= v <= info.max]),
+                         st.integers(info.min, info.max))
+    info = np.finfo(dtype.numpy)
+    big, tiny, smallest = float(info.max), float(info.tiny), float(info.smallest_subnormal)
+    specials = [0.0, -0.0, math.inf, -math.inf, math.nan, big, -big, tiny, -tiny, smallest, -smallest,
+                tiny / 2, float(info.eps), 1.0, -1.0]
+    width = 32 if dtype == dt.bfloat16 else dtype.bits  # bfloat16 values are rounded from float32 ones
+    return st.one_of(st.sampled_from(specials), st.floats(-big, big, width=width))
+
+
 # --- random programs ------------------------------------------------------------------------
 
 _integers = functools.lru_cache(maxsize=None)(st.integers)  # building strategies costs more than drawing
@@ -100,6 +125,81 @@ _integers = functools.lru_cache(maxsize=None)(st.integers)  # building strategie
 @functools.lru_cache(maxsize=None)
 def _permutations(n: int) -> st.SearchStrategy[list[int]]:
     return st.permutations(range(n))
+
+
+class _Drawn:
+    """The builder's random choices, drawn by hypothesis (so that examples shrink)."""
+
+    def __init__(self, draw: Callable[[st.SearchStrategy[Any]], Any]):
+        self.draw = draw
+
+    def integer(self, lo: int, hi: int) -> int:
+        return self.draw(_integers(lo, hi))
+
+    def subset(self, n: int) -> list[int]:
+        """A non-empty subset of range(n), sorted."""
+        return sorted(self.draw(st.sets(st.sampled_from(range(n)), min_size=1)))
+
+    def permutation(self, n: int) -> list[int]:
+        return list(self.draw(_permutations(n)))
+
+    def some_of(self, items: Sequence[Any]) -> list[Any]:
+        """Distinct items of `items`, any number, in any order."""
+        return self.draw(st.lists(st.sampled_from(items), unique=True)) if items else []
+
+    def sizes(self, count: int | tuple[int, int], lo: int, hi: int) -> tuple[int, ...]:
+        """`count` (or min..max many) integers in [lo, hi]."""
+        least, most = count if isinstance(count, tuple) else (count, count)
+        return tuple(self.draw(st.lists(st.integers(lo, hi), min_size=least, max_size=most)))
+
+    def shape(self, min_rank: int, max_rank: int, max_side: int) -> tuple[int, ...]:
+        return self.draw(shapes(min_rank, max_rank, 1, max_side))
+
+    def boolean(self) -> bool:
+        return self.draw(st.booleans())
+
+    def sample(self, items: Sequence[Any]) -> Any:
+        return self.draw(st.sampled_from(items))
+
+    def go_on(self) -> bool:
+        """One "go on?" choice before each step lets the shrinker delete any step on its own."""
+        return self.draw(_integers(0, 19)) != 0
+
+
+class _Seeded:
+    """The same choices from a seeded generator: for programs too large for one hypothesis
+    example; they are reproduced from the seed rather than shrunk."""
+
+    def __init__(self, seed: int):
+        self.rng = random.Random(seed)
+
+    def integer(self, lo: int, hi: int) -> int:
+        return self.rng.randint(lo, hi)
+
+    def subset(self, n: int) -> list[int]:
+        return sorted(self.rng.sample(range(n), self.rng.randint(1, n)))
+
+    def permutation(self, n: int) -> list[int]:
+        return self.rng.sample(range(n), n)
+
+    def some_of(self, items: Sequence[Any]) -> list[Any]:
+        return self.rng.sample(list(items), self.rng.randint(0, len(items)))
+
+    def sizes(self, count: int | tuple[int, int], lo: int, hi: int) -> tuple[int, ...]:
+        n = self.rng.randint(*count) if isinstance(count, tuple) else count
+        return tuple(self.rng.randint(lo, hi) for _ in range(n))
+
+    def shape(self, min_rank: int, max_rank: int, max_side: int) -> tuple[int, ...]:
+        return self.sizes((min_rank, max_rank), 1, max_side)
+
+    def boolean(self) -> bool:
+        return self.rng.random() < 0.5
+
+    def sample(self, items: Sequence[Any]) -> Any:
+        return self.rng.choice(items)
+
+    def go_on(self) -> bool:
+        return True
 
 
 class _Refused(Exception):
@@ -119,17 +219,15 @@ class _Config:
     max_side: int
     math_ulps: float
     scale: float
-
-    @property
-    def max_size(self) -> int:
-        return self.max_side ** self.max_rank
+    max_size: int
+    window: int | None = None  # operands come from the last `window` values (None: any value)
 
 
 class _Builder:
     """A program under construction: the values defined so far and what is known about them."""
 
-    def __init__(self, draw: Callable[[st.SearchStrategy[Any]], Any], cfg: _Config):
-        self.draw = draw
+    def __init__(self, choices: _Drawn | _Seeded, cfg: _Config):
+        self.choices = choices
         self.cfg = cfg
         self.invars: list[Var] = []
         self.eqns: list[Eqn] = []
@@ -183,8 +281,13 @@ class _Builder:
             return self._emit("tanh", (x,), {})
         return self._emit("rem", (x, Literal(2, TensorType((), x.type.dtype))), {})
 
+    @property
+    def pool(self) -> list[Var]:
+        """The values later operations take their operands from."""
+        return self.values[-self.cfg.window:] if self.cfg.window else self.values
+
     def integer(self, lo: int, hi: int) -> int:
-        return self.draw(_integers(lo, hi))
+        return self.choices.integer(lo, hi)
 
     def choose(self, candidates: Sequence[Any]) -> Any:
         if not candidates:
@@ -203,7 +306,7 @@ class _Builder:
     def partner(self, x: Atom, ok: Callable[[Atom], bool] = lambda v: True) -> Atom:
         """A second elementwise operand for `x`: a value of its dtype and shape, a rank-0
         value of its dtype, or a literal (the last choice)."""
-        cands = [v for v in self.values if v.type.dtype == x.type.dtype and ok(v)
+        cands = [v for v in self.pool if v.type.dtype == x.type.dtype and ok(v)
                  and (v.type.shape == x.type.shape or v.type.ndim == 0 or x.type.ndim == 0)]
         i = self.integer(0, len(cands))
         return cands[i] if i < len(cands) else self.literal(x.type.dtype)
@@ -316,7 +419,7 @@ def _select(b: _Builder, x: Var) -> Var:
     def fits(v: Atom) -> bool:
         return v.type.shape in (shape, ())
 
-    preds = [v for v in b.values if v.type.dtype == dt.bool_ and fits(v)]
+    preds = [v for v in b.pool if v.type.dtype == dt.bool_ and fits(v)]
     i = b.integer(0, len(preds))
     if i < len(preds):
         pred: Atom = preds[i]
@@ -346,7 +449,7 @@ def _bitcast(b: _Builder, x: Var) -> Var:
 def _axes(b: _Builder, x: Var) -> tuple[int, ...]:
     if not x.type.ndim:
         return ()
-    return tuple(sorted(b.draw(st.sets(st.sampled_from(range(x.type.ndim)), min_size=1))))
+    return tuple(b.choices.subset(x.type.ndim))
 
 
 def _reduce(primitive: str):
@@ -365,7 +468,7 @@ def _arg_reduce(primitive: str):
 def _broadcast_in_dim(b: _Builder, x: Var) -> Var:
     have = x.type.shape
     rank = b.integer(len(have), max(len(have), b.cfg.max_rank))
-    dims = tuple(sorted(b.draw(_permutations(rank))[:len(have)]))
+    dims = tuple(sorted(b.choices.permutation(rank)[:len(have)]))
     shape = [b.integer(1, b.cfg.max_side) for _ in range(rank)]
     for n, d in zip(have, dims):
         shape[d] = n if n != 1 else shape[d]
@@ -386,7 +489,7 @@ def _reshape(b: _Builder, x: Var) -> Var:
 
 
 def _transpose(b: _Builder, x: Var) -> Var:
-    return b.op("transpose", x, permutation=tuple(b.draw(_permutations(x.type.ndim))))
+    return b.op("transpose", x, permutation=tuple(b.choices.permutation(x.type.ndim)))
 
 
 def _slice(b: _Builder, x: Var) -> Var:
@@ -400,33 +503,35 @@ def _slice(b: _Builder, x: Var) -> Var:
 
 
 def _pad(b: _Builder, x: Var) -> Var:
-    pads = st.lists(st.integers(0, 2), min_size=x.type.ndim, max_size=x.type.ndim).map(tuple)
-    return b.op("pad", x, low=b.draw(pads), high=b.draw(pads), value=b.literal(x.type.dtype).value)
+    low, high = b.choices.sizes(x.type.ndim, 0, 2), b.choices.sizes(x.type.ndim, 0, 2)
+    return b.op("pad", x, low=low, high=high, value=b.literal(x.type.dtype).value)
 
 
 def _concatenate(b: _Builder, x: Var) -> Var:
     d = b.integer(0, x.type.ndim - 1)
-    same = [v for v in b.values if v.type.dtype == x.type.dtype and v.type.ndim == x.type.ndim
+    same = [v for v in b.pool if v.type.dtype == x.type.dtype and v.type.ndim == x.type.ndim
             and all(m == n for i, (m, n) in enumerate(zip(v.type.shape, x.type.shape)) if i != d)]
     others = [b.choose(same) for _ in range(b.integer(1, 2))]
     return b.op("concatenate", x, *others, dimension=d)
 
 
 def _iota(b: _Builder, _: None) -> Var:
-    known = [v.type.shape for v in b.values if v.type.ndim]
-    shape = b.draw(st.one_of(st.sampled_from(known), shapes(1, b.cfg.max_rank, 1, b.cfg.max_side))
-                   if known else shapes(1, b.cfg.max_rank, 1, b.cfg.max_side))
+    known = [v.type.shape for v in b.pool if v.type.ndim]
+    if known and b.integer(0, 1) == 0:
+        shape = b.choose(known)
+    else:
+        shape = b.choices.shape(1, b.cfg.max_rank, b.cfg.max_side)
     dtype = b.choose([d for d in b.cfg.dtypes if d != dt.bool_])
     return b.op("iota", dtype=dtype, shape=shape, dimension=b.integer(0, len(shape) - 1))
 
 
 def _dot_general(b: _Builder, x: Var) -> Var:
     xs = x.type.shape
-    y = b.choose([v for v in b.values if v.type.dtype == x.type.dtype and set(v.type.shape) & set(xs)])
+    y = b.choose([v for v in b.pool if v.type.dtype == x.type.dtype and set(v.type.shape) & set(xs)])
     ys = y.type.shape
     pairs = [(i, j) for i in range(len(xs)) for j in range(len(ys)) if xs[i] == ys[j]]
     lc, rc, lb, rb = [], [], [], []
-    for i, j in b.draw(st.lists(st.sampled_from(pairs), unique=True)):
+    for i, j in b.choices.some_of(pairs):
         if i not in lc + lb and j not in rc + rb:
             target_l, target_r = (lb, rb) if b.integer(0, 1) else (lc, rc)
             target_l.append(i)
@@ -450,7 +555,7 @@ def _index(b: _Builder, x: Var) -> tuple[Atom, int, int]:
     batch = b.integer(0, axis)
     prefix = x.type.shape[:batch]
     room = b.cfg.max_rank - x.type.ndim + 1  # index axes the result has room for
-    cands = [v for v in b.values if v.type.dtype.is_int and v.type.shape[:batch] == prefix
+    cands = [v for v in b.pool if v.type.dtype.is_int and v.type.shape[:batch] == prefix
              and 0 <= v.type.ndim - batch <= room]
     options = (["literal"] if batch == 0 else []) + cands + ["iota"]
     choice = b.choose(options)
@@ -458,8 +563,7 @@ def _index(b: _Builder, x: Var) -> tuple[Atom, int, int]:
         return Literal(b.integer(-1, x.type.shape[axis]), TensorType((), dt.int32)), axis, batch
     if choice != "iota":
         return choice, axis, batch
-    extra = tuple(b.draw(st.lists(st.integers(1, b.cfg.max_side), min_size=0 if batch else 1,
-                                  max_size=max(room, 0 if batch else 1))))
+    extra = b.choices.sizes((0 if batch else 1, max(room, 0 if batch else 1)), 1, b.cfg.max_side)
     shape = prefix + extra
     dtype = b.choose([d for d in b.cfg.dtypes if d.is_int] or [dt.int32])
     iota = b.op("iota", dtype=dtype, shape=shape, dimension=b.integer(0, len(shape) - 1))
@@ -474,7 +578,7 @@ def _gather(b: _Builder, x: Var) -> Var:
 def _scatter_add(b: _Builder, x: Var) -> Var:
     idx, axis, batch = _index(b, x)
     want = infer_type("gather", (x.type, idx.type), {"axis": axis, "batch_dims": batch})
-    cands = [v for v in b.values if v.type == want]
+    cands = [v for v in b.pool if v.type == want]
     i = b.integer(0, len(cands))
     updates = cands[i] if i < len(cands) else b.op("gather", x, idx, axis=axis, batch_dims=batch)
     return b.op("scatter_add", x, idx, updates, axis=axis, batch_dims=batch, tame=(0, 2))
@@ -549,11 +653,11 @@ _OPS: dict[str, _OpSpec] = {
 def _step(b: _Builder) -> None:
     """Append one randomly chosen operation (with its guards) to the program, or nothing."""
     usable = [(name, spec) for name, spec in _OPS.items() if name in b.cfg.primitives
-              and (spec.operand is None or any(spec.operand(b, v) for v in b.values))]
+              and (spec.operand is None or any(spec.operand(b, v) for v in b.pool))]
     if not usable:
         return
     name, spec = b.choose(usable)
-    operand = None if spec.operand is None else b.choose([v for v in b.values if spec.operand(b, v)])
+    operand = None if spec.operand is None else b.choose([v for v in b.pool if spec.operand(b, v)])
     n_eqns, n_values = len(b.eqns), len(b.values)
     try:
         spec.build(b, operand)
@@ -563,10 +667,41 @@ def _step(b: _Builder) -> None:
         del b.eqns[n_eqns:], b.values[n_values:]
 
 
+def _config(fn: str, min_inputs: int, dtypes: Sequence[Any], primitives: Iterable[str] | None, max_eqns: int,
+            max_rank: int, max_side: int, math_ulps: float, scale: float, max_size: int | None,
+            window: int | None = None) -> _Config:
+    if min_inputs < 1:
+        raise GlueError(f"{fn}(min_inputs={min_inputs}): a program needs at least one input")
+    chosen = frozenset(PRIMITIVES if primitives is None else primitives)
+    unknown = chosen - set(_OPS)
+    if unknown:
+        raise GlueError(f"{fn}(primitives=...): unknown primitives {sorted(unknown)}")
+    order = {d: i for i, d in enumerate(_DTYPE_ORDER)}
+    return _Config(tuple(sorted({dt.from_numpy(d) for d in dtypes}, key=order.__getitem__)), chosen,
+                   max_eqns, max_rank, max_side, math_ulps, scale,
+                   max_side ** max_rank if max_size is None else max_size, window)
+
+
+def _build(choices: _Drawn | _Seeded, cfg: _Config, min_inputs: int, max_inputs: int) -> Graph:
+    b = _Builder(choices, cfg)
+    first = TensorType(choices.shape(0, cfg.max_rank, cfg.max_side),
+                       next((d for d in cfg.dtypes if d.is_float), cfg.dtypes[0]))
+    for _ in range(choices.integer(min_inputs, max_inputs)):
+        b.add_input(first if not choices.boolean() else
+                    TensorType(choices.shape(0, cfg.max_rank, cfg.max_side), choices.sample(cfg.dtypes)))
+    _step(b)
+    attempts = 1
+    # A step may be refused and add nothing, so a seeded build stops after enough attempts.
+    while len(b.eqns) < cfg.max_eqns and attempts < 20 * cfg.max_eqns and choices.go_on():
+        _step(b)
+        attempts += 1
+    return b.graph()
+
+
 def programs(*, min_inputs: int = 1, max_inputs: int = 3, max_eqns: int = 8,
              dtypes: Sequence[Any] = (dt.float32, dt.int32, dt.bool_), primitives: Iterable[str] | None = None,
              max_rank: int = 3, max_side: int = 4, math_ulps: float = 2.0,
-             scale: float = 1.0) -> st.SearchStrategy[Graph]:
+             scale: float = 1.0, max_size: int | None = None) -> st.SearchStrategy[Graph]:
     """Random well-typed Graphs: DAGs of up to `max_eqns` equations over `primitives` (default:
     all) on `min_inputs`..`max_inputs` inputs of `dtypes`; every unused result is an output.
 
@@ -576,39 +711,71 @@ def programs(*, min_inputs: int = 1, max_inputs: int = 3, max_eqns: int = 8,
     `scale` times its tolerance (`glue.testing.check.tolerance_dtypes`), assuming library math
     functions err by at most `math_ulps` units in the last place. Equations of
     `HELPER_PRIMITIVES` may appear beyond `primitives`; comparisons and argmax yield bool and
-    integer values whatever `dtypes` says. Shapes have at most `max_rank` axes and
-    `max_side ** max_rank` elements.
+    integer values whatever `dtypes` says. Shapes have at most `max_rank` axes of `max_side`
+    elements, and at most `max_size` elements (default `max_side ** max_rank`).
     """
-    if min_inputs < 1:
-        raise GlueError(f"programs(min_inputs={min_inputs}): a program needs at least one input")
-    chosen = frozenset(PRIMITIVES if primitives is None else primitives)
-    unknown = chosen - set(_OPS)
-    if unknown:
-        raise GlueError(f"programs(primitives=...): unknown primitives {sorted(unknown)}")
-    order = {d: i for i, d in enumerate(_DTYPE_ORDER)}
-    cfg = _Config(tuple(sorted({dt.from_numpy(d) for d in dtypes}, key=order.__getitem__)), chosen,
-                  max_eqns, max_rank, max_side, math_ulps, scale)
+    cfg = _config("programs", min_inputs, dtypes, primitives, max_eqns, max_rank, max_side, math_ulps, scale,
+                  max_size)
 
     @st.composite
     def draw_program(draw) -> Graph:
-        b = _Builder(draw, cfg)
-        first = TensorType(draw(shapes(0, max_rank, 1, max_side)),
-                           next((d for d in cfg.dtypes if d.is_float), cfg.dtypes[0]))
-        for _ in range(draw(st.integers(min_inputs, max_inputs))):
-            b.add_input(first if not draw(st.booleans()) else
-                        TensorType(draw(shapes(0, max_rank, 1, max_side)), draw(st.sampled_from(cfg.dtypes))))
-        # One "go on?" choice before each step lets the shrinker delete any step on its own.
-        _step(b)
-        while len(b.eqns) < max_eqns and draw(_integers(0, 19)):
-            _step(b)
-        return b.graph()
+        return _build(_Drawn(draw), cfg, min_inputs, max_inputs)
 
     return draw_program()
 
 
+def large_programs(*, min_eqns: int = 100, max_eqns: int = 2000, min_inputs: int = 1, max_inputs: int = 6,
+                   dtypes: Sequence[Any] = (dt.float32, dt.int32, dt.bool_), primitives: Iterable[str] | None = None,
+                   max_rank: int = 3, max_side: int = 4, math_ulps: float = 2.0, scale: float = 1.0,
+                   max_size: int | None = None, window: int = 64) -> st.SearchStrategy[Graph]:
+    """Graphs like those of `programs` with `min_eqns`..`max_eqns` equations (fewer when steps
+    keep being refused), built from a drawn seed: a failing example is reproduced by its seed,
+    not shrunk. Operands come from the last `window` values, which keeps building linear in
+    the program's length."""
+    cfg = _config("large_programs", min_inputs, dtypes, primitives, max_eqns, max_rank, max_side, math_ulps,
+                  scale, max_size, window)
+
+    def build(spec: tuple[int, int]) -> Graph:
+        length, seed = spec
+        return _build(_Seeded(seed), replace(cfg, max_eqns=length), min_inputs, max_inputs)
+
+    return st.tuples(st.integers(min_eqns, max_eqns), st.integers(0, 2 ** 32 - 1)).map(build)
+
+
+# Inputs with more elements than this (all together) are made from a drawn seed, not drawn one by
+# one: hypothesis cannot hold millions of choices in one example.
+DRAWN_ELEMENTS = 4096
+
+
+def seeded_inputs(graph: Graph, seed: int) -> list[np.ndarray]:
+    """Values for `graph`'s constvars then invars on the grids `programs` assumes (floats:
+    multiples of 1/8 in [-4, 4]; ints in `int_range`), from a seeded generator, never all zeros."""
+    rng = np.random.default_rng(seed)
+    values = []
+    for v in graph.constvars + graph.invars:
+        shape, dtype = v.type.shape, v.type.dtype
+        if dtype == dt.bool_:
+            x = rng.random(shape) < 0.5
+        elif dtype.is_int:
+            lo, hi = int_range(dtype)
+            x = rng.integers(lo, hi + 1, shape)
+        else:
+            k = int(FLOAT_MAX * 2 ** FLOAT_BITS)
+            x = rng.integers(-k, k + 1, shape) / 2 ** FLOAT_BITS
+        x = np.asarray(x).astype(dtype.numpy)
+        if x.size and not x.any():
+            x.flat[0] = 1
+        values.append(x)
+    return values
+
+
 def graph_inputs(graph: Graph) -> st.SearchStrategy[list[np.ndarray]]:
-    """Values for `graph`'s constvars then invars, drawn as `programs` assumes (exact grids)."""
-    parts = [arrays(v.type.dtype, v.type.shape, exact=True) for v in graph.constvars + graph.invars]
+    """Values for `graph`'s constvars then invars, drawn as `programs` assumes (exact grids);
+    for large inputs, made from a drawn seed (`seeded_inputs`)."""
+    args = graph.constvars + graph.invars
+    if sum(v.type.size for v in args) > DRAWN_ELEMENTS:
+        return st.integers(0, 2 ** 32 - 1).map(lambda seed: seeded_inputs(graph, seed))
+    parts = [arrays(v.type.dtype, v.type.shape, exact=True) for v in args]
     return st.tuples(*parts).map(list)
 
 

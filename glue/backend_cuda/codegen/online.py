@@ -78,7 +78,7 @@ class OnlineSum:
             x = em.value(self.reduction.value)
             top = reductions.combine(b, "max", top, x if valid is None else
                                      b.select(valid, x, reductions.identity("max", dtype)), dtype)
-        total = b.fmul(self.values[1], _rescale(b, self.values[0], top))
+        total = b.fmul(self.values[1], rescale(b, self.values[0], top))
         for em, valid in chunk:
             em.rows = list(em.rows)  # this chunk's exponentials are relative to its new maximum
             em.rows[k] = top
@@ -89,14 +89,14 @@ class OnlineSum:
     def combine(self, b: ir.IRBuilder, other: "OnlineSum") -> "OnlineSum":
         (m1, s1), (m2, s2) = self.values, other.values
         top = reductions.combine(b, "max", m1, m2, self.reduction.value.dtype)
-        total = b.fadd(b.fmul(s1, _rescale(b, m1, top)), b.fmul(s2, _rescale(b, m2, top)))
+        total = b.fadd(b.fmul(s1, rescale(b, m1, top)), b.fmul(s2, rescale(b, m2, top)))
         return self.with_values((top, total))
 
     def shuffled(self, ke: "KernelEmitter", mask: int) -> "OnlineSum":
         return self.with_values(tuple(ke.shuffle_xor(v, mask) for v in self.values))
 
 
-def _rescale(b: ir.IRBuilder, old: ir.Value, new: ir.Value) -> ir.Value:
+def rescale(b: ir.IRBuilder, old: ir.Value, new: ir.Value) -> ir.Value:
     """exp(old - new) for a partial sum taken relative to `old`, now relative to `new` >= old;
     1 when they are equal (so two infinite maxima do not make NaN)."""
     same = b.fcmp_unordered("==", old, new)

@@ -18,7 +18,9 @@ once per thread, not once per element.
   flight outgrow the 50 MB L2, and a softmax over 65536-wide float32 rows goes from 66% to 75%
   of the copy bandwidth. Rows of more than `config.cuda_online_row_elements`, whose re-reads mostly miss L2,
   fold a softmax's max and sum of exponentials in one pass (`online.py`), in chunks of
-  ONLINE_CHUNK elements per thread.
+  ONLINE_CHUNK elements per thread. A float sum (an online one too) folds each chunk from
+  zero and joins it to the thread's total with a compensated sum, so that a thread's
+  thousands of elements do not add up their rounding errors.
 
 Out-of-range groups of a ragged last chunk read group 0 (always in bounds) and are left out of
 the folds and the stores, so no load is ever out of bounds and no branch splits a warp before a
@@ -31,7 +33,8 @@ import math
 from llvmlite import ir
 
 from glue.backend_cuda.codegen.common import VECTOR_BYTES, KernelEmitter, LaneGroup, Partial, Vectorization, pow2_at_least, when
-from glue.backend_cuda.codegen.online import OnlineSum, online_pairs
+from glue.backend_cuda.codegen.online import OnlineSum, online_pairs, rescale
+from glue.codegen import reductions
 from glue.codegen.loops import loop, unflatten
 from glue.codegen.scope import Analysis, hoist
 from glue.codegen.types import I64
@@ -207,11 +210,21 @@ class _RowEmitter:
         return loop(self.b, 0, count, ordered, carried, name="chunk", vectorize=False, unroll=copies)
 
     def fold_looping(self, exprs, partials: list[Partial]) -> list[Partial]:
+        """Fold a long row chunk by chunk. A thread's share of a long row is thousands of
+        elements, which one accumulator would add with an error growing with their number: a
+        float sum (also an online sum of exponentials) folds each chunk from zero and adds it to
+        the thread's running total with compensation (`reductions.compensated_add`)."""
         shapes = [len(p.values) for p in partials]
+        summed = [i for i, p in enumerate(partials) if isinstance(p, OnlineSum)
+                  or reductions.compensated(p.reduction.op, p.reduction.dtype)]
 
         def body(b: ir.IRBuilder, c: ir.Value, values: list[ir.Value]):
             it = iter(values)
             current = [p.with_values([next(it) for _ in range(n)]) for p, n in zip(partials, shapes)]
+            errors = list(it)
+            before = {i: current[i] for i in summed}
+            for i in summed:
+                current[i] = _restarted(current[i])
             base = b.mul(c, ir.Constant(I64, self.threads * self.unroll))
             groups = []
             for u in range(self.unroll):
@@ -220,11 +233,19 @@ class _RowEmitter:
                 groups.append((lanes, valid))
             current = [p.add_chunk(b, self.k.reductions.index(p.reduction), groups)
                        if isinstance(p, OnlineSum) else p for p in current]
-            return [v for p in current for v in p.values]
+            for j, i in enumerate(summed):
+                current[i], errors[j] = _add_chunk_total(b, before[i], errors[j], current[i])
+            return [v for p in current for v in p.values] + errors
 
         reversible = not any(p.reduction.op.startswith("arg") for p in partials)
-        out = iter(self.chunks(body, [v for p in partials for v in p.values], reversible))
-        return [p.with_values([next(out) for _ in range(n)]) for p, n in zip(partials, shapes)]
+        zeros = [_sum_of(partials[i]).type(0.0) for i in summed]
+        out = iter(self.chunks(body, [v for p in partials for v in p.values] + zeros, reversible))
+        folded = [p.with_values([next(out) for _ in range(n)]) for p, n in zip(partials, shapes)]
+        for i, error in zip(summed, out):
+            p = folded[i]
+            total = reductions.compensated_result(self.b, _sum_of(p), error)
+            folded[i] = p.with_values(p.values[:-1] + (total,))
+        return folded
 
     def element_stores(self, slots) -> None:
         stores = [s for s in self.k.stores if s.level == "element"]
@@ -252,6 +273,29 @@ class _RowEmitter:
             return []
 
         self.chunks(body, [])
+
+
+def _sum_of(p: Partial | OnlineSum) -> ir.Value:
+    """The running sum of a float sum's partial, or of an online max-and-sum (its last value)."""
+    return p.values[-1]
+
+
+def _restarted(p: Partial | OnlineSum) -> Partial | OnlineSum:
+    """`p` with its sum set back to zero (an online sum keeps its running max)."""
+    return p.with_values(p.values[:-1] + (_sum_of(p).type(0.0),))
+
+
+def _add_chunk_total(b: ir.IRBuilder, before: Partial | OnlineSum, error: ir.Value,
+                     chunk: Partial | OnlineSum) -> tuple[Partial | OnlineSum, ir.Value]:
+    """Join a chunk folded from zero (`chunk`) to the running total of `before` (with its
+    rounding error so far): an online sum's running total and error are first rescaled to the
+    chunk's new maximum, as `OnlineSum.add_chunk` rescales its sum."""
+    total = _sum_of(before)
+    if isinstance(chunk, OnlineSum):
+        scale = rescale(b, before.values[0], chunk.values[0])
+        total, error = b.fmul(total, scale), b.fmul(error, scale)
+    total, error = reductions.compensated_add(b, total, error, _sum_of(chunk))
+    return chunk.with_values(chunk.values[:-1] + (total,)), error
 
 
 def emit_rows(ke: KernelEmitter) -> tuple[int, int, str]:
