@@ -19,3 +19,11 @@ __all__ = ["Array", "BackendError", "ConcretizationError", "GlueError", "GlueTyp
            "tree_flatten", "tree_map", "tree_unflatten",
            "grad", "jvp", "stop_gradient", "value_and_grad", "vjp", "vmap"]
 __version__ = "0.1.0"
+
+# The JAX-style surface: glue.numpy (which installs the array operators and methods), glue.nn,
+# glue.scipy.special, glue.tree_util / glue.tree, DLPack exchange.
+import glue.numpy  # noqa: E402,F401
+from glue import dlpack, nn, scipy, tree, tree_util  # noqa: E402,F401
+from glue.dlpack import from_dlpack  # noqa: E402,F401
+
+__all__ += ["dlpack", "from_dlpack", "nn", "scipy", "tree", "tree_util"]
