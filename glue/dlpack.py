@@ -228,6 +228,8 @@ def from_dlpack(x: Any, *, copy: bool | None = None) -> Array:
     memory; a CUDA producer is asked for a copy in host memory."""
     if isinstance(x, Array):
         return x
+    if type(x) is np.ndarray and copy is not True:  # also bfloat16, which NumPy cannot export
+        return _glue_array(x)
     if not hasattr(x, "__dlpack__") or not hasattr(x, "__dlpack_device__"):
         raise _fail(f"{type(x).__name__} is not a DLPack producer (it has no __dlpack__)")
     device_type, _ = x.__dlpack_device__()
@@ -239,10 +241,13 @@ def from_dlpack(x: Any, *, copy: bool | None = None) -> Array:
         except (TypeError, BufferError) as err:
             raise _fail(f"{type(x).__name__} lives on device type {device_type} and could not give "
                         f"a copy in host memory ({err}); move it to the host first") from None
-    values = _consume(capsule)
-    if dt.from_numpy(values.dtype).numpy != values.dtype:
-        values = values.astype(dt.from_numpy(values.dtype).numpy)
-    return Array(values)
+    return _glue_array(_consume(capsule))
+
+
+def _glue_array(values: np.ndarray) -> Array:
+    """`values` as a glue.Array: shared, unless glue keeps its dtype at another width."""
+    dtype = dt.from_numpy(values.dtype).numpy
+    return Array(values if dtype == values.dtype else values.astype(dtype))
 
 
 install()

@@ -306,7 +306,7 @@ def linspace(start: Any, stop: Any, num: int = 50, endpoint: bool = True, retste
     start, stop = broadcast_to(start, bounds), broadcast_to(stop, bounds)
     div = num - 1 if endpoint else num
     step = true_divide(subtract(stop, start), div) if div > 0 else full_like(start, np.nan)
-    steps = builtins.min(div, num) if endpoint else num
+    steps = builtins.max(div, 0)  # the points before the endpoint
     grid = bind("iota", dtype=compute, shape=(steps,) + bounds, dimension=0)
     line = add(broadcast_to(start, (steps,) + bounds), multiply(grid, step))
     if endpoint and num > 0:

@@ -276,9 +276,11 @@ def where(condition: Any, x: Any = None, y: Any = None) -> Any:
     return bind("select", *_broadcast_all("where", [cond, *_promote([x, y])]))
 
 
-def clip(x: Any, a_min: Any = None, a_max: Any = None) -> Any:
-    out = x if a_min is None else maximum(x, a_min)
-    return out if a_max is None else minimum(out, a_max)
+def clip(x: Any, min: Any = None, max: Any = None, *, a_min: Any = None, a_max: Any = None) -> Any:
+    """`x` limited to [min, max] (either may be None); a_min / a_max are NumPy's older names."""
+    low, high = (a_min if min is None else min), (a_max if max is None else max)
+    out = x if low is None else maximum(x, low)
+    return out if high is None else minimum(out, high)
 
 
 def _integer_power(x: Any, n: int) -> Any:

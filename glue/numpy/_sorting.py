@@ -1,12 +1,16 @@
 """Sorting (`sort`, `argsort`) and binary search (`searchsorted`), from existing primitives.
 
-glue has no sort primitive: a sort is a bitonic network of compare-exchange steps, each a pair
-of slices, a comparison, selects and a concatenate, so it runs unchanged on every backend and
+glue has no sort primitive: a sort is a bitonic network of compare-exchange steps, each a
+gather of partners, a comparison and a select, so it runs unchanged on every backend and
 differentiates (the selects route tangents) and batches like any elementwise program. A new
 primitive would need a sorting kernel in every backend and rules in every table for the one
 operation; the network costs log2(m) (log2(m) + 1) / 2 passes over the data for an axis padded
 to m = 2^k, which is cheap for the rows glue sorts (top-k candidates, ranks, medians) and keeps
 the scheduler's view of the program plain.
+
+Each of the network's steps reads the previous one at other positions; fused into one kernel,
+that would recompute the whole network per element (2^steps times), so every step is
+materialized (`_materialized`) and runs as a kernel of its own: one pass over the data each.
 
 The order is NumPy's: NaNs last (first when descending, as JAX reverses the ascending order),
 and `argsort` is stable (ties keep their order; so does `descending=True`).
@@ -19,10 +23,10 @@ import numpy as np
 
 from glue.frontend.tracing import bind, type_of
 from glue.ir import dtypes as dt
-from glue.numpy._core import (_affine_iota, _axis, _dtype_of, _fail, _promote, _shape, _slice_axis,
-                              add, asarray, astype, broadcast_to, clip, concatenate, equal, flip,
-                              full, less, less_equal, logical_and, logical_not, logical_or,
-                              moveaxis, ravel, reshape, subtract, take, where)
+from glue.numpy._core import (_axis, _dtype_of, _fail, _promote, _shape, _slice_axis, add, asarray,
+                              astype, clip, equal, flip, full, less, less_equal, logical_and,
+                              logical_not, logical_or, moveaxis, ravel, subtract, take, where)
+from glue.numpy._scans import _materialized
 
 
 def _before(a: Any, b: Any) -> Any:
@@ -51,58 +55,46 @@ def _bitonic(keys: Any, payload: Any | None) -> tuple[Any, Any | None]:
     shape, which then also breaks ties) permuted alike."""
     *batch, n = _shape(keys)
     m = 1 << max(n - 1, 0).bit_length()
+    last = len(batch)
     if m != n:
-        rank = len(batch) + 1
-        grow = dict(low=(0,) * rank, high=(0,) * (rank - 1) + (m - n,))
+        grow = dict(low=(0,) * (last + 1), high=(0,) * last + (m - n,))
         keys = bind("pad", keys, value=_sentinel(_dtype_of(keys)), **grow)
         if payload is not None:  # padded slots get indices past every real one: they sort last
-            payload = bind("pad", payload, value=0, **grow)
-            payload = where(less(_affine_iota(m, 0, 1, dt.int32), n), payload,
-                            _affine_iota(m, 0, 1, dt.int32))
+            payload = bind("pad", payload, value=m, **grow)
     k = 2
     while k <= m:
         j = k // 2
         while j >= 1:
-            keys, payload = _compare_exchange(keys, payload, batch, m, k, j)
+            keys, payload = _compare_exchange(keys, payload, m, k, j)
             j //= 2
         k *= 2
     if m != n:
-        keys = _slice_axis(keys, len(batch), 0, n)
-        payload = None if payload is None else _slice_axis(payload, len(batch), 0, n)
+        keys = _slice_axis(keys, last, 0, n)
+        payload = None if payload is None else _slice_axis(payload, last, 0, n)
     return keys, payload
 
 
-def _compare_exchange(keys: Any, payload: Any | None, batch: list[int], m: int, k: int, j: int
+def _compare_exchange(keys: Any, payload: Any | None, m: int, k: int, j: int
                       ) -> tuple[Any, Any | None]:
-    """One step of the network: element i and i + j (i's bit j clear) swap when out of order,
-    ascending where i's bit k is clear and descending where it is set. Viewing the axis as
-    (blocks, 2, j) puts each pair in the middle axis, and the direction depends on the block."""
-    blocks = m // (2 * j)
-    view = tuple(batch) + (blocks, 2, j)
-    pair_axis = len(batch) + 1
-
-    def halves(x: Any) -> tuple[Any, Any]:
-        x = reshape(x, view)
-        lo, hi = _slice_axis(x, pair_axis, 0, 1), _slice_axis(x, pair_axis, 1, 2)
-        return lo, hi
-
-    descending = (np.arange(blocks) & (k // (2 * j))) != 0
-    descending = broadcast_to(descending.reshape(blocks, 1, 1), view[:-3] + (blocks, 1, j))
-    key_lo, key_hi = halves(keys)
+    """One step of the network: positions i and i ^ j compare, and the one that must hold the
+    smaller of the two (the lower one where i's bit k is clear, the upper one where it is set)
+    takes its partner's value if that sorts before its own; the other takes the larger. Each
+    step is materialized: the next reads it at other positions."""
+    i = np.arange(m)
+    partner_at = (i ^ j).astype(np.int32)
+    holds_smaller = ((i & j) == 0) == ((i & k) == 0)
+    last = type_of(keys).ndim - 1
+    partner = bind("gather", keys, partner_at, axis=last, batch_dims=0)
     if payload is None:
-        up, down = _before(key_hi, key_lo), _before(key_lo, key_hi)
+        earlier, later = _before(partner, keys), _before(keys, partner)
     else:
-        idx_lo, idx_hi = halves(payload)
-        ties = _ties(key_lo, key_hi)
-        up = logical_or(_before(key_hi, key_lo), logical_and(ties, less(idx_hi, idx_lo)))
-        down = logical_or(_before(key_lo, key_hi), logical_and(ties, less(idx_lo, idx_hi)))
-    swap = where(descending, down, up)
-
-    def exchanged(lo: Any, hi: Any) -> Any:
-        pair = concatenate([where(swap, hi, lo), where(swap, lo, hi)], pair_axis)
-        return reshape(pair, tuple(batch) + (m,))
-
-    return exchanged(key_lo, key_hi), None if payload is None else exchanged(idx_lo, idx_hi)
+        partner_index = bind("gather", payload, partner_at, axis=last, batch_dims=0)
+        ties = _ties(keys, partner)
+        earlier = logical_or(_before(partner, keys), logical_and(ties, less(partner_index, payload)))
+        later = logical_or(_before(keys, partner), logical_and(ties, less(payload, partner_index)))
+    take = where(holds_smaller, earlier, later)
+    keys = _materialized(where(take, partner, keys))
+    return keys, None if payload is None else _materialized(where(take, partner_index, payload))
 
 
 def _along_last(fn: str, x: Any, axis: Any, kind: Any, order: Any) -> tuple[Any, int]:
