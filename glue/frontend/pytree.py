@@ -62,8 +62,9 @@ class PyTreeDef:
         if self.kind in ("dict", "odict", "defaultdict"):
             keys = self.keys[1] if self.kind == "defaultdict" else self.keys
             items = "{" + ", ".join(f"{k!r}: {c}" for k, c in zip(keys, self.children)) + "}"
-            return {"dict": items, "odict": f"OrderedDict({items})",
-                    "defaultdict": f"defaultdict({self.keys[0]!r}, {items})"}[self.kind]
+            if self.kind == "defaultdict":
+                return f"defaultdict({self.keys[0]!r}, {items})"
+            return items if self.kind == "dict" else f"OrderedDict({items})"
         inner = ", ".join(map(str, self.children))
         if self.kind == "namedtuple":
             return f"{self.keys[0].__name__}({inner})"

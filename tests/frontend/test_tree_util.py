@@ -198,7 +198,7 @@ def test_reduce_and_all():
 
 
 @api("jax.tree.map", "jax.tree.leaves", "jax.tree.structure", "jax.tree.flatten", "jax.tree.unflatten",
-     "jax.tree.reduce")
+     "jax.tree.reduce", "jax.tree.all")
 def test_tree_aliases():
     t = {"b": [1, 2], "a": 3}
     assert tree.leaves(t) == [3, 1, 2] and tree.map(lambda v: v * 10, t) == {"a": 30, "b": [10, 20]}

@@ -159,6 +159,7 @@ def test_searchsorted(data):
                    np.searchsorted(a, v).astype(np.int32))
 
 
+@api("jnp.searchsorted")
 def test_searchsorted_on_every_backend():
     a = np.linspace(-2, 2, 11).astype(np.float32)
     glue.testing.check(lambda s, t: gnp.searchsorted(s, t, "right"), a, X)
@@ -204,6 +205,7 @@ def test_outer_and_tensordot(data):
     check(lambda p, q: gnp.tensordot(p, q, 0), lambda p, q: np.tensordot(p, q, 0), x[0], y[0])
 
 
+@api("jnp.outer", "jnp.tensordot")
 def test_contractions_on_every_backend_and_under_grad():
     glue.testing.check(lambda a, b: (gnp.outer(a, b), gnp.tensordot(a, b.T, 1)), X, X)
     check_grad(lambda a, b: gnp.tensordot(a, b, ([1], [1])), X[:2], X[:2])
