@@ -4,6 +4,7 @@ follows JAX's semantics (relu' and abs' at 0, exact GELU in the tails, masks tim
 Each activation is checked against a float64 NumPy formula eagerly and under jit, on every
 backend against the reference, and under grad against finite differences."""
 import math
+import pathlib
 
 import numpy as np
 import pytest
@@ -28,6 +29,14 @@ def _np_elu(x, alpha=1.0):
     return np.where(x > 0, x, alpha * np.expm1(np.minimum(x, 0)))
 
 
+def _ramp(x):
+    return np.arange(x.shape[-1]).astype(x.dtype) * 100
+
+
+def _np_standardize(x):
+    return (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-5)
+
+
 ACTIVATIONS = {  # name: (glue, float64 NumPy)
     "elu": (nn.elu, _np_elu),
     "elu_alpha": (lambda x: nn.elu(x, 0.5), lambda x: _np_elu(x, 0.5)),
@@ -38,7 +47,9 @@ ACTIVATIONS = {  # name: (glue, float64 NumPy)
     "relu6": (nn.relu6, lambda x: np.clip(x, 0, 6)),
     "log_sigmoid": (nn.log_sigmoid, lambda x: -np.logaddexp(0, -x)),
     "glu": (nn.glu, lambda x: x[..., : x.shape[-1] // 2] / (1 + np.exp(-x[..., x.shape[-1] // 2:]))),
-    "standardize": (nn.standardize, lambda x: (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-5)),
+    # a ramp keeps rows from being constant, where rounding the mean is magnified 1/sqrt(epsilon)
+    "standardize": (lambda x: nn.standardize(gnp.add(x, _ramp(x))),
+                    lambda x: _np_standardize(x + _ramp(x))),
 }
 _JAX_NAMES = {"elu_alpha": "elu"}
 
@@ -222,14 +233,16 @@ def test_fans_as_jax_reads_them():
         initializers.variance_scaling(1.0, "fan_sum", "normal")
 
 
-def _random():
-    return pytest.importorskip("glue.random", reason="the key-based initializers draw from glue.random, "
-                                                     "which another branch adds")
+# The key-based initializers draw from glue.random; they are tested where this checkout has it.
+needs_random = pytest.mark.skipif(not pathlib.Path(glue.__file__).with_name("random.py").exists(),
+                                  reason="needs glue.random (glue/random.py), which another branch adds")
 
 
+@needs_random
 @api("jax.nn.initializers.normal", "jax.nn.initializers.truncated_normal", "jax.nn.initializers.uniform")
 def test_random_initializers_draw_with_the_asked_statistics():
-    random = _random()
+    from glue import random
+
     key = random.PRNGKey(0)
     w = np.asarray(initializers.normal(0.5)(key, (200, 200)), np.float64)
     assert abs(w.mean()) < 0.01 and abs(w.std() - 0.5) < 0.01
@@ -239,12 +252,14 @@ def test_random_initializers_draw_with_the_asked_statistics():
     assert 0 <= u.min() and u.max() < 2.0 and abs(u.mean() - 1.0) < 0.02
 
 
+@needs_random
 @api("jax.nn.initializers.glorot_normal", "jax.nn.initializers.glorot_uniform",
      "jax.nn.initializers.he_normal", "jax.nn.initializers.he_uniform",
      "jax.nn.initializers.lecun_normal", "jax.nn.initializers.lecun_uniform",
      "jax.nn.initializers.variance_scaling")
 def test_variance_scaling_initializers_reach_their_variance_the_same_way_under_jit():
-    random = _random()
+    from glue import random
+
     key = random.PRNGKey(1)
     cases = {initializers.glorot_normal(): 2 / (300 + 100), initializers.glorot_uniform(): 2 / 400,
              initializers.he_normal(): 2 / 300, initializers.he_uniform(): 2 / 300,
