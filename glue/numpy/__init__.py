@@ -19,6 +19,8 @@ from glue.numpy._scans import *  # noqa: F401,F403
 from glue.numpy._sorting import *  # noqa: F401,F403
 from glue.numpy import linalg  # noqa: F401
 from glue.numpy.linalg import outer, tensordot  # noqa: F401
+from glue.frontend.array import Array as _Array
+from glue.frontend.tracing import Tracer as _Tracer
 from glue.numpy import _methods
 
-_methods.install()
+_methods.install(_Array, _Tracer)

@@ -1,6 +1,6 @@
 """The Python operators and array methods of glue arrays (concrete and traced), as JAX has them.
 
-`install()` puts them on `ArrayOperators`, the base both `glue.Array` and `Tracer` share.
+`install(Array, Tracer)` puts them on both classes (glue.numpy does, when it loads).
 
 Operators take arrays and scalars only, as in JAX: any other operand makes the operator return
 NotImplemented, so Python decides (`x == None` is False, `x != None` True, `x < None` a
@@ -14,7 +14,7 @@ from typing import Any, Callable
 import numpy as np
 
 from glue.errors import GlueTypeError, describe_location, user_frame_location
-from glue.frontend.operators import ArrayOperators
+from glue.frontend.array import Array
 from glue.frontend.tracing import Tracer
 from glue.numpy import _arrays, _core, _scans, _sorting
 
@@ -23,7 +23,7 @@ _CONTAINERS = (dict, list, set, tuple)
 
 def _is_operand(value: Any) -> bool:
     """Values an operator accepts: arrays (glue, traced, NumPy) and scalars."""
-    return isinstance(value, (int, float, np.generic, np.ndarray, ArrayOperators))
+    return isinstance(value, (int, float, np.generic, np.ndarray, Array, Tracer))
 
 
 def _operator(stem: str, fn: Callable[[Any, Any], Any], symbol: str, reflected: bool = False,
@@ -83,16 +83,17 @@ _METHODS = {
 }
 
 
-def install(cls: type = ArrayOperators) -> None:
-    """Put the operators and methods on `cls`."""
-    for stem, (fn, symbol) in _BINARY.items():
-        rejects = (tuple, list) if stem == "add" else ()
-        setattr(cls, f"__{stem}__", _operator(stem, fn, symbol, rejects=rejects))
-        setattr(cls, f"__r{stem}__", _operator(stem, fn, symbol, reflected=True, rejects=rejects))
-    for stem, fn in _COMPARISONS.items():
-        rejects = _CONTAINERS if stem in ("eq", "ne") else ()
-        setattr(cls, f"__{stem}__", _operator(stem, fn, _SYMBOLS[stem], rejects=rejects))
-    for name, fn in _METHODS.items():
-        setattr(cls, name, _forward(fn))
-    cls.copy = _copy
-    cls.__format__ = _format
+def install(*classes: type) -> None:
+    """Put the operators and methods on each of `classes`."""
+    for cls in classes:
+        for stem, (fn, symbol) in _BINARY.items():
+            rejects = (tuple, list) if stem == "add" else ()
+            setattr(cls, f"__{stem}__", _operator(stem, fn, symbol, rejects=rejects))
+            setattr(cls, f"__r{stem}__", _operator(stem, fn, symbol, reflected=True, rejects=rejects))
+        for stem, fn in _COMPARISONS.items():
+            rejects = _CONTAINERS if stem in ("eq", "ne") else ()
+            setattr(cls, f"__{stem}__", _operator(stem, fn, _SYMBOLS[stem], rejects=rejects))
+        for name, fn in _METHODS.items():
+            setattr(cls, name, _forward(fn))
+        cls.copy = _copy
+        cls.__format__ = _format
