@@ -150,6 +150,7 @@ class _Format:
     # (1 + 2a) e^(a^2) erfc(a) - 1 in t = (a - erfc_centre) / (a + erfc_centre) for a in
     # [_ERFC_POLY_MAX, erfc_zero]: interpolated at Chebyshev nodes from 70-digit values (a
     # series, then a continued fraction), coefficients rounded to the format
+    # (tools/fit_erfc.py prints them)
     erfc_q: tuple[float, ...]
     erfc_centre: float
     erfc_zero: float  # erfc(x) rounds to 0 from here on
