@@ -6,7 +6,7 @@
 """
 from typing import Any as _Any
 
-import glue.array_methods  # noqa: F401  (installs the operators and methods of Array and Tracer)
+import glue.numpy  # noqa: F401  (installs the operators and methods of Array and Tracer)
 from glue.backend import available_backends, default_backend_name, runnable_backend
 from glue.backend_cuda.runtime.context import devices
 from glue.errors import (BackendError, ConcretizationError, GlueError, GlueTypeError, ParseError,
@@ -39,3 +39,9 @@ __all__ = ["Array", "BackendError", "ConcretizationError", "GlueError", "GlueTyp
            "jit", "make_ir", "profile", "tree_flatten", "tree_map", "tree_unflatten",
            "grad", "jvp", "stop_gradient", "value_and_grad", "vjp", "vmap"]
 __version__ = "0.1.0"
+
+# The JAX-style surface: glue.nn, glue.scipy.special, glue.tree_util / glue.tree, DLPack exchange.
+from glue import dlpack, nn, scipy, tree, tree_util  # noqa: E402,F401
+from glue.dlpack import from_dlpack  # noqa: E402,F401
+
+__all__ += ["dlpack", "from_dlpack", "nn", "scipy", "tree", "tree_util"]

@@ -30,6 +30,8 @@ range plus random encodings) against long-double or mpmath references; relative 
     tanh       2.42      0.79      all inputs
     logistic   1.43      0.71      all inputs
     erf        1.21      1.00      all inputs
+    erfc       1.21      1.15      all inputs (float32: every third encoding; float64: 3.5e4
+                                   inputs against 70-digit values)
     sin, cos   1.15      1.12      |x| <= 1e5 (float32), |x| <= 1e9 (float64)
     sqrt       0.50      0.50      all inputs (llvm.sqrt, correctly rounded)
     rsqrt      1.49      1.49      all inputs
@@ -41,7 +43,8 @@ results (checked on an H200). Beyond the stated range, sin and cos return values
 that carry no information.
 
 Special values follow C99 Annex F, as NumPy does: NaN propagates, exp(-inf) = 0, exp overflows
-to inf, log(0) = -inf, log(x < 0) = NaN, erf(±inf) = ±1, sin(±inf) = NaN, odd functions keep
+to inf, log(0) = -inf, log(x < 0) = NaN, erf(±inf) = ±1, erfc(-inf) = 2, erfc(inf) = 0,
+sin(±inf) = NaN, odd functions keep
 the sign of zero, and pow follows the C99 table (pow(x, ±0) = 1, pow(1, y) = 1,
 pow(-1, ±inf) = 1, pow(±0, y < 0) = ±inf or +inf, negative bases need integer exponents, ...).
 
@@ -81,6 +84,8 @@ _TANH_SINGLE_Q = (1.0, 0.6666666269302368, 0.333330899477005, 0.1333342343568802
                   0.04461000859737396, 0.012701361440122128)
 # Where erf switches from its odd polynomial to 1 - erfc.
 _ERF_POLY_MAX = 1.0
+# Below this erfc is 1 - erf from erf's polynomial: erf <= 0.52 there, so nothing cancels.
+_ERFC_POLY_MAX = 0.5
 
 
 def _round_to(value: Fraction, precision: int) -> float:
@@ -142,6 +147,13 @@ class _Format:
     # error it makes in erf
     erf_large: tuple[float, ...]
     erf_one: float  # erf(x) rounds to 1 from here on
+    # (1 + 2a) e^(a^2) erfc(a) - 1 in t = (a - erfc_centre) / (a + erfc_centre) for a in
+    # [_ERFC_POLY_MAX, erfc_zero]: interpolated at Chebyshev nodes from 70-digit values (a
+    # series, then a continued fraction), coefficients rounded to the format
+    # (tools/fit_erfc.py prints them)
+    erfc_q: tuple[float, ...]
+    erfc_centre: float
+    erfc_zero: float  # erfc(x) rounds to 0 from here on
     # (sin(r) - r) / r^3 in z = r^2 <= 0.64
     sin_q: tuple[float, ...]
     # (cos(r) - 1 + z/2) / z^2 in z = r^2 <= 0.64
@@ -224,6 +236,11 @@ _F32 = _Format(
     erf_large=(-0.8496055, -0.6389668, 0.15688166, -0.041500688, 0.009890892, -0.001826163,
                0.00018557394),
     erf_one=4.0,
+    erfc_q=(0.27697837352752686, -0.09276360273361206, -0.16602976620197296,
+            0.16404308378696442, -0.05422620475292206, -0.00795232504606247,
+            0.008726430125534534, 0.0009575387230142951, -0.001359665533527732),
+    erfc_centre=2.0,
+    erfc_zero=10.054195404052734,
     sin_q=(-0.16666667, 0.008333332, -0.00019839997, 2.7238536e-06),
     cos_q=(0.041666664, -0.001388826, 2.453858e-05),
 )
@@ -250,6 +267,15 @@ _F64 = _Format(
                7.821625939532848e-09, -1.383176093767406e-08, 3.198641739820188e-09,
                -3.626220724772972e-10, 1.7403492181585653e-11),
     erf_one=6.0,
+    erfc_q=(0.2530080582697296, -0.13562110612458078, -0.04756229435343542,
+            0.12964515870271198, -0.11927366341628368, 0.0683080273458098,
+            -0.023770514894560082, 0.002529391783447931, 0.0018886900553867377,
+            -0.0007798319433043914, -0.00010515757921020616, 0.0001250973075634416,
+            4.939471979496412e-06, -2.0092416726901224e-05, -7.029703148141187e-07,
+            3.4514887885560842e-06, 3.057548486732463e-07, -5.830561615486964e-07,
+            -8.657895257924696e-08, 7.082103908871661e-08, 9.497690838508274e-09),
+    erfc_centre=3.0,
+    erfc_zero=27.226017111108366,
     sin_q=(-0.16666666666666663, 0.00833333333333047, -0.00019841269836046564,
            2.7557315739894046e-06, -2.5051057627566547e-08, 1.5912878767580318e-10),
     cos_q=(0.041666666666666664, -0.0013888888888887098, 2.4801587298320055e-05,
@@ -598,6 +624,34 @@ def _erf(o: _Ops, x: Value) -> Value:
     return o.select(o.is_nan(x), x, result)
 
 
+def _erfc(o: _Ops, x: Value) -> Value:
+    """1 - x (1 + p(x^2)) from erf's polynomial for |x| < _ERFC_POLY_MAX; beyond, for a = |x|,
+    erfc(a) = e^(-a^2) (1 + q(t)) / (1 + 2a), where the scaled function (between 1 and
+    2/sqrt(pi)) is smooth in t = (a - c) / (a + c) out to the underflow point, and 2 - erfc(a)
+    for negative x. a^2 enters exactly as a double word and e^(-a^2) stays an unrounded
+    mantissa and a power of two, so the tail keeps its relative accuracy down to subnormals."""
+    fmt = o.fmt
+    one_minus_x, err = o.two_sum(1.0, o.neg(x))
+    small = o.add(one_minus_x, o.fma(o.neg(x), o.horner(o.mul(x, x), fmt.erf_small), err))
+    a = o.abs(x)
+    ac = o.clamp(a, _ERFC_POLY_MAX, fmt.erfc_zero)
+    centre = fmt.erfc_centre
+    q = o.horner(o.div(o.sub(ac, centre), o.add(ac, centre)), fmt.erfc_q)
+    square = o.mul(ac, ac)
+    k_int, r_hi, r_lo = _exp_reduce(o, o.neg(square), o.fma(o.neg(ac), ac, square))
+    m_hi, m_lo = _exp_mantissa(o, r_hi, r_lo)  # e^(-a^2) = 2^k (m_hi + m_lo)
+    # (m_hi + m_lo)(1 + q) as a double word over 1 + 2a (exact as one), divided rounding once
+    p_hi = o.mul(m_hi, q)
+    n_hi, n_err = o.fast_two_sum(m_hi, p_hi)  # q < 1/7: |m_hi| > |p_hi|
+    n_lo = o.add(n_err, o.add(o.fma(m_hi, q, o.neg(p_hi)), o.fma(m_lo, q, m_lo)))
+    d_hi, d_lo = o.two_sum(1.0, o.add(ac, ac))
+    tail = _scale(o, _divide(o, n_hi, n_lo, d_hi, d_lo), k_int)
+    tail = o.select(o.cmp(">=", a, fmt.erfc_zero), 0.0, tail)
+    large = o.select(o.cmp("<", x, 0.0), o.sub(2.0, tail), tail)
+    result = o.select(o.cmp("<", a, _ERFC_POLY_MAX), small, large)
+    return o.select(o.is_nan(x), x, result)
+
+
 # ---- log family -------------------------------------------------------------------------
 
 def _log_parts(o: _Ops, x_hi: Value, x_lo: Value | None = None) -> tuple[Value, Value, Value]:
@@ -768,6 +822,7 @@ _UNARY: dict[str, Callable[[_Ops, Value], Value]] = {
     "tanh": _tanh,
     "logistic": _logistic,
     "erf": _erf,
+    "erfc": _erfc,
     "sin": _sin,
     "cos": _cos,
     "sqrt": _sqrt,

@@ -6,7 +6,7 @@ a glue `dtype`, `to_host()` and `block_until_ready()`, such as the cuda backend'
 frontend wraps their results (`wrap_results`) and unwraps arguments (`buffer`). An Array
 donated to a jitted call is deleted: its buffer now belongs to the call's outputs, and using
 it again raises a GlueError that says where it was donated. Operators and NumPy-style methods
-are installed by `glue.numpy` (glue/array_methods.py).
+are installed by `glue.numpy` (glue/numpy/_methods.py).
 """
 from __future__ import annotations
 

@@ -154,7 +154,7 @@ def literal(value: Any) -> Literal:
 
 class Tracer:
     """A stand-in for an array while a function is traced: it knows its type, not its values.
-    Operators and NumPy-style methods come from glue.numpy (glue/array_methods.py)."""
+    Operators and NumPy-style methods come from glue.numpy (glue/numpy/_methods.py)."""
 
     __slots__ = ("trace", "atom")
     __array_priority__ = 100

@@ -199,7 +199,7 @@ _logical = _unary(lambda d: not d.is_float, "bool or integer")
 _integer = _unary(lambda d: d.is_int, "integer")
 
 for _name in ("exp", "exp2", "log", "log2", "log1p", "expm1", "tanh", "logistic", "sqrt",
-              "rsqrt", "sin", "cos", "erf"):
+              "rsqrt", "sin", "cos", "erf", "erfc"):
     _register(_name, "elementwise", _float, expensive=True)
 for _name in ("floor", "ceil", "round"):
     _register(_name, "elementwise", _float)

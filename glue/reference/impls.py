@@ -32,6 +32,7 @@ def _quiet(fn: Callable[..., np.ndarray]) -> Callable[..., np.ndarray]:
 
 
 _erf = np.frompyfunc(math.erf, 1, 1)
+_erfc = np.frompyfunc(math.erfc, 1, 1)
 
 
 def _logistic(x):
@@ -53,7 +54,8 @@ _UNARY = {
     **{name: _math(fn) for name, fn in {
         "exp": np.exp, "exp2": np.exp2, "log": np.log, "log2": np.log2, "log1p": np.log1p,
         "expm1": np.expm1, "tanh": np.tanh, "logistic": _logistic, "sqrt": np.sqrt,
-        "rsqrt": lambda x: 1 / np.sqrt(x), "sin": np.sin, "cos": np.cos, "erf": _erf}.items()},
+        "rsqrt": lambda x: 1 / np.sqrt(x), "sin": np.sin, "cos": np.cos, "erf": _erf,
+        "erfc": _erfc}.items()},
 }
 for _name, _fn in _UNARY.items():
     IMPLS[_name] = _quiet(_fn)

@@ -38,7 +38,7 @@ _PRECISION = {"f16": 11, "bf16": 8, "f32": 24, "f64": 53}
 _FINEST = {"f16": 24, "bf16": 133, "f32": 149, "f64": 1074}  # the smallest subnormal is 2**-finest
 # Primitives whose reference implementation is a library function rather than one rounding.
 TRANSCENDENTAL = frozenset({"exp", "exp2", "expm1", "log", "log2", "log1p", "tanh", "logistic",
-                            "sin", "cos", "erf", "sqrt", "rsqrt", "pow"})
+                            "sin", "cos", "erf", "erfc", "sqrt", "rsqrt", "pow"})
 
 
 def unit_roundoff(dtype: DType) -> float:
@@ -372,6 +372,8 @@ def _unary_table() -> dict[str, Callable[..., Est]]:
         "sin": _smooth(lambda m: min(m, 1.0), lambda m: 1.0, None),
         "cos": _smooth(lambda m: 1.0, lambda m: 1.0, None),
         "erf": _smooth(lambda m: min(1.0, 1.13 * m), lambda m: 1.13, 1.0, lambda f: math.erf(f.lo)),
+        # erfc falls steeply for large x, so only an absolute error bound carries through
+        "erfc": _smooth(lambda m: min(2.0, 1 + 1.13 * m), lambda m: 1.13, None, lambda f: math.erfc(f.mag)),
     }
 
 

@@ -610,6 +610,7 @@ _OPS: dict[str, _OpSpec] = {
     "sin": _OpSpec(_is_float, _unary("sin")),
     "cos": _OpSpec(_is_float, _unary("cos")),
     "erf": _OpSpec(_is_float, _unary("erf")),
+    "erfc": _OpSpec(_is_float, _unary("erfc")),
     "floor": _OpSpec(_is_exact_float, _unary("floor")),
     "ceil": _OpSpec(_is_exact_float, _unary("ceil")),
     "round": _OpSpec(_is_exact_float, _unary("round")),

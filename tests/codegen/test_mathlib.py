@@ -2,8 +2,8 @@
 
 Each function is compiled into a loop `void f(T* in, T* out, i64 n)` (pow reads two inputs),
 optimised at O3 for the host CPU and run through MCJIT on NumPy arrays. References are NumPy's
-float64 results (math.erf for erf); float32 results must be within 2 ulp of the reference
-rounded to float32, float64 results within a relative error of 2e-15.
+float64 results (math.erf and math.erfc for erf and erfc); float32 results must be within 2 ulp
+of the reference rounded to float32, float64 results within a relative error of 2e-15.
 """
 import ctypes
 import math
@@ -39,7 +39,7 @@ def _logistic(x):
 REFERENCES = {
     "exp": np.exp, "exp2": np.exp2, "expm1": np.expm1, "log": np.log, "log2": np.log2,
     "log1p": np.log1p, "tanh": np.tanh, "logistic": _logistic,
-    "erf": np.frompyfunc(math.erf, 1, 1), "sin": np.sin, "cos": np.cos, "sqrt": np.sqrt,
+    "erf": np.frompyfunc(math.erf, 1, 1), "erfc": np.frompyfunc(math.erfc, 1, 1), "sin": np.sin, "cos": np.cos, "sqrt": np.sqrt,
     "rsqrt": lambda x: 1 / np.sqrt(x), "pow": np.power,
 }
 
@@ -220,13 +220,13 @@ def _sweep_inputs(name, dtype):
     linear = {
         "exp": (exp_lo, exp_hi + 1), "exp2": (exp_lo / math.log(2), exp_hi / math.log(2) + 1),
         "expm1": (-45.0, exp_hi + 1), "tanh": (-20.0, 20.0), "logistic": (-20.0, 20.0),
-        "erf": (-20.0, 20.0), "sin": (-SIN_COS_RANGE[dtype], SIN_COS_RANGE[dtype]),
+        "erf": (-20.0, 20.0), "erfc": (-10.0, 30.0), "sin": (-SIN_COS_RANGE[dtype], SIN_COS_RANGE[dtype]),
         "cos": (-SIN_COS_RANGE[dtype], SIN_COS_RANGE[dtype]), "log1p": (-1.0, 1.0),
     }
     parts = [_edges(dtype)]
     if name in linear:
         parts.append(np.linspace(*linear[name], SWEEP, dtype=np.float64).astype(dtype))
-    if name in ("log", "log2", "log1p", "sqrt", "rsqrt", "expm1", "tanh", "erf", "logistic"):
+    if name in ("log", "log2", "log1p", "sqrt", "rsqrt", "expm1", "tanh", "erf", "erfc", "logistic"):
         patterns = _positive_patterns(dtype, SWEEP)
         parts += [patterns, -patterns[: SWEEP // 4]]
     if name in ("log", "log2"):
@@ -340,6 +340,8 @@ SPECIAL = {
     "tanh": [(0.0, 0.0), (-0.0, -0.0), (INF, 1.0), (-INF, -1.0), (NAN, NAN), (1e30, 1.0)],
     "logistic": [(0.0, 0.5), (-0.0, 0.5), (INF, 1.0), (-INF, 0.0), (NAN, NAN)],
     "erf": [(0.0, 0.0), (-0.0, -0.0), (INF, 1.0), (-INF, -1.0), (NAN, NAN), (1e30, 1.0)],
+    "erfc": [(0.0, 1.0), (-0.0, 1.0), (INF, 0.0), (-INF, 2.0), (NAN, NAN), (1e30, 0.0),
+             (-1e30, 2.0), (30.0, 0.0)],
     "sin": [(0.0, 0.0), (-0.0, -0.0), (INF, NAN), (-INF, NAN), (NAN, NAN)],
     "cos": [(0.0, 1.0), (-0.0, 1.0), (INF, NAN), (-INF, NAN), (NAN, NAN)],
     "sqrt": [(0.0, 0.0), (-0.0, -0.0), (4.0, 2.0), (INF, INF), (-1.0, NAN), (NAN, NAN)],

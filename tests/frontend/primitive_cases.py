@@ -69,8 +69,8 @@ def _weighted(fn: Callable[..., Any], args: list[np.ndarray], out_shape: tuple[i
 
 _UNARY_DOMAINS = {
     "exp": (-2, 2), "exp2": (-2, 2), "tanh": (-2, 2), "logistic": (-3, 3), "sin": (-3, 3),
-    "cos": (-3, 3), "erf": (-2, 2), "neg": (-2, 2), "expm1": (-2, 2), "log": (0.5, 3),
-    "log2": (0.5, 3), "sqrt": (0.5, 3), "rsqrt": (0.5, 3), "log1p": (-0.5, 2),
+    "cos": (-3, 3), "erf": (-2, 2), "erfc": (-2, 2), "neg": (-2, 2), "expm1": (-2, 2),
+    "log": (0.5, 3), "log2": (0.5, 3), "sqrt": (0.5, 3), "rsqrt": (0.5, 3), "log1p": (-0.5, 2),
 }
 
 

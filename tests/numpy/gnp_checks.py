@@ -60,3 +60,29 @@ def check(fn: Callable[..., Any], reference: Callable[..., Any], *args: Any, dty
     expected = reference(*(wide(a) for a in args))
     assert_matches(fn(*args), expected, dtype, scale)
     assert_matches(glue.jit(fn, backend="reference")(*args), expected, dtype, scale)
+
+
+def check_grad(fn: Callable[..., Any], *args: Any, eps: float = 1e-6, jit: bool = True) -> None:
+    """glue.grad of sum(fn(*args) * w), for a fixed random w, against central finite differences
+    in float64 (x64 on, so float64 stays float64), eagerly and (with `jit`) under glue.jit on the
+    reference backend."""
+    with glue.config.override(enable_x64=True):
+        _check_grad(fn, args, eps, jit)
+
+
+def _check_grad(fn: Callable[..., Any], args: Any, eps: float, jit: bool) -> None:
+    args = [np.asarray(a, np.float64) for a in args]
+    out = np.asarray(fn(*args))
+    weights = np.random.default_rng(7).uniform(0.5, 1.5, out.shape)
+    loss = lambda *xs: glue.numpy.sum(glue.numpy.multiply(fn(*xs), weights))  # noqa: E731
+    grad = glue.grad(loss, argnums=tuple(range(len(args))))
+    for got in [grad(*args)] + ([glue.jit(grad, backend="reference")(*args)] if jit else []):
+        for i, (g, a) in enumerate(zip(got, args)):
+            expected = np.zeros_like(a)
+            for index in np.ndindex(a.shape):
+                up, down = [x.copy() for x in args], [x.copy() for x in args]
+                up[i][index] += eps
+                down[i][index] -= eps
+                expected[index] = (float(loss(*up)) - float(loss(*down))) / (2 * eps)
+            np.testing.assert_allclose(np.asarray(g), expected, rtol=1e-5, atol=1e-6,
+                                       err_msg=f"gradient of argument {i}")

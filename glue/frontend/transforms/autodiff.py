@@ -104,7 +104,8 @@ def _select_rule(ts: list, xs: list, out: Any) -> Any:
 
 _ELEMENTWISE: dict[str, Callable[[list, list, Any], Any]] = {
     "neg": _unary(lambda t, x, y: neg(t)),
-    "abs": _unary(lambda t, x, y: mul(t, emit("sign", x))),
+    # 1 at 0 (and -0), as JAX: the derivative of the branch x >= 0
+    "abs": _unary(lambda t, x, y: emit("select", emit("ge", x, like(0, x)), t, neg(t))),
     "exp": _unary(lambda t, x, y: mul(t, y)),
     "exp2": _unary(lambda t, x, y: mul(t, mul(y, like(_LN2, y)))),
     "log": _unary(lambda t, x, y: div(t, x)),
@@ -118,6 +119,7 @@ _ELEMENTWISE: dict[str, Callable[[list, list, Any], Any]] = {
     "sin": _unary(lambda t, x, y: mul(t, emit("cos", x))),
     "cos": _unary(lambda t, x, y: neg(mul(t, emit("sin", x)))),
     "erf": _unary(lambda t, x, y: mul(t, mul(emit("exp", neg(mul(x, x))), like(_TWO_OVER_SQRT_PI, x)))),
+    "erfc": _unary(lambda t, x, y: mul(t, mul(emit("exp", neg(mul(x, x))), like(-_TWO_OVER_SQRT_PI, x)))),
     "add": lambda ts, xs, out: plus(*ts),
     "sub": _sub_rule,
     "mul": lambda ts, xs, out: plus(_term(ts[0], lambda t: mul(t, xs[1])),

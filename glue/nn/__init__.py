@@ -1,5 +1,5 @@
-"""`glue.nn`: activations, the softmax family, normalisations and a loss (named as in `jax.nn`
-where it has the function).
+"""`glue.nn`: activations, the softmax family, normalisations, a loss and parameter
+initializers (`glue.nn.initializers`), named as in `jax.nn` where it has the function.
 
 Each is a short composition of `glue.numpy` functions and IR primitives, written so that the
 scheduler sees its natural kernel: softmax, log_softmax, layer_norm, rms_norm and cross_entropy
@@ -19,6 +19,8 @@ from glue import random
 from glue.frontend.tracing import bind, type_of
 from glue.ir import dtypes as dt
 from glue.numpy import _fail
+from glue.nn import initializers  # noqa: F401  (glue.nn.initializers)
+from glue.scipy.special import logsumexp  # noqa: F401  (jax.nn has it too)
 
 
 def _floating(x: Any) -> Any:
@@ -42,7 +44,56 @@ def _computed_in_f32(fn):
 
 
 def relu(x: Any) -> Any:
-    return gnp.maximum(x, 0)
+    """max(x, 0), with derivative 0 at 0 (as JAX; maximum would split it, 1/2 each way); NaN
+    stays NaN."""
+    return gnp.where(gnp.less_equal(x, 0), 0, x)
+
+
+def relu6(x: Any) -> Any:
+    """min(max(x, 0), 6), with derivative 0 at both corners."""
+    return gnp.where(gnp.less_equal(x, 0), 0, gnp.where(gnp.greater_equal(x, 6), 6, x))
+
+
+def leaky_relu(x: Any, negative_slope: float = 1e-2) -> Any:
+    return gnp.where(gnp.greater_equal(x, 0), x, gnp.multiply(negative_slope, x))
+
+
+def hard_tanh(x: Any) -> Any:
+    """x clipped to [-1, 1], with derivative 1 on the closed interval."""
+    return gnp.where(gnp.greater(x, 1), 1, gnp.where(gnp.less(x, -1), -1, x))
+
+
+def elu(x: Any, alpha: float = 1.0) -> Any:
+    """x for x > 0, alpha (e^x - 1) below; the exponential only ever sees x <= 0, so neither
+    the value nor the derivative overflows."""
+    x = _floating(x)
+    negative = gnp.where(gnp.greater(x, 0), 0, x)
+    return gnp.where(gnp.greater(x, 0), x, gnp.multiply(alpha, gnp.expm1(negative)))
+
+
+_SELU_ALPHA = 1.6732632423543772848170429916717
+_SELU_SCALE = 1.0507009873554804934193349852946
+
+
+def selu(x: Any) -> Any:
+    """scale * elu(x, alpha) with the self-normalising constants of Klambauer et al."""
+    return gnp.multiply(_SELU_SCALE, elu(x, _SELU_ALPHA))
+
+
+def celu(x: Any, alpha: float = 1.0) -> Any:
+    """max(x, 0) + alpha (e^(min(x, 0) / alpha) - 1)."""
+    x = _floating(x)
+    return gnp.add(gnp.maximum(x, 0), gnp.multiply(alpha, gnp.expm1(gnp.true_divide(gnp.minimum(x, 0), alpha))))
+
+
+def glu(x: Any, axis: int = -1) -> Any:
+    """The gated linear unit: the first half of `axis` times the sigmoid of the second."""
+    x = gnp.asarray(x)
+    axis = gnp._axis("glu", x, axis)
+    if x.shape[axis] % 2:
+        raise _fail("glu", f"axis {axis} must have an even size", x)
+    value, gate = gnp.split(x, 2, axis)
+    return gnp.multiply(value, sigmoid(gate))
 
 
 def sigmoid(x: Any) -> Any:
@@ -72,7 +123,9 @@ def gelu(x: Any, approximate: bool = True) -> Any:
         if type_of(x).dtype.bits < 32:
             return gnp.multiply(x, sigmoid(gnp.multiply(math.sqrt(8 / math.pi), cubic)))
         return gnp.multiply(gnp.multiply(0.5, x), gnp.add(1, gnp.tanh(gnp.multiply(math.sqrt(2 / math.pi), cubic))))
-    cdf = gnp.add(1, bind("erf", gnp.multiply(x, 1 / math.sqrt(2))))
+    # Phi(x) = erfc(-x / sqrt 2) / 2: unlike 1 + erf, it keeps its relative accuracy far into
+    # the negative tail (erf rounds to -1 from x = -5.9 in float32).
+    cdf = bind("erfc", gnp.multiply(x, -1 / math.sqrt(2)))
     return gnp.multiply(gnp.multiply(0.5, x), cdf)
 
 
@@ -98,12 +151,16 @@ def log_softmax(x: Any, axis: Any = -1) -> Any:
 
 
 @_computed_in_f32
-def logsumexp(x: Any, axis: Any = None, keepdims: bool = False) -> Any:
-    """log(sum(exp(x))) along `axis`, stable for large inputs and for all -inf rows."""
-    peak = gnp.max(x, axis, keepdims=True)
-    peak = gnp.where(gnp.isfinite(peak), peak, 0)  # an all -inf (or +inf) row shifts by nothing
-    out = gnp.add(gnp.log(gnp.sum(gnp.exp(gnp.subtract(x, peak)), axis, keepdims=True)), peak)
-    return out if keepdims else gnp.squeeze(out, axis)
+def standardize(x: Any, axis: Any = -1, mean: Any = None, variance: Any = None,
+                epsilon: float = 1e-5, where: Any = None) -> Any:
+    """(x - mean) / sqrt(variance + epsilon) over `axis`, the statistics computed when not given
+    (the variance of the centred values, which keeps its accuracy when the mean is large)."""
+    if mean is None:
+        mean = gnp.mean(x, axis, keepdims=True, where=where)
+    centered = gnp.subtract(x, mean)
+    if variance is None:
+        variance = gnp.mean(gnp.multiply(centered, centered), axis, keepdims=True, where=where)
+    return gnp.multiply(centered, bind("rsqrt", gnp.add(variance, epsilon)))
 
 
 def one_hot(x: Any, num_classes: int, *, dtype: Any = gnp.float32, axis: int = -1) -> Any:

@@ -255,7 +255,22 @@ sin = _unary("sin", "sin", True)
 cos = _unary("cos", "cos", True)
 floor = _unary("floor", "floor", True)
 ceil = _unary("ceil", "ceil", True)
-round = _unary("round", "round", True)
+
+
+def round(x: Any, decimals: int = 0) -> Any:
+    """Round half to even at `decimals` digits after the point; integers stay as they are."""
+    x = asarray(x)
+    if not _dtype_of(x).is_float:
+        if decimals < 0:
+            raise _fail("round", f"decimals={decimals} is not supported for integer arrays", x)
+        return x
+    if decimals == 0:
+        return bind("round", x)
+    factor = 10.0 ** decimals
+    return true_divide(bind("round", multiply(x, factor)), factor)
+
+
+around = round
 
 
 def logical_not(x: Any) -> Any:
@@ -294,9 +309,11 @@ def where(condition: Any, x: Any = None, y: Any = None) -> Any:
     return bind("select", *_broadcast_all("where", [cond, *_promote([x, y], fn="where")]))
 
 
-def clip(x: Any, a_min: Any = None, a_max: Any = None) -> Any:
-    out = x if a_min is None else maximum(x, a_min)
-    return out if a_max is None else minimum(out, a_max)
+def clip(x: Any, min: Any = None, max: Any = None, *, a_min: Any = None, a_max: Any = None) -> Any:
+    """`x` limited to [min, max] (either may be None); a_min / a_max are NumPy's older names."""
+    low, high = (a_min if min is None else min), (a_max if max is None else max)
+    out = x if low is None else maximum(x, low)
+    return out if high is None else minimum(out, high)
 
 
 def _integer_power(x: Any, n: int) -> Any:
@@ -616,18 +633,6 @@ def flip(x: Any, axis: Any = None) -> Any:
                             for i in range(type_of(x).ndim)))
 
 
-def pad(x: Any, pad_width: Any, constant_values: Any = 0) -> Any:
-    """Constant padding; `pad_width` is an int, a (before, after) pair, or one pair per axis."""
-    x = asarray(x)
-    ndim = type_of(x).ndim
-    widths = np.broadcast_to(np.asarray(pad_width, dtype=np.int64), (ndim, 2))
-    if (widths < 0).any():
-        raise _fail("pad", f"pad widths must be non-negative, got {pad_width}", x)
-    value = _cast(constant_values, _dtype_of(x), "pad", x).item()
-    return bind("pad", x, low=tuple(int(w) for w in widths[:, 0]), high=tuple(int(w) for w in widths[:, 1]),
-                value=value)
-
-
 # --- reductions -----------------------------------------------------------------------------
 
 def _reduce(fn: str, primitive: str, x: Any, axis: Any, keepdims: bool) -> Any:
@@ -650,34 +655,68 @@ def _summable(x: Any, dtype: Any) -> Any:
     return astype(x, dt.DEFAULT_INT) if _dtype_of(x) == dt.bool_ else x
 
 
-def sum(x: Any, axis: Any = None, dtype: Any = None, *, keepdims: bool = False) -> Any:
-    return _reduce("sum", "reduce_sum", _summable(x, dtype), axis, keepdims)
+def _masked(fn: str, x: Any, mask: Any, fill: Any) -> Any:
+    """`x` with `fill` wherever the `where=` mask (broadcast to x's shape) is False."""
+    if mask is None:
+        return x
+    mask = astype(mask, dt.bool_)
+    if _broadcast_shape(_shape(mask), _shape(x)) != _shape(x):
+        raise _fail(fn, f"the where= mask {type_of(mask)} does not broadcast to the array", x)
+    return bind("select", broadcast_to(mask, _shape(x)), x, full_like(x, fill))
 
 
-def prod(x: Any, axis: Any = None, dtype: Any = None, *, keepdims: bool = False) -> Any:
-    return _reduce("prod", "reduce_prod", _summable(x, dtype), axis, keepdims)
+def _count_where(x: Any, axes: tuple[int, ...], mask: Any, keepdims: bool) -> Any:
+    """How many elements each reduction over `axes` takes in: static without a mask."""
+    if mask is None:
+        return _count(x, axes)
+    return sum(astype(broadcast_to(mask, _shape(x)), dt.DEFAULT_INT), axes, keepdims=keepdims)
 
 
-def _extremum(fn: str, primitive: str):
-    def reduction(x: Any, axis: Any = None, *, keepdims: bool = False) -> Any:
+def sum(x: Any, axis: Any = None, dtype: Any = None, *, keepdims: bool = False,
+        initial: Any = None, where: Any = None) -> Any:
+    x = _masked("sum", _summable(x, dtype), where, 0)
+    out = _reduce("sum", "reduce_sum", x, axis, keepdims)
+    return out if initial is None else add(out, astype(initial, _dtype_of(out)))
+
+
+def prod(x: Any, axis: Any = None, dtype: Any = None, *, keepdims: bool = False,
+         initial: Any = None, where: Any = None) -> Any:
+    x = _masked("prod", _summable(x, dtype), where, 1)
+    out = _reduce("prod", "reduce_prod", x, axis, keepdims)
+    return out if initial is None else multiply(out, astype(initial, _dtype_of(out)))
+
+
+def _extremum(fn: str, primitive: str, combine: Any):
+    def reduction(x: Any, axis: Any = None, *, keepdims: bool = False, initial: Any = None,
+                  where: Any = None) -> Any:
         x = asarray(x)
-        if _count(x, _axes(fn, x, axis)) == 0:
-            raise _fail(fn, "a reduction over zero elements has no identity", x)
-        return _reduce(fn, primitive, x, axis, keepdims)
+        if where is not None and initial is None:
+            raise _fail(fn, "has no identity, so a where= mask needs initial= too", x)
+        axes = _axes(fn, x, axis)
+        if initial is not None:
+            initial = astype(initial, _dtype_of(x))
+        if _count(x, axes) == 0:
+            if initial is None:
+                raise _fail(fn, "a reduction over zero elements has no identity", x)
+            kept = tuple(1 if i in axes else n for i, n in enumerate(_shape(x))) if keepdims else \
+                tuple(n for i, n in enumerate(_shape(x)) if i not in axes)
+            return full(kept, initial)
+        out = _reduce(fn, primitive, _masked(fn, x, where, initial), axes, keepdims)
+        return out if initial is None else combine(out, initial)
     reduction.__name__ = fn
     return reduction
 
 
-max = amax = _extremum("max", "reduce_max")
-min = amin = _extremum("min", "reduce_min")
+max = amax = _extremum("max", "reduce_max", maximum)
+min = amin = _extremum("min", "reduce_min", minimum)
 
 
-def any(x: Any, axis: Any = None, *, keepdims: bool = False) -> Any:
-    return _reduce("any", "reduce_max", astype(x, dt.bool_), axis, keepdims)
+def any(x: Any, axis: Any = None, *, keepdims: bool = False, where: Any = None) -> Any:
+    return _reduce("any", "reduce_max", _masked("any", astype(x, dt.bool_), where, False), axis, keepdims)
 
 
-def all(x: Any, axis: Any = None, *, keepdims: bool = False) -> Any:
-    return _reduce("all", "reduce_min", astype(x, dt.bool_), axis, keepdims)
+def all(x: Any, axis: Any = None, *, keepdims: bool = False, where: Any = None) -> Any:
+    return _reduce("all", "reduce_min", _masked("all", astype(x, dt.bool_), where, True), axis, keepdims)
 
 
 def _mean_dtypes(x: Any, dtype: Any) -> tuple[DType, DType]:
@@ -687,29 +726,36 @@ def _mean_dtypes(x: Any, dtype: Any) -> tuple[DType, DType]:
     return out, (dt.float32 if out.is_float and out.bits < 32 else out)
 
 
-def mean(x: Any, axis: Any = None, dtype: Any = None, *, keepdims: bool = False) -> Any:
+def mean(x: Any, axis: Any = None, dtype: Any = None, *, keepdims: bool = False,
+         where: Any = None) -> Any:
+    """The average over `axis`; with a `where=` mask, of the elements it selects (NaN where it
+    selects none, as 0 / 0)."""
     x = asarray(x)
     axes = _axes("mean", x, axis)
     out, compute = _mean_dtypes(x, dtype)
-    total = sum(astype(x, compute), axes, keepdims=keepdims)
-    return astype(true_divide(total, _count(x, axes)), out)
+    total = sum(astype(x, compute), axes, keepdims=keepdims, where=where)
+    return astype(true_divide(total, _count_where(x, axes, where, keepdims)), out)
 
 
-def var(x: Any, axis: Any = None, dtype: Any = None, *, ddof: int = 0, keepdims: bool = False) -> Any:
+def var(x: Any, axis: Any = None, dtype: Any = None, *, ddof: int = 0, keepdims: bool = False,
+        where: Any = None) -> Any:
     x = asarray(x)
     axes = _axes("var", x, axis)
     out, compute = _mean_dtypes(x, dtype)
     x = astype(x, compute)
-    centered = subtract(x, mean(x, axes, keepdims=True))
-    total = sum(multiply(centered, centered), axes, keepdims=keepdims)
-    return astype(true_divide(total, builtins.max(_count(x, axes) - ddof, 0)), out)
+    centered = subtract(x, mean(x, axes, keepdims=True, where=where))
+    total = sum(multiply(centered, centered), axes, keepdims=keepdims, where=where)
+    count = _count_where(x, axes, where, keepdims)
+    dof = builtins.max(count - ddof, 0) if isinstance(count, int) else maximum(subtract(count, ddof), 0)
+    return astype(true_divide(total, dof), out)
 
 
-def std(x: Any, axis: Any = None, dtype: Any = None, *, ddof: int = 0, keepdims: bool = False) -> Any:
+def std(x: Any, axis: Any = None, dtype: Any = None, *, ddof: int = 0, keepdims: bool = False,
+        where: Any = None) -> Any:
     x = asarray(x)
     axes = _axes("std", x, axis)
     out, compute = _mean_dtypes(x, dtype)
-    return astype(sqrt(var(x, axes, compute, ddof=ddof, keepdims=keepdims)), out)
+    return astype(sqrt(var(x, axes, compute, ddof=ddof, keepdims=keepdims, where=where)), out)
 
 
 def _arg_extremum(fn: str):
@@ -986,31 +1032,77 @@ def getitem(x: Any, index: Any) -> Any:
     return _advanced_index(x, items)
 
 
-def take(x: Any, indices: Any, axis: int | None = None) -> Any:
-    """Elements of `x` at `indices` along `axis` (flattened when None)."""
+def _fill_value(x: Any, fill_value: Any) -> Any:
+    """What an out-of-range index reads in mode="fill": `fill_value`, else JAX's default (NaN
+    for floats, the most negative value for signed integers, the largest for unsigned ones,
+    True for booleans)."""
+    d = _dtype_of(x)
+    if fill_value is not None:
+        return astype(fill_value, d)
+    if d.is_float:
+        return astype(nan, d)
+    if d == dt.bool_:
+        return astype(True, d)
+    info = np.iinfo(d.numpy)
+    return astype(int(info.min if info.min < 0 else info.max), d)
+
+
+def _gather_mode(fn: str, x: Any, idx: Any, n: int, axis: int, mode: str | None
+                 ) -> tuple[Any, Any]:
+    """(indices wrapped once from the end, and where they are in range: None when all are or
+    mode is "clip", whose indices the gather clamps)."""
+    if mode not in (None, "fill", "clip"):
+        raise _fail(fn, f'mode must be "fill" (the default) or "clip", not {mode!r}', x)
+    if not isinstance(idx, Tracer):
+        values = np.asarray(idx, dtype=np.int64)
+        values = np.where(values < 0, values + n, values)
+        inside = (values >= 0) & (values < n)
+        idx = np.clip(values, 0, builtins.max(n - 1, 0)).astype(np.int32)
+        return idx, (None if mode == "clip" or inside.all() else inside)
+    idx = where(less(idx, 0), add(idx, n), idx)
+    return idx, (None if mode == "clip" else logical_and(greater_equal(idx, 0), less(idx, n)))
+
+
+def take(x: Any, indices: Any, axis: int | None = None, mode: str | None = None,
+         fill_value: Any = None) -> Any:
+    """Elements of `x` at `indices` along `axis` (flattened when None). Negative indices count
+    from the end; others out of range read `fill_value` (mode="fill", JAX's default: NaN for
+    floats) or are clamped (mode="clip")."""
     x = asarray(x)
     if axis is None:
         x, axis = ravel(x), 0
     axis = _axis("take", x, axis)
-    idx = _normalized_indices("take", x, _integer_indices("take", x, indices), _shape(x)[axis], axis)
-    return bind("gather", x, idx, axis=axis, batch_dims=0)
+    indices = _integer_indices("take", x, indices)
+    idx, inside = _gather_mode("take", x, indices, _shape(x)[axis], axis, mode)
+    out = bind("gather", x, idx, axis=axis, batch_dims=0)
+    if inside is None:
+        return out
+    at = tuple(range(axis, axis + type_of(inside).ndim))
+    mask = bind("broadcast_in_dim", inside, shape=_shape(out), dims=at)
+    return bind("select", mask, out, full_like(out, _fill_value(x, fill_value)))
 
 
-def take_along_axis(x: Any, indices: Any, axis: int) -> Any:
-    """out[..., i, ...] = x[..., indices[..., i, ...], ...] along `axis`; other axes broadcast."""
+def take_along_axis(x: Any, indices: Any, axis: int, mode: str | None = None,
+                    fill_value: Any = None) -> Any:
+    """out[..., i, ...] = x[..., indices[..., i, ...], ...] along `axis`; other axes broadcast.
+    Out-of-range indices behave as in `take`."""
     x = asarray(x)
     indices = _integer_indices("take_along_axis", x, indices)
     if type_of(indices).ndim != type_of(x).ndim:
         raise _fail("take_along_axis", "indices and x must have the same rank", x, indices)
     axis = _axis("take_along_axis", x, axis)
     n = _shape(x)[axis]
-    idx = _normalized_indices("take_along_axis", x, indices, n, axis)
+    idx, inside = _gather_mode("take_along_axis", x, indices, n, axis, mode)
     drop = lambda s: s[:axis] + s[axis + 1:]  # noqa: E731
     batch = _broadcast_shape(drop(_shape(x)), drop(_shape(idx)))
     if batch is None:
         raise _fail("take_along_axis", "indices and x do not broadcast outside the axis", x, indices)
     put = lambda s, k: s[:axis] + (k,) + s[axis:]  # noqa: E731
+    out_shape = put(batch, _shape(idx)[axis])
     x = moveaxis(broadcast_to(x, put(batch, n)), axis, -1)
-    idx = moveaxis(broadcast_to(idx, put(batch, _shape(idx)[axis])), axis, -1)
+    idx = moveaxis(broadcast_to(idx, out_shape), axis, -1)
     last = len(batch)
-    return moveaxis(bind("gather", x, idx, axis=last, batch_dims=last), -1, axis)
+    out = moveaxis(bind("gather", x, idx, axis=last, batch_dims=last), -1, axis)
+    if inside is None:
+        return out
+    return bind("select", broadcast_to(inside, out_shape), out, full_like(out, _fill_value(x, fill_value)))

@@ -1,0 +1,10 @@
+"""`glue.tree`: the short names of `glue.tree_util` (as `jax.tree` has them)."""
+from glue.tree_util import tree_all as all
+from glue.tree_util import tree_flatten as flatten
+from glue.tree_util import tree_leaves as leaves
+from glue.tree_util import tree_map as map
+from glue.tree_util import tree_reduce as reduce
+from glue.tree_util import tree_structure as structure
+from glue.tree_util import tree_unflatten as unflatten
+
+__all__ = ["all", "flatten", "leaves", "map", "reduce", "structure", "unflatten"]

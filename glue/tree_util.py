@@ -1,0 +1,98 @@
+"""`glue.tree_util`: JAX's pytree API over glue's pytrees (glue/frontend/pytree.py).
+
+Registered node types work wherever pytrees do: as arguments and results of `glue.jit`, `grad`,
+`vmap`, ... Their aux data is part of the structure, so it must be hashable, and a jitted
+function retraces when it changes.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable, Hashable, Iterable, Sequence, TypeVar
+
+from glue.frontend.pytree import (PyTreeDef, TreeStructureError, flatten_up_to, register_node,
+                                  tree_flatten, tree_leaves, tree_map, tree_structure,
+                                  tree_unflatten)
+
+T = TypeVar("T", bound=type)
+_NO_INITIAL = object()
+
+
+def register_pytree_node(nodetype: type, flatten_func: Callable[[Any], tuple[Iterable[Any], Hashable]],
+                         unflatten_func: Callable[[Hashable, Iterable[Any]], Any]) -> None:
+    """Make `nodetype` a pytree node: flatten_func(x) -> (children, aux_data) and
+    unflatten_func(aux_data, children) -> x."""
+    register_node(nodetype, flatten_func, unflatten_func)
+
+
+def register_pytree_node_class(cls: T) -> T:
+    """Class decorator: `cls` flattens with its method `tree_flatten()` -> (children, aux_data)
+    and rebuilds with its classmethod `tree_unflatten(aux_data, children)`."""
+    register_node(cls, lambda x: x.tree_flatten(), cls.tree_unflatten)
+    return cls
+
+
+def register_dataclass(nodetype: T, data_fields: Sequence[str] | None = None,
+                       meta_fields: Sequence[str] | None = None, drop_fields: Sequence[str] = ()) -> T:
+    """Make a dataclass-like `nodetype` a node: `data_fields` are its children, `meta_fields` its
+    (static, hashable) aux data. For a dataclass both may be left out: fields whose metadata has
+    static=True are meta fields, the others (less `drop_fields`) data fields."""
+    if (data_fields is None) != (meta_fields is None):
+        raise TreeStructureError("register_dataclass: give both data_fields and meta_fields, or "
+                                 "neither (for a dataclass)")
+    if data_fields is None:
+        if not dataclasses.is_dataclass(nodetype):
+            raise TreeStructureError(f"register_dataclass: {nodetype.__name__} is not a dataclass, "
+                                     "so data_fields and meta_fields are needed")
+        fields = [f for f in dataclasses.fields(nodetype) if f.name not in drop_fields]
+        data_fields = [f.name for f in fields if not f.metadata.get("static", False)]
+        meta_fields = [f.name for f in fields if f.metadata.get("static", False)]
+    data, meta = tuple(data_fields), tuple(meta_fields)
+
+    def flatten(x: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+        return tuple(getattr(x, name) for name in data), tuple(getattr(x, name) for name in meta)
+
+    def unflatten(aux: tuple[Any, ...], children: Iterable[Any]) -> Any:
+        return nodetype(**dict(zip(data, children)), **dict(zip(meta, aux)))
+
+    register_node(nodetype, flatten, unflatten, names=data)
+    return nodetype
+
+
+class Partial(functools.partial):
+    """`functools.partial` as a pytree: the bound arguments are its children and the function
+    its aux data, so a Partial can be passed to and returned from jitted functions."""
+
+    def __new__(cls, func: Callable[..., Any], *args: Any, **kwargs: Any) -> "Partial":
+        if isinstance(func, functools.partial):  # flatten nested partials into one
+            args, kwargs = func.args + args, {**func.keywords, **kwargs}
+            func = func.func
+        return super().__new__(cls, func, *args, **kwargs)
+
+
+register_node(Partial, lambda p: ((p.args, p.keywords), p.func),
+              lambda func, children: Partial(func, *children[0], **children[1]))
+
+
+def tree_reduce(function: Callable[[Any, Any], Any], tree: Any, initializer: Any = _NO_INITIAL,
+                is_leaf: Callable[[Any], bool] | None = None) -> Any:
+    """`functools.reduce` over the leaves of `tree`."""
+    leaves = tree_leaves(tree, is_leaf)
+    if initializer is _NO_INITIAL:
+        return functools.reduce(function, leaves)
+    return functools.reduce(function, leaves, initializer)
+
+
+def tree_all(tree: Any, *, is_leaf: Callable[[Any], bool] | None = None) -> bool:
+    """Whether every leaf of `tree` is truthy."""
+    return all(tree_leaves(tree, is_leaf))
+
+
+def treedef_is_leaf(treedef: PyTreeDef) -> bool:
+    return treedef.kind == "leaf"
+
+
+__all__ = ["PyTreeDef", "Partial", "TreeStructureError", "flatten_up_to", "register_dataclass",
+           "register_pytree_node", "register_pytree_node_class", "tree_all", "tree_flatten",
+           "tree_leaves", "tree_map", "tree_reduce", "tree_structure", "tree_unflatten",
+           "treedef_is_leaf"]
