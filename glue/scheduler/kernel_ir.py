@@ -24,57 +24,92 @@ from glue.ir import TensorType
 from glue.ir.dtypes import DType
 
 
-def _hash_once(cls):
-    """Expressions are DAGs whose nodes are shared; a dataclass hash revisits a shared node once
-    per path to it (exponential in the depth), so each node keeps its hash after the first use."""
-    names = tuple(f.name for f in fields(cls))
+class _Node:
+    """Kernel IR nodes (index and scalar expressions) are DAGs whose nodes are shared, and long
+    programs make them deep. A node hashes its fields once, when it is made (its children's
+    hashes are already known, so hashing never recurses), and equality walks both DAGs with an
+    explicit stack, comparing each pair of shared nodes once."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash((type(self).__name__,) + _values(self)))
 
     def __hash__(self) -> int:
-        h = self.__dict__.get("_hash")
-        if h is None:
-            h = hash(tuple(getattr(self, n) for n in names))
-            object.__setattr__(self, "_hash", h)
-        return h
+        return self._hash
 
-    cls.__hash__ = __hash__
-    return cls
+    def __eq__(self, other: object) -> bool:
+        return _same(self, other)
+
+    def __reduce__(self):
+        # The cached hash depends on the process's string hashing: rebuild it on unpickling.
+        return type(self), _values(self)
+
+
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _values(node: _Node) -> tuple:
+    names = _FIELD_NAMES.get(type(node))
+    if names is None:
+        names = _FIELD_NAMES[type(node)] = tuple(f.name for f in fields(node))
+    return tuple(getattr(node, n) for n in names)
+
+
+def _same(a: object, b: object) -> bool:
+    """Structural equality of two values that may hold kernel IR nodes, without recursion."""
+    stack, compared = [(a, b)], set()
+    while stack:
+        x, y = stack.pop()
+        if x is y:
+            continue
+        if isinstance(x, tuple) and isinstance(y, tuple):
+            if len(x) != len(y):
+                return False
+            stack.extend(zip(x, y))
+        elif isinstance(x, _Node) or isinstance(y, _Node):
+            if type(x) is not type(y) or x._hash != y._hash:
+                return False
+            if (id(x), id(y)) not in compared:
+                compared.add((id(x), id(y)))
+                stack.extend(zip(_values(x), _values(y)))
+        elif x != y:
+            return False
+    return True
 
 
 # --- index expressions ----------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Dim:
+@dataclass(frozen=True, eq=False)
+class Dim(_Node):
     """The domain index `k` (parallel dims first, then reduce dims)."""
 
     k: int
 
 
-@dataclass(frozen=True)
-class Div:
+@dataclass(frozen=True, eq=False)
+class Div(_Node):
     """floor(index / divisor), for a reshape whose dims do not line up."""
 
     index: "Index"
     divisor: int
 
 
-@dataclass(frozen=True)
-class Mod:
+@dataclass(frozen=True, eq=False)
+class Mod(_Node):
     index: "Index"
     divisor: int
 
 
-@dataclass(frozen=True)
-class Clamp:
+@dataclass(frozen=True, eq=False)
+class Clamp(_Node):
     """An index forced into [0, size): how gather treats out-of-range indices."""
 
     index: "Index"
     size: int
 
 
-@_hash_once
-@dataclass(frozen=True)
-class FromValue:
+@dataclass(frozen=True, eq=False)
+class FromValue(_Node):
     """A data-dependent index: the integer value of a scalar expression (gather's indices)."""
 
     value: "Expr"
@@ -83,9 +118,8 @@ class FromValue:
 IndexAtom = Union[Dim, Div, Mod, Clamp, FromValue]
 
 
-@_hash_once
-@dataclass(frozen=True)
-class Index:
+@dataclass(frozen=True, eq=False)
+class Index(_Node):
     """An affine combination `sum(coeff * atom) + const` of index atoms."""
 
     terms: tuple[tuple[IndexAtom, int], ...] = ()
@@ -169,9 +203,8 @@ def mod(index: Index, divisor: int, extents: tuple[int, ...]) -> Index:
 # --- scalar expressions ---------------------------------------------------------------------
 
 
-@_hash_once
-@dataclass(frozen=True)
-class Load:
+@dataclass(frozen=True, eq=False)
+class Load(_Node):
     """Element `index` of input buffer `input`; where `mask` fails, the value `other` instead.
 
     `mask` lists (index, lo, hi) bounds that must all hold (pad, concatenate); backends must not
@@ -185,15 +218,14 @@ class Load:
     other: Any = 0
 
 
-@dataclass(frozen=True)
-class Const:
+@dataclass(frozen=True, eq=False)
+class Const(_Node):
     value: Any
     dtype: DType
 
 
-@_hash_once
-@dataclass(frozen=True)
-class Op:
+@dataclass(frozen=True, eq=False)
+class Op(_Node):
     """An elementwise IR primitive applied to scalar expressions."""
 
     primitive: str
@@ -202,24 +234,24 @@ class Op:
     params: tuple[tuple[str, Any], ...] = ()
 
 
-@dataclass(frozen=True)
-class IndexValue:
+@dataclass(frozen=True, eq=False)
+class IndexValue(_Node):
     """An index expression used as a value (iota)."""
 
     index: Index
     dtype: DType
 
 
-@dataclass(frozen=True)
-class InBounds:
+@dataclass(frozen=True, eq=False)
+class InBounds(_Node):
     """True where every (index, lo, hi) bound holds: selects between pad/concatenate pieces."""
 
     mask: tuple[tuple[Index, int, int], ...]
     dtype: DType
 
 
-@dataclass(frozen=True)
-class RowValue:
+@dataclass(frozen=True, eq=False)
+class RowValue(_Node):
     """The result of reduction `k` for the current row."""
 
     k: int
