@@ -580,13 +580,15 @@ class _Fuser:
             return None, gone
         passed = [(src, dst, vid) for src, dst in ((gk, gg), (gg, gk)) for vid in self._passed(src, dst)]
         defined = ChainMap(gk.defined, gg.defined)
-        outputs = {vid: var for g in (gk, gg) for vid, var in g.outputs.items()
-                   if vid in self.external or self.readers(var, (keep, gone))}
+        # Only what one writes for the other may stop being an output.
+        dropped = {vid for _, _, vid in passed
+                   if vid not in self.external and not self.readers(self.vars[vid], (keep, gone))}
         try:
-            if len(outputs) < len(gk.outputs) + len(gg.outputs):
+            if dropped:
                 members = [self.eqns[j] for j in sorted(gk.members | gg.members)]
+                outputs = [v for g in (gk, gg) for v in g.outputs.values() if v.id not in dropped]
                 walk = SiteWalk(gk.domain, defined)
-                walk.visit(root_reads(gk.domain, members, list(outputs.values()), defined))
+                walk.visit(root_reads(gk.domain, members, outputs, defined))
             else:
                 walk = SiteWalk(gk.domain, defined, gk.walk)
                 requests = [(self.vars[vid], index, mask) for _, dst, vid in passed for index, mask in dst.walk.reads[vid]]
@@ -597,11 +599,10 @@ class _Fuser:
         except FusionRefused as why:
             self.refuse(gg.last, gk, str(why))
             return None, gone
-        self._absorb(gk, gg, walk, outputs, [vid for _, _, vid in passed])
+        self._absorb(gk, gg, walk, dropped, [vid for _, _, vid in passed])
         return keep, gone
 
-    def _absorb(self, keep: _Group, gone: _Group, walk: SiteWalk, outputs: Mapping[int, Var],
-                passed: list[int]) -> None:
+    def _absorb(self, keep: _Group, gone: _Group, walk: SiteWalk, dropped: set[int], passed: list[int]) -> None:
         keep.order = min((keep.first, keep.order), (gone.first, gone.order))[1]
         for i in gone.members:
             keep.add(i, self.eqns[i])
@@ -610,7 +611,9 @@ class _Fuser:
             gids.add(keep.gid)
         for vid in gone.outputs:
             self.home[vid] = keep.gid
-        keep.outputs = dict(outputs)
+        keep.outputs.update(gone.outputs)
+        for vid in dropped:
+            del keep.outputs[vid]
         if walk.base is not None:
             keep.walk.absorb(walk)
         else:

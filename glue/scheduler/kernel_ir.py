@@ -18,7 +18,8 @@ for the scheduler and for both backends.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any, Iterable, Iterator, Union
+from operator import attrgetter
+from typing import Any, Callable, Iterable, Iterator, Union
 
 from glue.ir import TensorType
 from glue.ir.dtypes import DType
@@ -44,14 +45,17 @@ class _Node:
         return type(self), _values(self)
 
 
-_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+_GETTERS: dict[type, Callable[[_Node], tuple]] = {}
 
 
 def _values(node: _Node) -> tuple:
-    names = _FIELD_NAMES.get(type(node))
-    if names is None:
-        names = _FIELD_NAMES[type(node)] = tuple(f.name for f in fields(node))
-    return tuple(getattr(node, n) for n in names)
+    """The node's fields, in order."""
+    get = _GETTERS.get(type(node))
+    if get is None:
+        names = [f.name for f in fields(node)]
+        get = _GETTERS[type(node)] = attrgetter(*names) if len(names) > 1 else \
+            (lambda n, name=names[0]: (getattr(n, name),))
+    return get(node)
 
 
 def _same(a: object, b: object) -> bool:
@@ -127,7 +131,10 @@ class Index(_Node):
 
     @staticmethod
     def dim(k: int) -> "Index":
-        return Index(((Dim(k), 1),))
+        found = _DIM_INDICES.get(k)
+        if found is None:
+            found = _DIM_INDICES[k] = Index(((Dim(k), 1),))
+        return found
 
     @staticmethod
     def of(atom: IndexAtom) -> "Index":
@@ -149,6 +156,10 @@ class Index(_Node):
     @property
     def is_const(self) -> bool:
         return not self.terms
+
+
+# Index.dim(k) is made everywhere; one object per k makes comparing indices mostly identity checks.
+_DIM_INDICES: dict[int, Index] = {}
 
 
 def index_bounds(index: Index, extents: tuple[int, ...]) -> tuple[float, float]:
