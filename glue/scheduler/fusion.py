@@ -46,6 +46,13 @@ LAUNCH_BYTES = 64 * 1024
 RECOMPUTE_BYTES_PER_ELEMENT = 0.125
 # How many equations back the estimate of what a recomputed value reads looks.
 SOURCE_DEPTH = 16
+# The most values a kernel computes per point, counted once for every pass over a row that
+# computes them (a row kernel with chained reductions recomputes its element values in each
+# pass). Past this a kernel costs more to compile than fusing saves at run time: LLVM's
+# optimisation time grows with the square of a loop body (a 2,500-operation body takes 3 s,
+# 5,000 take 11 s), while splitting a long chain every few hundred operations adds only a
+# write and a read per element to hundreds of operations on it.
+MAX_KERNEL_SIZE = 256
 
 
 def _never_copied(name: str) -> bool:
@@ -179,6 +186,12 @@ class _Dag:
         del self.rank[gone]
 
 
+def _kernel_size(sites: int, levels: int) -> int:
+    """What a kernel costs to compile: the values it computes per point (`sites` of its walk),
+    once per pass over a row (one more than its chained reductions, `levels`)."""
+    return sites * (levels + 1)
+
+
 class _Group:
     """A kernel being formed: its equations and the summary fusion decides by."""
 
@@ -194,6 +207,10 @@ class _Group:
         self.fold = eqn if primitive(eqn.primitive).fold else None
         self.folds = int(self.fold is not None)
         self.feeds_dot: set[int] = set()  # members whose values flow into the contraction
+        # member -> how many reductions its value passes through, itself included, on the way to
+        # the kernel's outputs; the most of them is the number of chained row reductions
+        self.folds_above: dict[int, int] = {eqn_index: self.folds}
+        self.levels = self.folds
         self.outputs: dict[int, Var] = {}  # values written for other kernels or the caller
         self.domain: Domain | None = None
         self.walk: SiteWalk | None = None
@@ -226,6 +243,8 @@ class _Trial:
     walk: SiteWalk
     extends: bool  # walk extends the group's walk (else it replaces it)
     output: bool  # the joining value becomes an output of the group
+    folds_above: int  # of the joining equation (see `_Group.folds_above`)
+    size: int  # of the group with it (see `_Group.size`)
 
 
 class _Fuser:
@@ -360,11 +379,14 @@ class _Fuser:
         outputs = list(group.outputs.values()) + ([var] if output else [])
         domain = kernel_domain(dot, scatter, fold, [v.type.shape for v in outputs])
         defined = ChainMap({var.id: eqn}, group.defined) if joining else group.defined
+        above = group.folds_above.get(i, int(bool(primitive(eqn.primitive).fold)) + max(
+            (group.folds_above[c] for c in self.consumers.get(var.id, ()) if c in group.members), default=0))
+        levels = max(group.levels, above)
         if domain != group.domain:
             members = [self.eqns[j] for j in sorted(group.members | {i})]
             walk = SiteWalk(domain, defined)
             walk.visit(root_reads(domain, members, outputs, defined))
-            return _Trial(domain, walk, False, output)
+            return _Trial(domain, walk, False, output, above, _kernel_size(len(walk.sites), levels))
         walk = SiteWalk(domain, defined, group.walk)
         requests = []
         if joining:
@@ -383,7 +405,8 @@ class _Fuser:
         if group.scatter is not None and joining:
             check_scatter_target(group.scatter, defined)
         walk.visit(requests)
-        return _Trial(domain, walk, True, output)
+        return _Trial(domain, walk, True, output, above,
+                      _kernel_size(len(group.walk.sites) + len(walk.sites), levels))
 
     def _take(self, i: int, group: _Group, trial: _Trial) -> None:
         eqn = self.eqns[i]
@@ -393,6 +416,8 @@ class _Fuser:
                 group.feeds_dot.add(i)
             group.add(i, eqn)
             self.groups_of.setdefault(i, set()).add(group.gid)
+            group.folds_above[i] = trial.folds_above
+            group.levels = max(group.levels, trial.folds_above)
         if trial.output:
             group.outputs[var.id] = var
         group.domain = trial.domain
@@ -416,6 +441,8 @@ class _Fuser:
             trial = self._trial(i, group, as_home)
         except FusionRefused as why:
             return self.refuse(i, group, str(why))
+        if trial.size > MAX_KERNEL_SIZE:
+            return self.refuse(i, group, self._too_large(trial.size))
         score, why = self._join_score(i, group, as_home, consumers)
         if score <= 0:
             return self.refuse(i, group, f"not profitable: {why}")
@@ -423,6 +450,11 @@ class _Fuser:
         if as_home:
             self.home[eqn.outvars[0].id] = gid
         return True
+
+    @staticmethod
+    def _too_large(size: int) -> str:
+        return (f"not profitable: the kernel would compute {size} values per point (counting each pass "
+                f"over a row), past {MAX_KERNEL_SIZE} it compiles slower than fusing saves")
 
     def _join_score(self, i: int, group: _Group, as_home: bool, consumers: int) -> tuple[float, str]:
         """Bytes saved by equation i joining `group`, and what they are made of."""
@@ -599,11 +631,35 @@ class _Fuser:
         except FusionRefused as why:
             self.refuse(gg.last, gk, str(why))
             return None, gone
+        above = self._folds_above(passed[0][0], passed[0][1]) if passed else {}
+        levels = max([gk.levels, gg.levels] + list(above.values()))
+        sites = len(walk.sites) + (len(gk.walk.sites) if walk.base is not None else 0)
+        if _kernel_size(sites, levels) > MAX_KERNEL_SIZE:
+            self.refuse(gg.last, gk, self._too_large(_kernel_size(sites, levels)))
+            return None, gone
         self._absorb(gk, gg, walk, dropped, [vid for _, _, vid in passed])
+        gk.folds_above.update(above)
+        gk.levels = levels
         return keep, gone
+
+    def _folds_above(self, src: _Group, dst: _Group) -> dict[int, int]:
+        """`_Group.folds_above` of src's members once src and dst (which reads src's outputs)
+        are one kernel."""
+        above: dict[int, int] = {}
+        for m in sorted(src.members, reverse=True):  # consumers before producers
+            best = 0
+            for v in self.eqns[m].outvars:
+                for c in self.consumers.get(v.id, ()):
+                    if c in above:
+                        best = max(best, above[c])
+                    elif c in dst.members:
+                        best = max(best, dst.folds_above[c])
+            above[m] = int(bool(primitive(self.eqns[m].primitive).fold)) + best
+        return above
 
     def _absorb(self, keep: _Group, gone: _Group, walk: SiteWalk, dropped: set[int], passed: list[int]) -> None:
         keep.order = min((keep.first, keep.order), (gone.first, gone.order))[1]
+        keep.folds_above.update(gone.folds_above)
         for i in gone.members:
             keep.add(i, self.eqns[i])
             gids = self.groups_of[i]

@@ -12,14 +12,15 @@ expressions to output buffers. Loads read input buffers through index maps: affi
 expressions over the domain dims (broadcast = dim absent, transposes, slices, reshapes that
 split or merge dims), plus floor-div/mod where a reshape does not line up, clamps and
 data-dependent indices (gather). Backends choose how to map the domain onto loops, threads
-and blocks; the scheduler never decides that. `children`, `subexpressions` and `loads_under` walk expressions,
-for the scheduler and for both backends.
+and blocks; the scheduler never decides that. `children`, `subexpressions`, `loads_under` and
+`postorder` walk expressions, for the scheduler and for both backends, all with explicit stacks:
+a long program makes deep expressions, and nothing that walks them may recurse on their depth.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 from operator import attrgetter
-from typing import Any, Callable, Iterable, Iterator, Union
+from typing import Any, Callable, Container, Iterable, Iterator, Sequence, Union
 
 from glue.ir import TensorType
 from glue.ir.dtypes import DType
@@ -389,3 +390,43 @@ def subexpressions(exprs: Iterable[Expr], found: set[Expr] | None = None) -> Ite
 def loads_under(exprs: Iterable[Expr], found: set[Expr] | None = None) -> list[Load]:
     """The loads `exprs` read, skipping (and adding to `found`) expressions already visited."""
     return [e for e in subexpressions(exprs, found) if isinstance(e, Load)]
+
+
+def index_values(indices: Iterable[Index]) -> list[Expr]:
+    """The data-dependent values `indices` read, left to right (the order their text and their
+    code name them in)."""
+    found: list[Expr] = []
+    stack: list[Any] = list(indices)[::-1]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, Index):
+            stack.extend(atom for atom, _ in reversed(item.terms))
+        elif isinstance(item, FromValue):
+            found.append(item.value)
+        elif isinstance(item, (Div, Mod, Clamp)):
+            stack.append(item.index)
+    return found
+
+
+def operands(e: Expr) -> list[Expr]:
+    """What `e` is computed from, in the order a recursive evaluator reaches them: an op's
+    arguments, or the values a load, bound or iota index reads."""
+    return list(e.args) if isinstance(e, Op) else index_values(indices_of(e))
+
+
+def postorder(root: Any, needs: Callable[[Any], Sequence[Any]], done: Container[Any]) -> Iterator[Any]:
+    """The nodes below `root` (itself last) that are not in `done`, each after what it `needs`,
+    in the order a recursive walk would finish them, but with an explicit stack. The caller puts
+    each node it is given into `done` before asking for the next."""
+    if root in done:
+        return
+    stack = [(root, False)]
+    while stack:
+        node, expanded = stack.pop()
+        if node in done:
+            continue
+        if expanded:
+            yield node
+            continue
+        stack.append((node, True))
+        stack.extend((n, False) for n in reversed(needs(node)) if n not in done)
