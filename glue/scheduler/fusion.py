@@ -428,10 +428,9 @@ class _Fuser:
         group.walk.defined = group.defined
         group.walk.reads.pop(var.id, None)
 
-    def try_join(self, i: int, gid: int, as_home: bool, consumers: int = 1) -> bool:
+    def try_join(self, i: int, gid: int, as_home: bool) -> bool:
         """Equation i joins group `gid`: as the home of its value (which the group then writes
-        for other kernels where they need it), or as a recomputed copy for this group alone
-        (`consumers` groups need the value)."""
+        for other kernels where they need it), or as a recomputed copy for this group alone."""
         group = self.groups[gid]
         eqn = self.eqns[i]
         reason = self._refusal(i, group)
@@ -443,7 +442,7 @@ class _Fuser:
             return self.refuse(i, group, str(why))
         if trial.size > MAX_KERNEL_SIZE:
             return self.refuse(i, group, self._too_large(trial.size))
-        score, why = self._join_score(i, group, as_home, consumers)
+        score, why = self._join_score(i, group, as_home)
         if score <= 0:
             return self.refuse(i, group, f"not profitable: {why}")
         self._take(i, group, trial)
@@ -456,7 +455,7 @@ class _Fuser:
         return (f"not profitable: the kernel would compute {size} values per point (counting each pass "
                 f"over a row), past {MAX_KERNEL_SIZE} it compiles slower than fusing saves")
 
-    def _join_score(self, i: int, group: _Group, as_home: bool, consumers: int) -> tuple[float, str]:
+    def _join_score(self, i: int, group: _Group, as_home: bool) -> tuple[float, str]:
         """Bytes saved by equation i joining `group`, and what they are made of."""
         eqn = self.eqns[i]
         var = eqn.outvars[0]
@@ -469,12 +468,12 @@ class _Fuser:
             written = 0 if self.needed(var, group.gid) else size
             saved = LAUNCH_BYTES + written + read_back + operands - new
             return saved, f"saves {saved} bytes"
-        # Against reading the value from memory: that read, and a share of its write (saved
-        # when every consumer recomputes it), for the operands read here and the extra work.
+        # Against reading the value from memory: that read, and the write it needs (the other
+        # consumers are asked the same), for the operands read here and the work done again.
         work = var.type.size * RECOMPUTE_BYTES_PER_ELEMENT
-        saved = read_back + size / (consumers - 1)
+        saved = read_back + size
         return saved - new - work, (f"recomputing {eqn.primitive} of {var.type} here reads {new} bytes of "
-                                    f"operands and costs {work:g} bytes of work to save {saved:g} bytes")
+                                    f"operands and costs {work:g} bytes of work to save {saved} bytes")
 
     # --- the walk from the outputs back ---------------------------------------------------------
     def place(self, i: int) -> None:
@@ -492,7 +491,7 @@ class _Fuser:
             return
         readers = set(users)
         if users and not _never_copied(eqn.primitive):
-            readers -= {gid for gid in users if self.try_join(i, gid, as_home=False, consumers=len(users))}
+            readers -= {gid for gid in users if self.try_join(i, gid, as_home=False)}
             if not readers and var.id not in self.external:
                 return
         if users and self.join_one_as_home(i, users, readers):
