@@ -395,6 +395,8 @@ class _Fuser:
             elif primitive(eqn.primitive).fold:
                 requests.append(reduction_read(domain, eqn))
             requests.extend((var, index, mask) for index, mask in group.walk.reads.get(var.id, ()))
+        if group.scatter is not None and joining:
+            check_scatter_target(group.scatter, defined)  # a scatter's store comes first
         if output:
             if eqn.primitive == "scatter_add":
                 check_scatter_target(eqn, defined)
@@ -402,8 +404,6 @@ class _Fuser:
                 requests.extend([picked, updates])
             else:
                 requests.append((var, placement(domain, var)[1], ()))
-        if group.scatter is not None and joining:
-            check_scatter_target(group.scatter, defined)
         walk.visit(requests)
         return _Trial(domain, walk, True, output, above,
                       _kernel_size(len(group.walk.sites) + len(walk.sites), levels))
@@ -610,23 +610,11 @@ class _Fuser:
             self.refuse(gg.last, gk, "one of the two kernels reads the other through a third")
             return None, gone
         passed = [(src, dst, vid) for src, dst in ((gk, gg), (gg, gk)) for vid in self._passed(src, dst)]
-        defined = ChainMap(gk.defined, gg.defined)
         # Only what one writes for the other may stop being an output.
         dropped = {vid for _, _, vid in passed
                    if vid not in self.external and not self.readers(self.vars[vid], (keep, gone))}
         try:
-            if dropped:
-                members = [self.eqns[j] for j in sorted(gk.members | gg.members)]
-                outputs = [v for g in (gk, gg) for v in g.outputs.values() if v.id not in dropped]
-                walk = SiteWalk(gk.domain, defined)
-                walk.visit(root_reads(gk.domain, members, outputs, defined))
-            else:
-                walk = SiteWalk(gk.domain, defined, gk.walk)
-                requests = [(self.vars[vid], index, mask) for _, dst, vid in passed for index, mask in dst.walk.reads[vid]]
-                walk.sites |= gg.walk.sites
-                walk.visit(requests)
-                for vid, places in gg.walk.reads.items():
-                    walk.reads.setdefault(vid, set()).update(places)
+            walk = self._merge_walk(gk, gg, passed, dropped)
         except FusionRefused as why:
             self.refuse(gg.last, gk, str(why))
             return None, gone
@@ -640,6 +628,25 @@ class _Fuser:
         gk.folds_above.update(above)
         gk.levels = levels
         return keep, gone
+
+    def _merge_walk(self, gk: _Group, gg: _Group, passed: list[tuple[_Group, _Group, int]],
+                    dropped: set[int]) -> SiteWalk:
+        """What groups gk and gg compute as one kernel (no longer writing `dropped`, which the
+        one reads from the other); FusionRefused if they cannot. The values `passed` from one
+        to the other are computed where the reader reads them."""
+        defined = ChainMap(gk.defined, gg.defined)
+        if dropped:  # fewer stores: walk the merged kernel afresh
+            members = [self.eqns[j] for j in sorted(gk.members | gg.members)]
+            outputs = [v for g in (gk, gg) for v in g.outputs.values() if v.id not in dropped]
+            walk = SiteWalk(gk.domain, defined)
+            walk.visit(root_reads(gk.domain, members, outputs, defined))
+            return walk
+        walk = SiteWalk(gk.domain, defined, gk.walk)
+        walk.sites |= gg.walk.sites
+        walk.visit([(self.vars[vid], index, mask) for _, dst, vid in passed for index, mask in dst.walk.reads[vid]])
+        for vid, places in gg.walk.reads.items():
+            walk.reads.setdefault(vid, set()).update(places)
+        return walk
 
     def _folds_above(self, src: _Group, dst: _Group) -> dict[int, int]:
         """`_Group.folds_above` of src's members once src and dst (which reads src's outputs)

@@ -39,6 +39,12 @@ class _Node:
         return self._hash
 
     def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if type(other) is not type(self) or self._hash != other._hash:
+            return False
+        if type(self) in _LEAVES:  # nothing below: compare the fields themselves
+            return _values(self) == _values(other)
         return _same(self, other)
 
     def __reduce__(self):
@@ -271,6 +277,8 @@ class RowValue(_Node):
 
 
 Expr = Union[Load, Const, Op, IndexValue, InBounds, RowValue]
+
+_LEAVES = frozenset({Dim, Const, RowValue})  # nodes whose fields hold no other nodes
 
 
 # --- kernels --------------------------------------------------------------------------------

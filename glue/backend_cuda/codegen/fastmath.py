@@ -200,6 +200,10 @@ class GpuEmitter(ExprEmitter):
     analysis: Analysis | None = None
     packs_bf16: bool = False
 
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._cases: dict[Expr, str] = {}
+
     def rounded(self, x: ir.Value, dtype: DType) -> ir.Value:
         """A float32 rounded to `dtype`, held as float32: for bfloat16, in two instructions
         where the target has the conversion, rather than the seven of the integer form."""
@@ -227,7 +231,7 @@ class GpuEmitter(ExprEmitter):
         if isinstance(key, tuple):
             e, kind = key
             return [_loose_key(a) for a in e.args] if kind == "loose" else [e]
-        case = self._case(key)
+        case = self._cases[key] = self._case(key)
         if case == "loose":
             return [(key, "loose")]
         if case in ("narrow", "fast"):
@@ -242,7 +246,7 @@ class GpuEmitter(ExprEmitter):
         if isinstance(key, tuple):
             e, kind = key
             return self._emit_loose(e) if kind == "loose" else self._emit_reciprocal(e)
-        case = self._case(key)
+        case = self._cases.pop(key)  # chosen when its needs were listed
         if case == "loose":
             return self.rounded(self.loose(key), key.dtype)
         if case == "narrow":
