@@ -18,8 +18,8 @@ Equations are visited from the outputs back. Each producer joins the kernel of i
 when they all sit in one kernel; a cheap producer needed by several kernels is recomputed in
 each of them where that pays; otherwise it is computed in one consumer kernel that writes it
 for the others, or gets a kernel of its own. A producer only ever joins the kernel of *all* its
-consumers or is written for them, so the kernels stay acyclic (a `_Dag` keeps their dependency
-order and checks the cases that could close a cycle). Then kernels over the same domain that
+consumers or is written for them, so the kernels stay acyclic (a `KernelDag` keeps their
+dependency order and checks the cases that could close a cycle). Then kernels over the same domain that
 read a common input or one another's output merge, best score first. Every refusal is recorded
 with its reason, for the "fusion" stage. Equations with several results, and opaque primitives,
 are kernels of their own.
@@ -29,10 +29,11 @@ from __future__ import annotations
 import heapq
 from collections import ChainMap
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping
+from typing import Iterable
 
 from glue.ir import Eqn, Graph, Var, primitive
 from glue.ir.printer import format_param, graph_var_names
+from glue.scheduler.dag import KernelDag
 from glue.scheduler.kernel_ir import Kernel
 from glue.scheduler.lowering import (Domain, FusionRefused, SiteWalk, check_contents, check_scatter_target,
                                      contraction_reads, kernel_domain, lower_group, placement, reduction_read,
@@ -110,82 +111,6 @@ class Fusion:
         return "\n".join(lines)
 
 
-class _Dag:
-    """The kernels' dependency graph while fusion changes it, with a topological order kept up
-    to date (Pearce and Kelly's dynamic topological sort): `rank` grows along every edge, so a
-    search for a path between two kernels only visits the kernels ranked between them."""
-
-    def __init__(self) -> None:
-        self.succ: dict[int, dict[int, int]] = {}  # kernel -> consumer -> values passed
-        self.pred: dict[int, dict[int, int]] = {}
-        self.rank: dict[int, int] = {}
-        self._lowest = 0
-
-    def add_node(self, n: int) -> None:
-        """A kernel ranked before every other (fusion creates producers after their consumers)."""
-        self._lowest -= 1
-        self.rank[n], self.succ[n], self.pred[n] = self._lowest, {}, {}
-
-    def _search(self, starts: Iterable[int], edges: dict[int, dict[int, int]], inside) -> set[int]:
-        """The kernels reachable from `starts` along `edges` through kernels `inside` accepts."""
-        found, stack = set(), [s for s in starts if inside(s)]
-        found.update(stack)
-        while stack:
-            for n in edges[stack.pop()]:
-                if n not in found and inside(n):
-                    found.add(n)
-                    stack.append(n)
-        return found
-
-    def reaches(self, sources: Iterable[int], target: int) -> bool:
-        """Whether a kernel of `sources` reaches `target`."""
-        limit = self.rank[target]
-        below = self._search(sources, self.succ, lambda n: self.rank[n] < limit)
-        return any(target in self.succ[n] for n in below)
-
-    def add_edge(self, u: int, v: int) -> None:
-        """u -> v, which must not close a cycle (see `reaches`)."""
-        if self.rank[v] < self.rank[u]:
-            lo, hi = self.rank[v], self.rank[u]
-            later = self._search([v], self.succ, lambda n: self.rank[n] < hi)
-            earlier = self._search([u], self.pred, lambda n: self.rank[n] > lo)
-            self._reorder(sorted(earlier, key=self.rank.get), [], sorted(later, key=self.rank.get))
-        self.succ[u][v] = self.succ[u].get(v, 0) + 1
-        self.pred[v][u] = self.pred[v].get(u, 0) + 1
-
-    def _reorder(self, first: list[int], middle: list[int], last: list[int], spare: Iterable[int] = ()) -> None:
-        """Give `first`, then `middle`, then `last` the ranks they (and `spare`) held, in order."""
-        pool = sorted([self.rank[n] for n in first + middle + last] + list(spare))
-        for n, r in zip(first + middle, pool):
-            self.rank[n] = r
-        for n, r in zip(last, pool[len(pool) - len(last):]):
-            self.rank[n] = r
-
-    def path_between(self, a: int, b: int) -> bool:
-        """Whether one of a, b reaches the other through a third kernel."""
-        lo, hi = sorted((a, b), key=self.rank.get)
-        limit = self.rank[hi]
-        between = self._search((n for n in self.succ[lo] if n != hi), self.succ,
-                               lambda n: self.rank[n] < limit)
-        return any(hi in self.succ[n] for n in between)
-
-    def merge(self, keep: int, gone: int) -> None:
-        """Make `gone` part of `keep` (no path between them through a third kernel)."""
-        lo, hi = sorted((keep, gone), key=self.rank.get)
-        low, high = self.rank[lo], self.rank[hi]
-        later = self._search((n for n in self.succ[lo] if n != hi), self.succ, lambda n: self.rank[n] < high)
-        earlier = self._search((n for n in self.pred[hi] if n != lo), self.pred, lambda n: self.rank[n] > low)
-        spare = [self.rank[n] for n in (lo, hi) if n != keep]
-        self._reorder(sorted(earlier, key=self.rank.get), [keep], sorted(later, key=self.rank.get), spare)
-        for edges, back in ((self.succ, self.pred), (self.pred, self.succ)):
-            for n, count in edges.pop(gone).items():
-                del back[n][gone]
-                if n != keep:
-                    edges[keep][n] = edges[keep].get(n, 0) + count
-                    back[n][keep] = back[n].get(keep, 0) + count
-        del self.rank[gone]
-
-
 def _kernel_size(sites: int, levels: int) -> int:
     """What a kernel costs to compile: the values it computes per point (`sites` of its walk),
     once per pass over a row (one more than its chained reductions, `levels`)."""
@@ -244,7 +169,7 @@ class _Trial:
     extends: bool  # walk extends the group's walk (else it replaces it)
     output: bool  # the joining value becomes an output of the group
     folds_above: int  # of the joining equation (see `_Group.folds_above`)
-    size: int  # of the group with it (see `_Group.size`)
+    size: int  # of the group with it (see `_kernel_size`)
 
 
 class _Fuser:
@@ -265,7 +190,7 @@ class _Fuser:
         self.groups: dict[int, _Group] = {}
         self.groups_of: dict[int, set[int]] = {}  # eqn -> groups computing it
         self.home: dict[int, int] = {}  # var id -> group that writes it to memory
-        self.dag = _Dag()
+        self.dag = KernelDag()
         self.refusals: list[Refusal] = []
 
     # --- what kernels read and write ------------------------------------------------------------
@@ -503,13 +428,17 @@ class _Fuser:
 
         That kernel must not itself depend on a kernel that reads the value (a cycle). Kernels
         without reductions are tried first: there the value can still reach its own producer's
-        kernel as an epilogue (a reduction kernel cannot take in a contraction)."""
-        def order(g: int) -> tuple[bool, int]:
-            return self.groups[g].folds > 0, self.groups[g].first
+        kernel as an epilogue (a reduction kernel cannot take in a contraction); then those
+        with the best score, then the earliest."""
+        def order(g: int) -> tuple[bool, float, int]:
+            group = self.groups[g]
+            score = 0 if group.own else self._join_score(i, group, as_home=True)[0]
+            return group.folds > 0, -score, group.first
 
         for gid in sorted(users, key=order):
             others = readers - {gid}
             if others and self.dag.reaches(others, gid):
+                self.refuse(i, self.groups[gid], "that kernel depends on a kernel that reads this value")
                 continue
             if self.try_join(i, gid, as_home=True):
                 for r in sorted(others):
@@ -645,7 +574,7 @@ class _Fuser:
         walk.sites |= gg.walk.sites
         walk.visit([(self.vars[vid], index, mask) for _, dst, vid in passed for index, mask in dst.walk.reads[vid]])
         for vid, places in gg.walk.reads.items():
-            walk.reads.setdefault(vid, set()).update(places)
+            walk.reads.setdefault(vid, {}).update(places)
         return walk
 
     def _folds_above(self, src: _Group, dst: _Group) -> dict[int, int]:
@@ -702,29 +631,14 @@ class _Fuser:
                 if self.home.get(v.id) == gid and self.needed(v, gid)]
 
     def finish(self) -> Fusion:
-        order = self._topological()
+        # Of the kernels ready to run, the one with the earliest first equation: that keeps the
+        # kernel order close to the program's.
+        order = self.dag.order(lambda g: (self.groups[g].first, self.groups[g].order))
         groups = [sorted(self.groups[g].members) for g in order]
         outputs = [self.outputs(g) for g in order]
         kernels = [lower_group([self.eqns[i] for i in eqns], outs, str(k))
                    for k, (eqns, outs) in enumerate(zip(groups, outputs))]
         return Fusion(self.graph, groups, outputs, kernels, self.refusals)
-
-    def _topological(self) -> list[int]:
-        """Kernels in an order where each runs after the kernels whose outputs it reads: of the
-        kernels ready, the one with the earliest first equation, which keeps the kernel order
-        close to the program's."""
-        waiting = {g: len(self.dag.pred[g]) for g in self.groups}
-        ready = [(self.groups[g].first, self.groups[g].order, g) for g, n in waiting.items() if n == 0]
-        heapq.heapify(ready)
-        order = []
-        while ready:
-            _, _, g = heapq.heappop(ready)
-            order.append(g)
-            for s in self.dag.succ[g]:
-                waiting[s] -= 1
-                if waiting[s] == 0:
-                    heapq.heappush(ready, (self.groups[s].first, self.groups[s].order, s))
-        return order
 
 
 def fuse(graph: Graph) -> Fusion:

@@ -442,7 +442,9 @@ class SiteWalk:
         self.defined = defined
         self.base = base
         self.sites: set[Key] = set()
-        self.reads: dict[int, set[Place]] = {}
+        # value id -> places, in the order they are found (a dict as an ordered set, so that
+        # what follows them, refusals included, comes out the same on every run)
+        self.reads: dict[int, dict[Place, None]] = {}
 
     def visited(self, key: Key) -> bool:
         return key in self.sites or (self.base is not None and self.base.visited(key))
@@ -458,7 +460,7 @@ class SiteWalk:
             key = key_of(atom, index, mask)
             eqn = self.defined.get(atom.id)
             if eqn is None:
-                self.reads.setdefault(atom.id, set()).add(key[1:])
+                self.reads.setdefault(atom.id, {})[key[1:]] = None
                 continue
             if self.visited(key):
                 continue
@@ -469,7 +471,7 @@ class SiteWalk:
         """Take in what `other` (a walk extending this one) found."""
         self.sites |= other.sites
         for vid, places in other.reads.items():
-            self.reads.setdefault(vid, set()).update(places)
+            self.reads.setdefault(vid, {}).update(places)
 
 
 class Lowerer:
