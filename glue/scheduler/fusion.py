@@ -228,10 +228,10 @@ class _Fuser:
             stack.extend(a for a in self.eqns[i].inputs if isinstance(a, Var))
         return found
 
-    def _operand_bytes(self, eqn: Eqn, group: _Group) -> tuple[int, int]:
-        """Bytes a kernel reads to compute `eqn`, and those of them `group` does not read yet."""
+    def _new_bytes(self, values: Iterable[int], group: _Group) -> tuple[int, int]:
+        """Bytes of `values`, and of those `group` neither reads nor computes yet."""
         total = new = 0
-        for vid in self.sources(eqn):
+        for vid in values:
             total += self.nbytes(vid)
             if vid not in group.walk.reads and vid not in group.defined:
                 new += self.nbytes(vid)
@@ -385,16 +385,18 @@ class _Fuser:
         eqn = self.eqns[i]
         var = eqn.outvars[0]
         size = var.type.nbytes
-        operands, new = self._operand_bytes(eqn, group)
         read_back = size if var.id in group.walk.reads else 0
         if as_home:
             # Against a kernel of its own: one launch, the value's write unless it is still
-            # needed, its read back here, and the operands that kernel would read.
+            # needed, its read back here, and the operands both kernels would read.
+            operands, new = self._new_bytes({a.id for a in eqn.inputs if isinstance(a, Var)}, group)
             written = 0 if self.needed(var, group.gid) else size
             saved = LAUNCH_BYTES + written + read_back + operands - new
             return saved, f"saves {saved} bytes"
         # Against reading the value from memory: that read, and the write it needs (the other
-        # consumers are asked the same), for the operands read here and the work done again.
+        # consumers are asked the same), for what computing it here reads (the cheap work it is
+        # made from is recomputed here too) and the work done again.
+        _, new = self._new_bytes(self.sources(eqn), group)
         work = var.type.size * RECOMPUTE_BYTES_PER_ELEMENT
         saved = read_back + size
         return saved - new - work, (f"recomputing {eqn.primitive} of {var.type} here reads {new} bytes of "
@@ -542,16 +544,16 @@ class _Fuser:
         # Only what one writes for the other may stop being an output.
         dropped = {vid for _, _, vid in passed
                    if vid not in self.external and not self.readers(self.vars[vid], (keep, gone))}
+        above = self._folds_above(passed[0][0], passed[0][1]) if passed else {}
+        levels = max([gk.levels, gg.levels] + list(above.values()))
+        size = _kernel_size(len(gk.walk.sites) + len(gg.walk.sites), levels)
+        if size > MAX_KERNEL_SIZE:
+            self.refuse(gg.last, gk, self._too_large(size))
+            return None, gone
         try:
             walk = self._merge_walk(gk, gg, passed, dropped)
         except FusionRefused as why:
             self.refuse(gg.last, gk, str(why))
-            return None, gone
-        above = self._folds_above(passed[0][0], passed[0][1]) if passed else {}
-        levels = max([gk.levels, gg.levels] + list(above.values()))
-        sites = len(walk.sites) + (len(gk.walk.sites) if walk.base is not None else 0)
-        if _kernel_size(sites, levels) > MAX_KERNEL_SIZE:
-            self.refuse(gg.last, gk, self._too_large(_kernel_size(sites, levels)))
             return None, gone
         self._absorb(gk, gg, walk, dropped, [vid for _, _, vid in passed])
         gk.folds_above.update(above)

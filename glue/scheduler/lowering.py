@@ -163,9 +163,11 @@ def index_depth(index: Index) -> int:
     return depth
 
 
-def _check_depth(eqn: Eqn, reads: list[Read]) -> None:
-    for _, index, mask in reads:
-        for i in index + tuple(m for m, _, _ in mask):
+def _check_depth(eqn: Eqn, reads: list[Read], index: tuple[Index, ...], mask: Mask) -> None:
+    for _, at, under in reads:
+        if at is index and under is mask:
+            continue  # as deep as the place the value itself is needed at
+        for i in at + tuple(m for m, _, _ in under):
             if index_depth(i) > MAX_INDEX_DEPTH:
                 raise FusionRefused(f"the index {eqn.primitive} reads its operand at nests more than "
                                     f"{MAX_INDEX_DEPTH} levels deep")
@@ -348,7 +350,7 @@ def operand_reads(domain: Domain, eqn: Eqn, index: tuple[Index, ...], mask: Mask
     """The checked reads of `eqn`'s operands when its value is needed at `index`."""
     check_site(domain, eqn, index)
     reads = INDEX_RULES[eqn.primitive].reads(domain, eqn, index, mask)
-    _check_depth(eqn, reads)
+    _check_depth(eqn, reads, index, mask)
     return reads
 
 
