@@ -52,8 +52,9 @@ from glue.codegen.scope import Analysis, hoist
 from glue.codegen.types import F64, I1, I64, from_memory, memory_type, register_type, to_memory
 from glue.ir import dtypes as dt
 from glue.ir.core import strides
+from glue.scheduler.kernel_ir import (Const, Dim, Expr, FromValue, Index, Kernel, Load, Op, Store, children, postorder,
+                                      subexpressions)
 from glue.settings import config
-from glue.scheduler.kernel_ir import Const, Dim, Expr, FromValue, Index, Kernel, Load, Op, Store, children, subexpressions
 from glue.ir import primitive
 
 PTR = ir.PointerType()
@@ -254,18 +255,21 @@ class KernelBuilder(BufferAccess):
         quotient would still be finite."""
         memo: dict[Expr, Expr] = {}
 
-        def rewrite(e: Expr) -> Expr:
+        def rewritten(e: Expr) -> Expr:
             if not isinstance(e, Op):
                 return e
-            if e not in memo:
-                args = tuple(rewrite(a) for a in e.args)
-                out = e if args == e.args else replace(e, args=args)
-                if e.primitive == "div" and e.dtype.is_float and self.analysis.inside(args[0], dims) \
-                        and not self.analysis.inside(args[1], dims):
-                    wide = dt.float32 if e.dtype.bits == 16 else e.dtype
-                    inverse = Op("div", (Const(1.0, wide), _as(args[1], wide)), wide)
-                    out = _as(Op("mul", (_as(args[0], wide), inverse), wide), e.dtype)
-                memo[e] = out
+            args = tuple(memo[a] for a in e.args)
+            out = e if args == e.args else replace(e, args=args)
+            if e.primitive == "div" and e.dtype.is_float and self.analysis.inside(args[0], dims) \
+                    and not self.analysis.inside(args[1], dims):
+                wide = dt.float32 if e.dtype.bits == 16 else e.dtype
+                inverse = Op("div", (Const(1.0, wide), _as(args[1], wide)), wide)
+                out = _as(Op("mul", (_as(args[0], wide), inverse), wide), e.dtype)
+            return out
+
+        def rewrite(e: Expr) -> Expr:
+            for node in postorder(e, lambda n: n.args if isinstance(n, Op) else (), memo):
+                memo[node] = rewritten(node)
             return memo[e]
         k = self.kernel
         self.kernel = replace(k, reductions=tuple(replace(r, value=rewrite(r.value)) for r in k.reductions),

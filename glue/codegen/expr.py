@@ -21,7 +21,7 @@ from glue.ir import dtypes as dt
 from glue.ir.core import strides
 from glue.ir.dtypes import DType
 from glue.scheduler.kernel_ir import (Clamp, Const, Dim, Div, Expr, FromValue, InBounds, Index,
-                                      IndexValue, Load, Mod, Op, RowValue)
+                                      IndexValue, Load, Mod, Op, RowValue, postorder)
 
 LoadFn = Callable[[int, ir.Value, DType], ir.Value]  # (input slot, flat element offset) -> value
 
@@ -82,9 +82,27 @@ class ExprEmitter:
 
     # --- values ----------------------------------------------------------------------------
     def value(self, e: Expr) -> ir.Value:
-        if e not in self.memo:
-            self.memo[e] = _EMIT[type(e)](self, e)
-        return self.memo[e]
+        found = self.memo.get(e)
+        if found is None:
+            self.force(e)
+            found = self.memo[e]
+        return found
+
+    def force(self, key) -> None:
+        """Emit `key` (an expression, or a key a subclass emits apart) and everything it needs
+        first, in the order a recursive emitter would, but with an explicit stack: expressions
+        are as deep as the programs are long. A data-dependent index still emits its value when
+        its load reaches it, as nested as such indices are (which fusion bounds)."""
+        for node in postorder(key, self.needs, self.memo):
+            self.memo[node] = self.emit(node)
+
+    def needs(self, key) -> Sequence:
+        """What emitting `key` reads from the memo: an op's arguments."""
+        return key.args if isinstance(key, Op) else ()
+
+    def emit(self, key) -> ir.Value:
+        """The value of `key`, with what it `needs` emitted already."""
+        return _EMIT[type(key)](self, key)
 
     def _load(self, e: Load) -> ir.Value:
         offset = self.offset(e.index, self.input_shapes[e.input])

@@ -13,7 +13,7 @@ from typing import Iterable
 
 from glue.codegen.expr import ExprEmitter
 from glue.scheduler.kernel_ir import (Const, Dim, Expr, FromValue, Index, RowValue, children,
-                                      indices_of)
+                                      indices_of, postorder)
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,9 @@ class Analysis:
     def uses(self, e: Expr) -> Uses:
         found = self.memo.get(e)
         if found is None:
-            found = self.memo[e] = self._uses(e)
+            for node in postorder(e, children, self.memo):  # what `e` reads first, without recursion
+                self.memo[node] = self._uses(node)
+            found = self.memo[e]
         return found
 
     def _uses(self, e: Expr) -> Uses:

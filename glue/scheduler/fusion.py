@@ -1,20 +1,59 @@
 """Fusion: grouping a Graph's equations into kernels.
 
+Legality and profitability are decided apart, as Inductor's scheduler keeps "why not fuse"
+apart from its score:
+
+- Legality comes from each group's summary: its domain (kind, parallel and reduce extents,
+  element shape), its contraction, scatter and reductions, and a `SiteWalk`: which values it
+  computes at which indices and where it reads each value it takes from memory. Whether an
+  equation may join a group follows from the places the group reads the equation's value at,
+  pushed through the equation's index rule (the same `reads` half lowering builds expressions
+  with), so no attempt builds a kernel; `lower_group` runs once per final kernel.
+- Profitability is a score in bytes: the memory traffic a fusion saves (values no longer
+  written and read back, inputs read once instead of twice), plus `LAUNCH_BYTES` per launch it
+  saves, less what it adds (operands a recomputing kernel must read, the recomputation itself).
+  A candidate whose score is not positive is refused as "not profitable".
+
 Equations are visited from the outputs back. Each producer joins the kernel of its consumers
-when they all sit in one kernel and the joined group still lowers to a single kernel (the rules
-of `lowering`); a cheap producer needed by several kernels is recomputed in each of them; every
-other producer gets a kernel of its own and its value is written to memory. A producer only
-ever joins the kernel of *all* its consumers, so no fusion can create a cycle. Each refusal is
-recorded with its reason, for the "fusion" dump.
+when they all sit in one kernel; a cheap producer needed by several kernels is recomputed in
+each of them where that pays; otherwise it is computed in one consumer kernel that writes it
+for the others, or gets a kernel of its own. A producer only ever joins the kernel of *all* its
+consumers or is written for them, so the kernels stay acyclic (a `KernelDag` keeps their
+dependency order and checks the cases that could close a cycle). Then kernels over the same domain that
+read a common input or one another's output merge, best score first. Every refusal is recorded
+with its reason, for the "fusion" stage. Equations with several results, and opaque primitives,
+are kernels of their own.
 """
 from __future__ import annotations
 
+import heapq
+from collections import ChainMap
 from dataclasses import dataclass, field
+from typing import Iterable
 
-from glue.ir import Graph, Var, primitive
-from glue.ir.printer import graph_var_names
+from glue.ir import Eqn, Graph, Var, primitive
+from glue.ir.printer import format_param, graph_var_names
+from glue.scheduler.dag import KernelDag
 from glue.scheduler.kernel_ir import Kernel
-from glue.scheduler.lowering import FusionRefused, lower_group
+from glue.scheduler.lowering import (Domain, FusionRefused, SiteWalk, check_contents, check_scatter_target,
+                                     contraction_reads, kernel_domain, lower_group, placement, reduction_read,
+                                     root_reads, row_signature, scatter_reads)
+
+# A kernel launch costs about the time it takes to move this many bytes (a few microseconds of
+# launch and synchronisation, at the tens of GB/s a small kernel reaches).
+LAUNCH_BYTES = 64 * 1024
+# What evaluating a cheap operation once more costs, in bytes of memory traffic: a kernel that
+# is bound by memory does several operations in the time it moves a byte.
+RECOMPUTE_BYTES_PER_ELEMENT = 0.125
+# How many equations back the estimate of what a recomputed value reads looks.
+SOURCE_DEPTH = 16
+# The most values a kernel computes per point, counted once for every pass over a row that
+# computes them (a row kernel with chained reductions recomputes its element values in each
+# pass). Past this a kernel costs more to compile than fusing saves at run time: LLVM's
+# optimisation time grows with the square of a loop body (a 2,500-operation body takes 3 s,
+# 5,000 take 11 s), while splitting a long chain every few hundred operations adds only a
+# write and a read per element to hundreds of operations on it.
+MAX_KERNEL_SIZE = 256
 
 
 def _never_copied(name: str) -> bool:
@@ -22,6 +61,11 @@ def _never_copied(name: str) -> bool:
     reductions, contractions and data movement through indices."""
     prim = primitive(name)
     return prim.expensive or prim.fold is not None or prim.kind in ("contraction", "index")
+
+
+def _own_kernel(eqn: Eqn) -> bool:
+    """An equation with several results, or of an opaque primitive, is never fused."""
+    return len(eqn.outvars) != 1 or primitive(eqn.primitive).opaque
 
 
 @dataclass(frozen=True)
@@ -44,9 +88,11 @@ class Fusion:
     refusals: list[Refusal] = field(default_factory=list)
 
     def __str__(self) -> str:
-        from glue.ir.printer import format_param
-
         names = graph_var_names(self.graph)
+
+        def results(e: Eqn) -> str:
+            return " ".join(names[v.id] for v in e.outvars)
+
         lines = []
         for k, (kernel, eqns, outs) in enumerate(zip(self.kernels, self.groups, self.outputs)):
             lines.append(f"kernel {k} {kernel.kind} {kernel.name}: writes "
@@ -55,212 +101,546 @@ class Fusion:
                 e = self.graph.eqns[i]
                 params = " ".join(f"{key}={format_param(v)}" for key, v in e.params)
                 args = " ".join(names[a.id] if isinstance(a, Var) else str(a) for a in e.inputs)
-                lines.append(f"    {names[e.outvars[0].id]} = {e.primitive}"
-                             f"{'[' + params + ']' if params else ''} {args}")
+                lines.append(f"    {results(e)} = {e.primitive}{'[' + params + ']' if params else ''} {args}")
         if self.refusals:
             lines.append("refused:")
             for r in self.refusals:
                 e = self.graph.eqns[r.eqn]
-                lines.append(f"    {names[e.outvars[0].id]} = {e.primitive} not into the kernel of "
-                             f"{names[self.graph.eqns[r.into].outvars[0].id]}: {r.reason}")
+                lines.append(f"    {results(e)} = {e.primitive} not into the kernel of "
+                             f"{results(self.graph.eqns[r.into])}: {r.reason}")
         return "\n".join(lines)
+
+
+def _kernel_size(sites: int, levels: int) -> int:
+    """What a kernel costs to compile: the values it computes per point (`sites` of its walk),
+    once per pass over a row (one more than its chained reductions, `levels`)."""
+    return sites * (levels + 1)
+
+
+class _Group:
+    """A kernel being formed: its equations and the summary fusion decides by."""
+
+    def __init__(self, gid: int, eqn_index: int, eqn: Eqn):
+        self.gid = gid
+        self.order = gid  # breaks ties in the kernel order: merged groups keep the earlier one's
+        self.members: set[int] = {eqn_index}
+        self.first = self.last = eqn_index
+        self.defined: dict[int, Eqn] = {v.id: eqn for v in eqn.outvars}
+        self.own = _own_kernel(eqn)
+        self.dot = eqn if eqn.primitive == "dot_general" else None
+        self.scatter = eqn if eqn.primitive == "scatter_add" else None
+        self.fold = eqn if primitive(eqn.primitive).fold else None
+        self.folds = int(self.fold is not None)
+        self.feeds_dot: set[int] = set()  # members whose values flow into the contraction
+        # member -> how many reductions its value passes through, itself included, on the way to
+        # the kernel's outputs; the most of them is the number of chained row reductions
+        self.folds_above: dict[int, int] = {eqn_index: self.folds}
+        self.levels = self.folds
+        self.outputs: dict[int, Var] = {}  # values written for other kernels or the caller
+        self.domain: Domain | None = None
+        self.walk: SiteWalk | None = None
+
+    def add(self, i: int, eqn: Eqn) -> None:
+        self.members.add(i)
+        self.first, self.last = min(self.first, i), max(self.last, i)
+        self.defined.update((v.id, eqn) for v in eqn.outvars)
+        if eqn.primitive == "dot_general":
+            self.dot = eqn
+        elif eqn.primitive == "scatter_add":
+            self.scatter = eqn
+        elif primitive(eqn.primitive).fold:
+            self.fold = self.fold or eqn
+            self.folds += 1
+
+    @property
+    def merge_key(self) -> tuple | None:
+        """Kernels may merge only with kernels of the same key (None: with none)."""
+        if self.own or self.domain.kind not in ("pointwise", "reduction"):
+            return None
+        return self.domain, row_signature(self.fold) if self.fold else None
+
+
+@dataclass
+class _Trial:
+    """A legal candidate's effect on its group, kept until it is taken."""
+
+    domain: Domain
+    walk: SiteWalk
+    extends: bool  # walk extends the group's walk (else it replaces it)
+    output: bool  # the joining value becomes an output of the group
+    folds_above: int  # of the joining equation (see `_Group.folds_above`)
+    size: int  # of the group with it (see `_kernel_size`)
 
 
 class _Fuser:
     def __init__(self, graph: Graph):
         self.graph = graph
         self.eqns = graph.eqns
+        self.vars: dict[int, Var] = {v.id: v for v in graph.constvars + graph.invars}
+        self.producer: dict[int, int] = {}
         self.consumers: dict[int, list[int]] = {}
         for i, e in enumerate(self.eqns):
             for a in e.inputs:
                 if isinstance(a, Var):
                     self.consumers.setdefault(a.id, []).append(i)
+            for v in e.outvars:
+                self.vars[v.id] = v
+                self.producer[v.id] = i
         self.external = {a.id for a in graph.outvars if isinstance(a, Var)}
-        self.groups: dict[int, set[int]] = {}
+        self.groups: dict[int, _Group] = {}
         self.groups_of: dict[int, set[int]] = {}  # eqn -> groups computing it
         self.home: dict[int, int] = {}  # var id -> group that writes it to memory
+        self.dag = KernelDag()
         self.refusals: list[Refusal] = []
 
-    def outputs(self, gid: int, members: set[int]) -> list[Var]:
-        """What kernel `gid` writes: its values that the program returns or that a consumer in
-        another kernel, which does not compute them itself, reads."""
-        outs = []
-        for i in sorted(members):
-            v = self.eqns[i].outvars[0]
-            if self.home.get(v.id) != gid:
+    # --- what kernels read and write ------------------------------------------------------------
+    def readers(self, var: Var, computing: Iterable[int] = ()) -> set[int]:
+        """The groups that read `var` from memory: those holding a consumer but not its producer
+        (nor in `computing`, groups about to compute it)."""
+        i = self.producer[var.id]
+        skip = set(computing)
+        return {g for c in self.consumers.get(var.id, ()) for g in self.groups_of.get(c, ())
+                if g not in skip and i not in self.groups[g].members}
+
+    def needed(self, var: Var, writer: int) -> bool:
+        """Whether group `writer`, computing `var`, must write it."""
+        return var.id in self.external or bool(self.readers(var, (writer,)))
+
+    def nbytes(self, vid: int) -> int:
+        return self.vars[vid].type.nbytes
+
+    def sources(self, eqn: Eqn) -> set[int]:
+        """The values a kernel reads from memory to compute `eqn` if it also computes the cheap
+        work `eqn` is made from (fusion recomputes such work where it is needed): the results of
+        expensive work, reductions, contractions and gathers, and the program's inputs (the
+        search stops after SOURCE_DEPTH equations; what it has not expanded counts as read)."""
+        found: set[int] = set()
+        stack = [a for a in eqn.inputs if isinstance(a, Var)]
+        expanded = 0
+        while stack:
+            var = stack.pop()
+            i = self.producer.get(var.id)
+            if i is None or expanded == SOURCE_DEPTH or _never_copied(self.eqns[i].primitive) \
+                    or _own_kernel(self.eqns[i]):
+                found.add(var.id)
                 continue
-            if v.id in self.external or any(
-                    c not in members if g == gid else i not in self.groups[g]
-                    for c in self.consumers.get(v.id, []) for g in self.groups_of.get(c, {gid})):
-                outs.append(v)
-        return outs
+            expanded += 1
+            stack.extend(a for a in self.eqns[i].inputs if isinstance(a, Var))
+        return found
 
-    def lower(self, gid: int, members: set[int]) -> Kernel:
-        return lower_group([self.eqns[i] for i in sorted(members)], self.outputs(gid, members), str(gid))
+    def _new_bytes(self, values: Iterable[int], group: _Group) -> tuple[int, int]:
+        """Bytes of `values`, and of those `group` neither reads nor computes yet."""
+        total = new = 0
+        for vid in values:
+            total += self.nbytes(vid)
+            if vid not in group.walk.reads and vid not in group.defined:
+                new += self.nbytes(vid)
+        return total, new
 
-    def try_join(self, i: int, gid: int, as_home: bool) -> bool:
-        members = self.groups[gid] | {i}
-        v = self.eqns[i].outvars[0]
-        previous = self.home.get(v.id)
-        if as_home:
-            self.home[v.id] = gid
-        try:
-            self._check_prologue(i, members)
-            self.lower(gid, members)
-        except FusionRefused as why:
-            if as_home:
-                self.home.pop(v.id) if previous is None else self.home.__setitem__(v.id, previous)
-            self.refusals.append(Refusal(i, max(self.groups[gid]), str(why)))
-            return False
-        self.groups[gid] = members
-        self.groups_of.setdefault(i, set()).add(gid)
-        return True
-
-    def _check_prologue(self, i: int, members: set[int]) -> None:
-        """Only cheap work may feed a contraction: its operands are re-read for every tile."""
-        dots = [j for j in members if self.eqns[j].primitive == "dot_general"]
-        if not dots or primitive(self.eqns[i].primitive).moves_data_only:
-            return
-        frontier, seen = [i], {i}
-        while frontier:
-            j = frontier.pop()
-            for c in self.consumers.get(self.eqns[j].outvars[0].id, []):
-                if c in dots:
-                    raise FusionRefused("only casts and layout changes are fused before a contraction")
-                if c in members and c not in seen:
-                    seen.add(c)
-                    frontier.append(c)
-
+    # --- groups ---------------------------------------------------------------------------------
     def new_group(self, i: int) -> int:
+        eqn = self.eqns[i]
         gid = len(self.groups)
-        self.groups[gid] = {i}
+        group = self.groups[gid] = _Group(gid, i, eqn)
         self.groups_of.setdefault(i, set()).add(gid)
-        self.home[self.eqns[i].outvars[0].id] = gid
+        self.dag.add_node(gid)
+        for v in eqn.outvars:
+            self.home[v.id] = gid
+            if self.needed(v, gid):
+                group.outputs[v.id] = v
+        if not group.own:
+            group.domain = kernel_domain(group.dot, group.scatter, group.fold,
+                                         [v.type.shape for v in group.outputs.values()])
+            group.walk = SiteWalk(group.domain, group.defined)
+            group.walk.visit(root_reads(group.domain, [eqn], list(group.outputs.values()), group.defined))
+        self._link_readers(gid, eqn)
         return gid
 
+    def _link_readers(self, gid: int, eqn: Eqn) -> None:
+        """Edges from the group writing `eqn`'s values to the groups that read them."""
+        for v in eqn.outvars:
+            for r in self.readers(v, (gid,)):
+                self.dag.add_edge(gid, r)
+
+    def refuse(self, i: int, group: _Group, reason: str) -> bool:
+        self.refusals.append(Refusal(i, group.last, reason))
+        return False
+
+    def _refusal(self, i: int, group: _Group) -> str | None:
+        """Why equation i may never join `group`, whatever its indices."""
+        eqn = self.eqns[i]
+        if group.own:
+            return f"{self.eqns[group.first].primitive} runs as a kernel of its own"
+        if _own_kernel(eqn):
+            return f"{eqn.primitive} runs as a kernel of its own"
+        if group.dot is not None and not primitive(eqn.primitive).moves_data_only and self._feeds_dot(i, group):
+            # Only cheap work may feed a contraction: its operands are re-read for every tile.
+            return "only casts and layout changes are fused before a contraction"
+        return None
+
+    def _feeds_dot(self, i: int, group: _Group) -> bool:
+        dot = group.dot
+        return any(c in group.feeds_dot or self.eqns[c] is dot
+                   for v in self.eqns[i].outvars for c in self.consumers.get(v.id, ()) if c in group.members)
+
+    def _trial(self, i: int, group: _Group, as_home: bool) -> _Trial:
+        """What equation i joining `group` makes of it; FusionRefused if it cannot."""
+        eqn = self.eqns[i]
+        (var,) = eqn.outvars
+        joining = i not in group.members
+        output = as_home and var.id not in group.outputs and self.needed(var, group.gid)
+        dot, scatter, fold = group.dot, group.scatter, group.fold
+        dots, scatters, folds = int(dot is not None), int(scatter is not None), group.folds
+        if joining:
+            if eqn.primitive == "dot_general":
+                dot, dots = eqn, dots + 1
+            elif eqn.primitive == "scatter_add":
+                scatter, scatters = eqn, scatters + 1
+            elif primitive(eqn.primitive).fold:
+                fold, folds = fold or eqn, folds + 1
+        check_contents(dots, scatters, folds)
+        if joining and primitive(eqn.primitive).fold and row_signature(eqn) != row_signature(fold):
+            raise FusionRefused("reductions over different rows")
+        outputs = list(group.outputs.values()) + ([var] if output else [])
+        domain = kernel_domain(dot, scatter, fold, [v.type.shape for v in outputs])
+        defined = ChainMap({var.id: eqn}, group.defined) if joining else group.defined
+        above = group.folds_above.get(i, int(bool(primitive(eqn.primitive).fold)) + max(
+            (group.folds_above[c] for c in self.consumers.get(var.id, ()) if c in group.members), default=0))
+        levels = max(group.levels, above)
+        if domain != group.domain:
+            members = [self.eqns[j] for j in sorted(group.members | {i})]
+            walk = SiteWalk(domain, defined)
+            walk.visit(root_reads(domain, members, outputs, defined))
+            return _Trial(domain, walk, False, output, above, _kernel_size(len(walk.sites), levels))
+        walk = SiteWalk(domain, defined, group.walk)
+        requests = []
+        if joining:
+            if eqn.primitive == "dot_general":
+                requests.extend(contraction_reads(domain, eqn))
+            elif primitive(eqn.primitive).fold:
+                requests.append(reduction_read(domain, eqn))
+            requests.extend((var, index, mask) for index, mask in group.walk.reads.get(var.id, ()))
+        if group.scatter is not None and joining:
+            check_scatter_target(group.scatter, defined)  # a scatter's store comes first
+        if output:
+            if eqn.primitive == "scatter_add":
+                check_scatter_target(eqn, defined)
+                picked, updates, _, _ = scatter_reads(domain, eqn)
+                requests.extend([picked, updates])
+            else:
+                requests.append((var, placement(domain, var)[1], ()))
+        walk.visit(requests)
+        return _Trial(domain, walk, True, output, above,
+                      _kernel_size(len(group.walk.sites) + len(walk.sites), levels))
+
+    def _take(self, i: int, group: _Group, trial: _Trial) -> None:
+        eqn = self.eqns[i]
+        (var,) = eqn.outvars
+        if i not in group.members:
+            if group.dot is not None and self._feeds_dot(i, group):
+                group.feeds_dot.add(i)
+            group.add(i, eqn)
+            self.groups_of.setdefault(i, set()).add(group.gid)
+            group.folds_above[i] = trial.folds_above
+            group.levels = max(group.levels, trial.folds_above)
+        if trial.output:
+            group.outputs[var.id] = var
+        group.domain = trial.domain
+        if trial.extends:
+            group.walk.absorb(trial.walk)
+        else:
+            group.walk = trial.walk
+        group.walk.defined = group.defined
+        group.walk.reads.pop(var.id, None)
+
+    def try_join(self, i: int, gid: int, as_home: bool) -> bool:
+        """Equation i joins group `gid`: as the home of its value (which the group then writes
+        for other kernels where they need it), or as a recomputed copy for this group alone."""
+        group = self.groups[gid]
+        eqn = self.eqns[i]
+        reason = self._refusal(i, group)
+        if reason is not None:
+            return self.refuse(i, group, reason)
+        try:
+            trial = self._trial(i, group, as_home)
+        except FusionRefused as why:
+            return self.refuse(i, group, str(why))
+        if trial.size > MAX_KERNEL_SIZE:
+            return self.refuse(i, group, self._too_large(trial.size))
+        score, why = self._join_score(i, group, as_home)
+        if score <= 0:
+            return self.refuse(i, group, f"not profitable: {why}")
+        self._take(i, group, trial)
+        if as_home:
+            self.home[eqn.outvars[0].id] = gid
+        return True
+
+    @staticmethod
+    def _too_large(size: int) -> str:
+        return (f"not profitable: the kernel would compute {size} values per point (counting each pass "
+                f"over a row), past {MAX_KERNEL_SIZE} it compiles slower than fusing saves")
+
+    def _join_score(self, i: int, group: _Group, as_home: bool) -> tuple[float, str]:
+        """Bytes saved by equation i joining `group`, and what they are made of."""
+        eqn = self.eqns[i]
+        var = eqn.outvars[0]
+        size = var.type.nbytes
+        read_back = size if var.id in group.walk.reads else 0
+        if as_home:
+            # Against a kernel of its own: one launch, the value's write unless it is still
+            # needed, its read back here, and the operands both kernels would read.
+            operands, new = self._new_bytes({a.id for a in eqn.inputs if isinstance(a, Var)}, group)
+            written = 0 if self.needed(var, group.gid) else size
+            saved = LAUNCH_BYTES + written + read_back + operands - new
+            return saved, f"saves {saved} bytes"
+        # Against reading the value from memory: that read, and the write it needs (the other
+        # consumers are asked the same), for what computing it here reads (the cheap work it is
+        # made from is recomputed here too) and the work done again.
+        _, new = self._new_bytes(self.sources(eqn), group)
+        work = var.type.size * RECOMPUTE_BYTES_PER_ELEMENT
+        saved = read_back + size
+        return saved - new - work, (f"recomputing {eqn.primitive} of {var.type} here reads {new} bytes of "
+                                    f"operands and costs {work:g} bytes of work to save {saved} bytes")
+
+    # --- the walk from the outputs back ---------------------------------------------------------
+    def place(self, i: int) -> None:
+        eqn = self.eqns[i]
+        if not any(v.id in self.external or self.consumers.get(v.id) for v in eqn.outvars):
+            return  # dead: nothing reads it
+        if _own_kernel(eqn):
+            self.new_group(i)
+            return
+        (var,) = eqn.outvars
+        users = sorted({g for c in self.consumers.get(var.id, []) for g in self.groups_of.get(c, ())})
+        if len(users) == 1:
+            if not self.try_join(i, users[0], as_home=True):
+                self.new_group(i)
+            return
+        readers = set(users)
+        if users and not _never_copied(eqn.primitive):
+            readers -= {gid for gid in users if self.try_join(i, gid, as_home=False)}
+            if not readers and var.id not in self.external:
+                return
+        if users and self.join_one_as_home(i, users, readers):
+            return
+        self.new_group(i)
+
+    def join_one_as_home(self, i: int, users: list[int], readers: set[int]) -> bool:
+        """Compute the value in one consumer kernel, which also writes it for the others.
+
+        That kernel must not itself depend on a kernel that reads the value (a cycle). Kernels
+        without reductions are tried first: there the value can still reach its own producer's
+        kernel as an epilogue (a reduction kernel cannot take in a contraction); then those
+        with the best score, then the earliest."""
+        def order(g: int) -> tuple[bool, float, int]:
+            group = self.groups[g]
+            score = 0 if group.own else self._join_score(i, group, as_home=True)[0]
+            return group.folds > 0, -score, group.first
+
+        for gid in sorted(users, key=order):
+            others = readers - {gid}
+            if others and self.dag.reaches(others, gid):
+                self.refuse(i, self.groups[gid], "that kernel depends on a kernel that reads this value")
+                continue
+            if self.try_join(i, gid, as_home=True):
+                for r in sorted(others):
+                    self.dag.add_edge(gid, r)
+                return True
+        return False
+
+    # --- sibling merges -------------------------------------------------------------------------
+    def merge_siblings(self) -> None:
+        """Merge kernels over the same domain that read a common input or one another's output
+        (several reductions over the same rows, say): the data is read once, one launch saved.
+        Candidates go best score first; a merge changes its kernels' later scores, so a
+        candidate whose score moved goes back in the queue with the new one."""
+        root = {g: g for g in self.groups}
+
+        def find(g: int) -> int:
+            while root[g] != g:
+                root[g] = root[root[g]]
+                g = root[g]
+            return g
+
+        version = dict.fromkeys(self.groups, 0)
+        queue: list[tuple] = []
+
+        def push(a: int, b: int) -> None:
+            ga, gb = self.groups[a], self.groups[b]
+            heapq.heappush(queue, (-self._merge_score(ga, gb), min(ga.first, gb.first), max(ga.first, gb.first),
+                                   a, b, version[a], version[b]))
+
+        for a, b in self._merge_candidates():
+            push(a, b)
+        tried: set[tuple[int, int, int, int]] = set()
+        while queue:
+            _, _, _, a, b, va, vb = heapq.heappop(queue)
+            a, b = find(a), find(b)
+            if a == b:
+                continue
+            if (va, vb) != (version[a], version[b]):
+                push(a, b)  # one of them merged since: score it again
+                continue
+            if (a, b, va, vb) in tried or (b, a, vb, va) in tried:
+                continue
+            tried.add((a, b, va, vb))
+            keep, gone = self._try_merge(a, b)
+            if keep is not None:
+                root[gone] = keep
+                version[keep] += 1
+
+    def _merge_candidates(self) -> list[tuple[int, int]]:
+        """Pairs of groups with the same merge key: where one reads the other's output, where
+        both read a common value (each reader paired with the first and with the previous one),
+        and neighbours in program order (which save a launch even when they share nothing)."""
+        readers: dict[tuple, list[int]] = {}
+        same_key: dict[tuple, list[int]] = {}
+        pairs = []
+        for gid in sorted(self.groups, key=lambda g: self.groups[g].first):
+            group = self.groups[gid]
+            key = group.merge_key
+            if key is None:
+                continue
+            same_key.setdefault(key, []).append(gid)
+            for vid in group.walk.reads:
+                readers.setdefault((vid, key), []).append(gid)
+                home = self.home.get(vid)
+                if home is not None and home != gid and self.groups[home].merge_key == key:
+                    pairs.append((home, gid))
+        for gids in readers.values():
+            for k in range(1, len(gids)):
+                pairs.append((gids[0], gids[k]))
+                if k > 1:
+                    pairs.append((gids[k - 1], gids[k]))
+        for gids in same_key.values():
+            pairs.extend(zip(gids, gids[1:]))
+        return list(dict.fromkeys(pairs))
+
+    def _passed(self, src: _Group, dst: _Group) -> Iterable[int]:
+        """Values `src` writes that `dst` reads."""
+        if len(src.outputs) < len(dst.walk.reads):
+            return [vid for vid in src.outputs if vid in dst.walk.reads]
+        return [vid for vid in dst.walk.reads if vid in src.outputs]
+
+    def _merge_score(self, a: _Group, b: _Group) -> float:
+        small, large = sorted((a.walk.reads, b.walk.reads), key=len)
+        shared = sum(self.nbytes(vid) for vid in small if vid in large)
+        passed = 0
+        for src, dst in ((a, b), (b, a)):
+            for vid in self._passed(src, dst):
+                var = self.vars[vid]
+                still = var.id in self.external or bool(self.readers(var, (a.gid, b.gid)))
+                passed += self.nbytes(vid) * (1 if still else 2)
+        return LAUNCH_BYTES + shared + passed
+
+    def _try_merge(self, a: int, b: int) -> tuple[int | None, int]:
+        """Merge groups a and b; the kept group and the merged one, or (None, b) if refused."""
+        keep, gone = sorted((a, b), key=lambda g: (-len(self.groups[g].members), g))
+        gk, gg = self.groups[keep], self.groups[gone]
+        if self.dag.path_between(keep, gone):
+            self.refuse(gg.last, gk, "one of the two kernels reads the other through a third")
+            return None, gone
+        passed = [(src, dst, vid) for src, dst in ((gk, gg), (gg, gk)) for vid in self._passed(src, dst)]
+        # Only what one writes for the other may stop being an output.
+        dropped = {vid for _, _, vid in passed
+                   if vid not in self.external and not self.readers(self.vars[vid], (keep, gone))}
+        above = self._folds_above(passed[0][0], passed[0][1]) if passed else {}
+        levels = max([gk.levels, gg.levels] + list(above.values()))
+        size = _kernel_size(len(gk.walk.sites) + len(gg.walk.sites), levels)
+        if size > MAX_KERNEL_SIZE:
+            self.refuse(gg.last, gk, self._too_large(size))
+            return None, gone
+        try:
+            walk = self._merge_walk(gk, gg, passed, dropped)
+        except FusionRefused as why:
+            self.refuse(gg.last, gk, str(why))
+            return None, gone
+        self._absorb(gk, gg, walk, dropped, [vid for _, _, vid in passed])
+        gk.folds_above.update(above)
+        gk.levels = levels
+        return keep, gone
+
+    def _merge_walk(self, gk: _Group, gg: _Group, passed: list[tuple[_Group, _Group, int]],
+                    dropped: set[int]) -> SiteWalk:
+        """What groups gk and gg compute as one kernel (no longer writing `dropped`, which the
+        one reads from the other); FusionRefused if they cannot. The values `passed` from one
+        to the other are computed where the reader reads them."""
+        defined = ChainMap(gk.defined, gg.defined)
+        if dropped:  # fewer stores: walk the merged kernel afresh
+            members = [self.eqns[j] for j in sorted(gk.members | gg.members)]
+            outputs = [v for g in (gk, gg) for v in g.outputs.values() if v.id not in dropped]
+            walk = SiteWalk(gk.domain, defined)
+            walk.visit(root_reads(gk.domain, members, outputs, defined))
+            return walk
+        walk = SiteWalk(gk.domain, defined, gk.walk)
+        walk.sites |= gg.walk.sites
+        walk.visit([(self.vars[vid], index, mask) for _, dst, vid in passed for index, mask in dst.walk.reads[vid]])
+        for vid, places in gg.walk.reads.items():
+            walk.reads.setdefault(vid, {}).update(places)
+        return walk
+
+    def _folds_above(self, src: _Group, dst: _Group) -> dict[int, int]:
+        """`_Group.folds_above` of src's members once src and dst (which reads src's outputs)
+        are one kernel."""
+        above: dict[int, int] = {}
+        for m in sorted(src.members, reverse=True):  # consumers before producers
+            best = 0
+            for v in self.eqns[m].outvars:
+                for c in self.consumers.get(v.id, ()):
+                    if c in above:
+                        best = max(best, above[c])
+                    elif c in dst.members:
+                        best = max(best, dst.folds_above[c])
+            above[m] = int(bool(primitive(self.eqns[m].primitive).fold)) + best
+        return above
+
+    def _absorb(self, keep: _Group, gone: _Group, walk: SiteWalk, dropped: set[int], passed: list[int]) -> None:
+        keep.order = min((keep.first, keep.order), (gone.first, gone.order))[1]
+        keep.folds_above.update(gone.folds_above)
+        for i in gone.members:
+            keep.add(i, self.eqns[i])
+            gids = self.groups_of[i]
+            gids.discard(gone.gid)
+            gids.add(keep.gid)
+        for vid in gone.outputs:
+            self.home[vid] = keep.gid
+        keep.outputs.update(gone.outputs)
+        for vid in dropped:
+            del keep.outputs[vid]
+        if walk.base is not None:
+            keep.walk.absorb(walk)
+        else:
+            keep.walk = walk
+        keep.walk.defined = keep.defined
+        keep.walk.base = None
+        for vid in passed:
+            keep.walk.reads.pop(vid, None)
+        self.dag.merge(keep.gid, gone.gid)
+        del self.groups[gone.gid]
+
+    # --- the result -----------------------------------------------------------------------------
     def run(self) -> Fusion:
         for i in reversed(range(len(self.eqns))):
             self.place(i)
         self.merge_siblings()
         return self.finish()
 
-    def merge_siblings(self) -> None:
-        """Merge kernels over the same domain that read a common input or one another's output
-        (several reductions over the same rows, say): the data is read once, one launch saved."""
-        domains = {g: self._domain(g) for g in self.groups}
-        for a in sorted(self.groups, key=lambda g: min(self.groups[g])):
-            for b in sorted(self.groups, key=lambda g: min(self.groups[g])):
-                if a == b or a not in self.groups or b not in self.groups or domains[a] != domains[b]:
-                    continue
-                if self._related(a, b) and not self._path_through_others(a, b) and \
-                        not self._path_through_others(b, a):
-                    self._try_merge(a, b)
-
-    def _domain(self, gid: int) -> tuple:
-        k = self.lower(gid, self.groups[gid])
-        return k.kind, k.parallel, k.reduce
-
-    def _related(self, a: int, b: int) -> bool:
-        def reads(g):
-            return {x.id for j in self.groups[g] for x in self.eqns[j].inputs if isinstance(x, Var)}
-        return bool(reads(a) & reads(b)) or a in self.reads_from(b) or b in self.reads_from(a)
-
-    def _path_through_others(self, a: int, b: int) -> bool:
-        """Whether `a` depends on `b` through a third kernel (merging would make a cycle)."""
-        return any(b in self.ancestors(x) for x in self.reads_from(a) - {b})
-
-    def _try_merge(self, a: int, b: int) -> None:
-        members = self.groups[a] | self.groups[b]
-        saved = dict(self.home)
-        for vid, g in self.home.items():
-            if g == b:
-                self.home[vid] = a
-        try:
-            self.lower(a, members)
-        except FusionRefused:
-            self.home = saved
-            return
-        self.groups[a] = members
-        del self.groups[b]
-        for gids in self.groups_of.values():
-            if b in gids:
-                gids.discard(b)
-                gids.add(a)
-
-    def place(self, i: int) -> None:
-        v = self.eqns[i].outvars[0]
-        if v.id not in self.external and not self.consumers.get(v.id):
-            return  # dead: nothing reads it
-        users = {g for c in self.consumers.get(v.id, []) for g in self.groups_of.get(c, ())}
-        if len(users) == 1:
-            (gid,) = users
-            if not self.try_join(i, gid, as_home=True):
-                self.new_group(i)
-            return
-        readers = set(users)
-        if users and not _never_copied(self.eqns[i].primitive):
-            readers -= {gid for gid in sorted(users) if self.try_join(i, gid, as_home=False)}
-            if not readers and v.id not in self.external:
-                return
-        if users and self.join_one_as_home(i, users, readers):
-            return
-        self.new_group(i)
-
-    def join_one_as_home(self, i: int, users: set[int], readers: set[int]) -> bool:
-        """Compute the value in one consumer kernel, which also writes it for the others.
-
-        That kernel must not itself depend on a kernel that reads the value (a cycle). Kernels
-        without reductions are tried first: there the value can still reach its own producer's
-        kernel as an epilogue (a reduction kernel cannot take in a contraction)."""
-        def order(g: int) -> tuple[bool, int]:
-            return any(primitive(self.eqns[j].primitive).fold for j in self.groups[g]), min(self.groups[g])
-
-        for gid in sorted(users, key=order):
-            others = readers - {gid}
-            if others & self.ancestors(gid):
-                continue
-            if self.try_join(i, gid, as_home=True):
-                return True
-        return False
-
-    def reads_from(self, gid: int) -> set[int]:
-        """The kernels whose outputs kernel `gid` reads (values it does not compute itself)."""
-        members = self.groups[gid]
-        computed = {self.eqns[j].outvars[0].id for j in members}
-        return {self.home[a.id] for j in members for a in self.eqns[j].inputs
-                if isinstance(a, Var) and a.id not in computed and a.id in self.home}
-
-    def ancestors(self, gid: int) -> set[int]:
-        """The kernels `gid` reads from, directly or through others."""
-        seen: set[int] = set()
-        frontier = [gid]
-        while frontier:
-            for home in self.reads_from(frontier.pop()) - seen:
-                seen.add(home)
-                frontier.append(home)
-        return seen
+    def outputs(self, gid: int) -> list[Var]:
+        """What kernel `gid` writes: its values that the program returns or that a consumer in
+        another kernel, which does not compute them itself, reads."""
+        group = self.groups[gid]
+        return [v for i in sorted(group.members) for v in self.eqns[i].outvars
+                if self.home.get(v.id) == gid and self.needed(v, gid)]
 
     def finish(self) -> Fusion:
-        order = self._topological([gid for gid in self.groups])
-        groups = [sorted(self.groups[g]) for g in order]
-        outputs = [self.outputs(g, self.groups[g]) for g in order]
+        # Of the kernels ready to run, the one with the earliest first equation: that keeps the
+        # kernel order close to the program's.
+        order = self.dag.order(lambda g: (self.groups[g].first, self.groups[g].order))
+        groups = [sorted(self.groups[g].members) for g in order]
+        outputs = [self.outputs(g) for g in order]
         kernels = [lower_group([self.eqns[i] for i in eqns], outs, str(k))
                    for k, (eqns, outs) in enumerate(zip(groups, outputs))]
         return Fusion(self.graph, groups, outputs, kernels, self.refusals)
-
-    def _topological(self, gids: list[int]) -> list[int]:
-        """Kernels in an order where each runs after the kernels whose outputs it reads."""
-        deps = {g: self.reads_from(g) for g in gids}
-        order, done = [], set()
-        # Group ids grow from the outputs backwards; visiting producers-first in ascending
-        # first-equation order keeps the kernel order close to the program's.
-        pending = sorted(gids, key=lambda g: min(self.groups[g]))
-        while pending:
-            ready = next(g for g in pending if deps[g] <= done)
-            order.append(ready)
-            done.add(ready)
-            pending.remove(ready)
-        return order
 
 
 def fuse(graph: Graph) -> Fusion:

@@ -12,7 +12,7 @@ import numpy as np
 
 from glue.reference.impls import IMPLS
 from glue.scheduler.kernel_ir import (Clamp, Const, Dim, Div, Expr, FromValue, InBounds, Index,
-                                      IndexValue, Kernel, Load, Mod, Op, RowValue)
+                                      IndexValue, Kernel, Load, Mod, Op, RowValue, children, postorder)
 from glue.scheduler.plan import Plan
 
 _FOLD = {"sum": np.sum, "prod": np.prod, "max": np.max, "min": np.min,
@@ -59,8 +59,10 @@ class _Eval:
         return np.asarray(ok)
 
     def expr(self, e: Expr) -> np.ndarray:
-        if e not in self.memo:
-            self.memo[e] = self._expr(e)
+        # What an expression reads is evaluated first, with an explicit stack: expressions are
+        # as deep as the programs are long.
+        for node in postorder(e, children, self.memo):
+            self.memo[node] = self._expr(node)
         return self.memo[e]
 
     def _expr(self, e: Expr) -> np.ndarray:

@@ -12,69 +12,115 @@ expressions to output buffers. Loads read input buffers through index maps: affi
 expressions over the domain dims (broadcast = dim absent, transposes, slices, reshapes that
 split or merge dims), plus floor-div/mod where a reshape does not line up, clamps and
 data-dependent indices (gather). Backends choose how to map the domain onto loops, threads
-and blocks; the scheduler never decides that. `children`, `subexpressions` and `loads_under` walk expressions,
-for the scheduler and for both backends.
+and blocks; the scheduler never decides that. `children`, `subexpressions`, `loads_under` and
+`postorder` walk expressions, for the scheduler and for both backends, all with explicit stacks:
+a long program makes deep expressions, and nothing that walks them may recurse on their depth.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any, Iterable, Iterator, Union
+from operator import attrgetter
+from typing import Any, Callable, Container, Iterable, Iterator, Sequence, Union
 
 from glue.ir import TensorType
 from glue.ir.dtypes import DType
 
 
-def _hash_once(cls):
-    """Expressions are DAGs whose nodes are shared; a dataclass hash revisits a shared node once
-    per path to it (exponential in the depth), so each node keeps its hash after the first use."""
-    names = tuple(f.name for f in fields(cls))
+class _Node:
+    """Kernel IR nodes (index and scalar expressions) are DAGs whose nodes are shared, and long
+    programs make them deep. A node hashes its fields once, when it is made (its children's
+    hashes are already known, so hashing never recurses), and equality walks both DAGs with an
+    explicit stack, comparing each pair of shared nodes once."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash((type(self).__name__,) + _values(self)))
 
     def __hash__(self) -> int:
-        h = self.__dict__.get("_hash")
-        if h is None:
-            h = hash(tuple(getattr(self, n) for n in names))
-            object.__setattr__(self, "_hash", h)
-        return h
+        return self._hash
 
-    cls.__hash__ = __hash__
-    return cls
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if type(other) is not type(self) or self._hash != other._hash:
+            return False
+        if type(self) in _LEAVES:  # nothing below: compare the fields themselves
+            return _values(self) == _values(other)
+        return _same(self, other)
+
+    def __reduce__(self):
+        # The cached hash depends on the process's string hashing: rebuild it on unpickling.
+        return type(self), _values(self)
+
+
+_GETTERS: dict[type, Callable[[_Node], tuple]] = {}
+
+
+def _values(node: _Node) -> tuple:
+    """The node's fields, in order."""
+    get = _GETTERS.get(type(node))
+    if get is None:
+        names = [f.name for f in fields(node)]
+        get = _GETTERS[type(node)] = attrgetter(*names) if len(names) > 1 else \
+            (lambda n, name=names[0]: (getattr(n, name),))
+    return get(node)
+
+
+def _same(a: object, b: object) -> bool:
+    """Structural equality of two values that may hold kernel IR nodes, without recursion."""
+    stack, compared = [(a, b)], set()
+    while stack:
+        x, y = stack.pop()
+        if x is y:
+            continue
+        if isinstance(x, tuple) and isinstance(y, tuple):
+            if len(x) != len(y):
+                return False
+            stack.extend(zip(x, y))
+        elif isinstance(x, _Node) or isinstance(y, _Node):
+            if type(x) is not type(y) or x._hash != y._hash:
+                return False
+            if (id(x), id(y)) not in compared:
+                compared.add((id(x), id(y)))
+                stack.extend(zip(_values(x), _values(y)))
+        elif x != y:
+            return False
+    return True
 
 
 # --- index expressions ----------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Dim:
+@dataclass(frozen=True, eq=False)
+class Dim(_Node):
     """The domain index `k` (parallel dims first, then reduce dims)."""
 
     k: int
 
 
-@dataclass(frozen=True)
-class Div:
+@dataclass(frozen=True, eq=False)
+class Div(_Node):
     """floor(index / divisor), for a reshape whose dims do not line up."""
 
     index: "Index"
     divisor: int
 
 
-@dataclass(frozen=True)
-class Mod:
+@dataclass(frozen=True, eq=False)
+class Mod(_Node):
     index: "Index"
     divisor: int
 
 
-@dataclass(frozen=True)
-class Clamp:
+@dataclass(frozen=True, eq=False)
+class Clamp(_Node):
     """An index forced into [0, size): how gather treats out-of-range indices."""
 
     index: "Index"
     size: int
 
 
-@_hash_once
-@dataclass(frozen=True)
-class FromValue:
+@dataclass(frozen=True, eq=False)
+class FromValue(_Node):
     """A data-dependent index: the integer value of a scalar expression (gather's indices)."""
 
     value: "Expr"
@@ -83,9 +129,8 @@ class FromValue:
 IndexAtom = Union[Dim, Div, Mod, Clamp, FromValue]
 
 
-@_hash_once
-@dataclass(frozen=True)
-class Index:
+@dataclass(frozen=True, eq=False)
+class Index(_Node):
     """An affine combination `sum(coeff * atom) + const` of index atoms."""
 
     terms: tuple[tuple[IndexAtom, int], ...] = ()
@@ -93,7 +138,10 @@ class Index:
 
     @staticmethod
     def dim(k: int) -> "Index":
-        return Index(((Dim(k), 1),))
+        found = _DIM_INDICES.get(k)
+        if found is None:
+            found = _DIM_INDICES[k] = Index(((Dim(k), 1),))
+        return found
 
     @staticmethod
     def of(atom: IndexAtom) -> "Index":
@@ -115,6 +163,10 @@ class Index:
     @property
     def is_const(self) -> bool:
         return not self.terms
+
+
+# Index.dim(k) is made everywhere; one object per k makes comparing indices mostly identity checks.
+_DIM_INDICES: dict[int, Index] = {}
 
 
 def index_bounds(index: Index, extents: tuple[int, ...]) -> tuple[float, float]:
@@ -169,9 +221,8 @@ def mod(index: Index, divisor: int, extents: tuple[int, ...]) -> Index:
 # --- scalar expressions ---------------------------------------------------------------------
 
 
-@_hash_once
-@dataclass(frozen=True)
-class Load:
+@dataclass(frozen=True, eq=False)
+class Load(_Node):
     """Element `index` of input buffer `input`; where `mask` fails, the value `other` instead.
 
     `mask` lists (index, lo, hi) bounds that must all hold (pad, concatenate); backends must not
@@ -185,15 +236,14 @@ class Load:
     other: Any = 0
 
 
-@dataclass(frozen=True)
-class Const:
+@dataclass(frozen=True, eq=False)
+class Const(_Node):
     value: Any
     dtype: DType
 
 
-@_hash_once
-@dataclass(frozen=True)
-class Op:
+@dataclass(frozen=True, eq=False)
+class Op(_Node):
     """An elementwise IR primitive applied to scalar expressions."""
 
     primitive: str
@@ -202,24 +252,24 @@ class Op:
     params: tuple[tuple[str, Any], ...] = ()
 
 
-@dataclass(frozen=True)
-class IndexValue:
+@dataclass(frozen=True, eq=False)
+class IndexValue(_Node):
     """An index expression used as a value (iota)."""
 
     index: Index
     dtype: DType
 
 
-@dataclass(frozen=True)
-class InBounds:
+@dataclass(frozen=True, eq=False)
+class InBounds(_Node):
     """True where every (index, lo, hi) bound holds: selects between pad/concatenate pieces."""
 
     mask: tuple[tuple[Index, int, int], ...]
     dtype: DType
 
 
-@dataclass(frozen=True)
-class RowValue:
+@dataclass(frozen=True, eq=False)
+class RowValue(_Node):
     """The result of reduction `k` for the current row."""
 
     k: int
@@ -227,6 +277,8 @@ class RowValue:
 
 
 Expr = Union[Load, Const, Op, IndexValue, InBounds, RowValue]
+
+_LEAVES = frozenset({Dim, Const, RowValue})  # nodes whose fields hold no other nodes
 
 
 # --- kernels --------------------------------------------------------------------------------
@@ -348,3 +400,43 @@ def subexpressions(exprs: Iterable[Expr], found: set[Expr] | None = None) -> Ite
 def loads_under(exprs: Iterable[Expr], found: set[Expr] | None = None) -> list[Load]:
     """The loads `exprs` read, skipping (and adding to `found`) expressions already visited."""
     return [e for e in subexpressions(exprs, found) if isinstance(e, Load)]
+
+
+def index_values(indices: Iterable[Index]) -> list[Expr]:
+    """The data-dependent values `indices` read, left to right (the order their text and their
+    code name them in)."""
+    found: list[Expr] = []
+    stack: list[Any] = list(indices)[::-1]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, Index):
+            stack.extend(atom for atom, _ in reversed(item.terms))
+        elif isinstance(item, FromValue):
+            found.append(item.value)
+        elif isinstance(item, (Div, Mod, Clamp)):
+            stack.append(item.index)
+    return found
+
+
+def operands(e: Expr) -> list[Expr]:
+    """What `e` is computed from, in the order a recursive evaluator reaches them: an op's
+    arguments, or the values a load, bound or iota index reads."""
+    return list(e.args) if isinstance(e, Op) else index_values(indices_of(e))
+
+
+def postorder(root: Any, needs: Callable[[Any], Sequence[Any]], done: Container[Any]) -> Iterator[Any]:
+    """The nodes below `root` (itself last) that are not in `done`, each after what it `needs`,
+    in the order a recursive walk would finish them, but with an explicit stack. The caller puts
+    each node it is given into `done` before asking for the next."""
+    if root in done:
+        return
+    stack = [(root, False)]
+    while stack:
+        node, expanded = stack.pop()
+        if node in done:
+            continue
+        if expanded:
+            yield node
+            continue
+        stack.append((node, True))
+        stack.extend((n, False) for n in reversed(needs(node)) if n not in done)

@@ -1,8 +1,9 @@
-"""The text form of kernel IR (stage "kernels"): each shared subexpression printed once."""
+"""The text form of kernel IR (stage "kernels"): each shared subexpression printed once, what it
+reads first (walked with an explicit stack, however deep the expressions)."""
 from __future__ import annotations
 
 from glue.scheduler.kernel_ir import (Clamp, Const, Dim, Div, Expr, FromValue, InBounds, Index,
-                                      IndexValue, Kernel, Load, Mod, Op, RowValue)
+                                      IndexValue, Kernel, Load, Mod, Op, RowValue, operands, postorder)
 
 
 class _Printer:
@@ -44,8 +45,13 @@ class _Printer:
             return f"{e.value!r}:{e.dtype}"
         if isinstance(e, RowValue):
             return f"row{e.k}"
-        if e in self.names:
-            return self.names[e]
+        for node in postorder(e, operands, self.names):
+            if not isinstance(node, (Const, RowValue)):
+                self.define(node)
+        return self.names[e]
+
+    def define(self, e: Expr) -> None:
+        """Name `e` and print its line (what it reads is named already)."""
         if isinstance(e, Load):
             where = ", ".join(self.index(i) for i in e.index)
             text = f"load in{e.input}[{where}]" + (f"{self.mask(e.mask)} else {e.other!r}" if e.mask else "")
@@ -59,7 +65,6 @@ class _Printer:
             text = f"{e.primitive}{'[' + params + ']' if params else ''} " + " ".join(map(self.expr, e.args))
         name = self.names[e] = f"t{len(self.names)}"
         self.lines.append(f"    {name}:{e.dtype} = {text}")
-        return name
 
     def render(self) -> str:
         k = self.kernel

@@ -13,13 +13,12 @@ ordered after that read, so no stream overwrites what another may still be readi
 """
 from __future__ import annotations
 
-import operator
+import bisect
 from dataclasses import dataclass
-from functools import reduce
 from typing import Sequence
 
 from glue.ir import Graph, TensorType, Var
-from glue.scheduler.kernel_ir import Kernel, loads_under
+from glue.scheduler.kernel_ir import Kernel, Load, loads_under
 from glue.scheduler.streams import StreamPlan, plan_streams
 
 ALIGNMENT = 256  # bytes: cudaMalloc's alignment, a multiple of every vector width we load
@@ -68,16 +67,17 @@ def _align(n: int) -> int:
     return (n + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
 
 
-def reads_only_where_written(kernel: Kernel, input_slot: int, output_slot: int) -> bool:
+def reads_only_where_written(kernel: Kernel, input_slot: int, output_slot: int,
+                             loads: Sequence[Load] | None = None) -> bool:
     """True when the kernel reads input `input_slot` only at the points it writes output
     `output_slot`, so both may share memory. A row kernel qualifies too: it finishes reading a
-    row for its reductions before it writes that row, and no other row reads it."""
+    row for its reductions before it writes that row, and no other row reads it. `loads` are the
+    kernel's loads, when already known."""
     stores = [s for s in kernel.stores if s.output == output_slot]
     if kernel.kind not in ("pointwise", "reduction") or len(stores) != 1 or stores[0].mode != "set" \
             or stores[0].level != "element":
         return False
-    loads = loads_under(kernel.roots)
-    mine = [ld for ld in loads if ld.input == input_slot]
+    mine = [ld for ld in (loads_under(kernel.roots) if loads is None else loads) if ld.input == input_slot]
     return all(ld.index == stores[0].index and not ld.mask for ld in mine)
 
 
@@ -90,33 +90,36 @@ def plan_memory(graph: Graph, kernels: Sequence[Kernel], donated: Sequence[int] 
     placements = {v.id: Placement("argument", i, v.type) for i, v in enumerate(args)}
     outputs = [a for a in graph.outvars if isinstance(a, Var) and a.id not in placements]
     produced: dict[int, int] = {}
-    users: dict[int, int] = {}  # value -> bit mask of the kernels that write or read it
+    users: dict[int, list[int]] = {}  # value -> the kernels that write or read it, in order
     last_use: dict[int, int] = {}
     types: dict[int, TensorType] = {}
     for k, kernel in enumerate(kernels):
+        for b in kernel.inputs + kernel.outputs:
+            touching = users.setdefault(b.value_id, [])
+            if not touching or touching[-1] != k:
+                touching.append(k)
         for b in kernel.inputs:
             last_use[b.value_id] = k
-            users[b.value_id] = users.get(b.value_id, 0) | 1 << k
         for b in kernel.outputs:
             produced[b.value_id] = k
             types[b.value_id] = b.type
-            users[b.value_id] = users.get(b.value_id, 0) | 1 << k
     lifetimes = {vid: (k, last_use.get(vid, k)) for vid, k in produced.items()}
     output_ids = list(dict.fromkeys(v.id for v in outputs))
     # A donated argument the program also returns keeps its values: its buffer is no donor.
     returned = {a.id for a in graph.outvars if isinstance(a, Var)}
     donors = {graph.invars[i].id: len(graph.constvars) + i for i in donated if graph.invars[i].id not in returned}
+    loads = _Loads(kernels)
     n_fresh = 0  # fresh output buffers are numbered without gaps: donated outputs take none
     for vid in output_ids:
         donor = next((d for d, slot in donors.items() if args[slot].type.nbytes == types[vid].nbytes
-                      and _free_by(d, vid, kernels, users, produced[vid], order)), None)
+                      and _free_by(d, vid, kernels, users, produced[vid], order, loads)), None)
         if donor is not None:
             placements[vid] = Placement("donated", donors.pop(donor), types[vid])
         else:
             placements[vid] = Placement("output", n_fresh, types[vid])
             n_fresh += 1
     intermediates = [vid for vid in produced if vid not in placements]
-    in_place = _in_place_pairs(kernels, intermediates, users, order)
+    in_place = _in_place_pairs(kernels, intermediates, users, order, loads)
     arena = _pack(intermediates, users, types, in_place, order)
     placements.update({vid: Placement("arena", off, types[vid]) for vid, off in arena[0].items()})
     return MemoryPlan(
@@ -126,50 +129,82 @@ def plan_memory(graph: Graph, kernels: Sequence[Kernel], donated: Sequence[int] 
         lifetimes)
 
 
-def _dead_by(mask: int, k: int, order: StreamPlan) -> bool:
-    """Whether every kernel in `mask` other than k finishes before kernel k starts."""
-    return not (mask & ~(1 << k)) & ~order.ancestors[k]
+class _Loads:
+    """Each kernel's loads, found once."""
+
+    def __init__(self, kernels: Sequence[Kernel]):
+        self.kernels = kernels
+        self.found: dict[int, list[Load]] = {}
+
+    def __getitem__(self, k: int) -> list[Load]:
+        if k not in self.found:
+            self.found[k] = loads_under(self.kernels[k].roots)
+        return self.found[k]
 
 
-def _free_by(donor: int, vid: int, kernels: Sequence[Kernel], users: dict[int, int], k: int,
-             order: StreamPlan) -> bool:
+def _dead_by(touching: Sequence[int], k: int, order: StreamPlan) -> bool:
+    """Whether every kernel of `touching` other than k finishes before kernel k starts."""
+    return all(j == k or order.before(j, k) for j in touching)
+
+
+def _free_by(donor: int, vid: int, kernels: Sequence[Kernel], users: dict[int, list[int]], k: int,
+             order: StreamPlan, loads: _Loads) -> bool:
     """Whether the donated argument `donor` is dead when kernel `k` writes `vid`: read only by
     kernels that finish before k, or by kernel k itself only where it writes `vid`."""
-    readers = users.get(donor, 0)
-    if not _dead_by(readers, k, order):
+    if not _dead_by(users.get(donor, ()), k, order):
         return False
     kernel = kernels[k]
     slots = [i for i, b in enumerate(kernel.inputs) if b.value_id == donor]
     out = next(o for o, b in enumerate(kernel.outputs) if b.value_id == vid)
-    return all(reads_only_where_written(kernel, i, out) for i in slots)
+    return all(reads_only_where_written(kernel, i, out, loads[k]) for i in slots)
 
 
-def _in_place_pairs(kernels: Sequence[Kernel], intermediates: list[int], users: dict[int, int],
-                    order: StreamPlan) -> dict[int, int]:
+def _in_place_pairs(kernels: Sequence[Kernel], intermediates: list[int], users: dict[int, list[int]],
+                    order: StreamPlan, loads: _Loads) -> dict[int, int]:
     """output value -> input value whose memory it may take over."""
     candidates = set(intermediates)
     pairs: dict[int, int] = {}
     taken: set[int] = set()
     for k, kernel in enumerate(kernels):
+        by_size: dict[int, list[int]] = {}
+        for i, inp in enumerate(kernel.inputs):
+            if inp.value_id in candidates:
+                by_size.setdefault(inp.type.nbytes, []).append(i)
         for o, out in enumerate(kernel.outputs):
             if out.value_id not in candidates:
                 continue
-            for i, inp in enumerate(kernel.inputs):
-                if (inp.value_id in candidates and inp.value_id not in taken
-                        and _dead_by(users[inp.value_id], k, order)
-                        and inp.type.nbytes == out.type.nbytes
-                        and reads_only_where_written(kernel, i, o)):
-                    pairs[out.value_id] = inp.value_id
-                    taken.add(inp.value_id)
+            for i in by_size.get(out.type.nbytes, ()):
+                inp = kernel.inputs[i].value_id
+                if inp not in taken and _dead_by(users[inp], k, order) \
+                        and reads_only_where_written(kernel, i, o, loads[k]):
+                    pairs[out.value_id] = inp
+                    taken.add(inp)
                     break
     return pairs
 
 
-def _pack(values: list[int], users: dict[int, int], types: dict[int, TensorType],
-          in_place: dict[int, int], order: StreamPlan) -> tuple[dict[int, int], int]:
-    """Arena offsets, best fit by decreasing size; in-place chains share one slot. Two slots
-    may overlap in memory only when all kernels touching one happen before all touching the
-    other."""
+@dataclass
+class _Slot:
+    """Memory shared by an in-place chain of values: its size, the kernels touching it (their
+    first and last), per stream the last of them, and per stream the last kernel that happens
+    before all of them."""
+
+    size: int
+    first: int
+    last: int
+    last_on: list[int]
+    before_all: list[int]
+    since: int  # every kernel before this one happens before all kernels touching the slot
+
+    def disjoint(self, other: "_Slot") -> bool:
+        """Whether every kernel touching one slot finishes before any touching the other starts."""
+        return all(a <= b for a, b in zip(self.last_on, other.before_all)) or \
+            all(a <= b for a, b in zip(other.last_on, self.before_all))
+
+
+def _slots(values: list[int], users: dict[int, list[int]], types: dict[int, TensorType],
+           in_place: dict[int, int], order: StreamPlan) -> tuple[dict[int, int], dict[int, _Slot]]:
+    """Each value's slot (the root of its in-place chain) and what each slot is."""
     root = {v: v for v in values}
 
     def find(v: int) -> int:
@@ -179,33 +214,96 @@ def _pack(values: list[int], users: dict[int, int], types: dict[int, TensorType]
 
     for out, inp in in_place.items():
         root[find(out)] = find(inp)
-    slots: dict[int, list[int]] = {}
+    members: dict[int, list[int]] = {}
     for v in values:
-        slots.setdefault(find(v), []).append(v)
-    touch = {r: reduce(operator.or_, (users[v] for v in vs)) for r, vs in slots.items()}
-    # the kernels that happen before every kernel touching the slot
-    after = {r: reduce(operator.and_, (order.ancestors[k] for k in _bits(touch[r]))) for r in slots}
+        members.setdefault(find(v), []).append(v)
+    width = max(map(len, order.clocks), default=1)
+    on_stream: dict[int, list[int]] = {}
+    for k, s in enumerate(order.streams):
+        on_stream.setdefault(s, []).append(k)
+    n = len(order.streams)
 
-    def disjoint(a: int, b: int) -> bool:
-        return not touch[a] & ~after[b] or not touch[b] & ~after[a]
+    def since(k: int) -> int:
+        """The first kernel that does not happen before kernel k (on each stream, the kernel
+        after the last one that does)."""
+        clock = order.clocks[k]
+        first = k
+        for s, ks in on_stream.items():
+            last = clock[s] if s < len(clock) else -1
+            after = bisect.bisect_right(ks, last)
+            first = min(first, ks[after] if after < len(ks) else n)
+        return first
 
-    sizes = {r: _align(max(types[v].nbytes for v in vs)) for r, vs in slots.items()}
-    first = {r: min(_bits(touch[r])) for r in slots}
+    slots = {}
+    for r, vs in members.items():
+        touching = sorted({k for v in vs for k in users[v]})
+        last_on, before_all = [-1] * width, [n] * width
+        for k in touching:
+            s = order.streams[k]
+            last_on[s] = max(last_on[s], k)
+            clock = order.clocks[k]
+            for t in range(width):
+                before_all[t] = min(before_all[t], clock[t] if t < len(clock) else -1)
+        slots[r] = _Slot(_align(max(types[v].nbytes for v in vs)), touching[0], touching[-1], last_on, before_all,
+                         min(since(k) for k in touching))
+    return {v: find(v) for v in values}, slots
+
+
+class _Intervals:
+    """Closed intervals of kernel positions in [0, n), reporting those that overlap a query."""
+
+    def __init__(self, n: int):
+        self.leaves = 1 << max(n - 1, 0).bit_length()
+        self.cover: dict[int, list[int]] = {}  # segment tree node -> items whose interval covers it
+        self.starts: list[tuple[int, int]] = []  # (start, item), sorted
+
+    def add(self, lo: int, hi: int, item: int) -> None:
+        left, right = lo + self.leaves, hi + self.leaves + 1
+        while left < right:
+            if left & 1:
+                self.cover.setdefault(left, []).append(item)
+                left += 1
+            if right & 1:
+                right -= 1
+                self.cover.setdefault(right, []).append(item)
+            left, right = left >> 1, right >> 1
+        bisect.insort(self.starts, (lo, item))
+
+    def overlapping(self, lo: int, hi: int) -> list[int]:
+        found = []
+        node = lo + self.leaves
+        while node:  # the intervals holding lo
+            found.extend(self.cover.get(node, ()))
+            node >>= 1
+        first = bisect.bisect_right(self.starts, (lo, float("inf")))
+        last = bisect.bisect_right(self.starts, (hi, float("inf")))
+        found.extend(item for _, item in self.starts[first:last])  # and those starting after it
+        return found
+
+
+def _pack(values: list[int], users: dict[int, list[int]], types: dict[int, TensorType],
+          in_place: dict[int, int], order: StreamPlan) -> tuple[dict[int, int], int]:
+    """Arena offsets, best fit by decreasing size; in-place chains share one slot. Two slots
+    may overlap in memory only when all kernels touching one happen before all touching the
+    other. A slot's kernels, widened back to the first kernel that does not happen before all of
+    them, span an interval of positions; slots whose intervals do not meet never conflict, so
+    only slots whose intervals meet are compared."""
+    slot_of, slots = _slots(values, users, types, in_place, order)
+    placed = _Intervals(len(order.streams))
     offsets: dict[int, int] = {}
     end = 0
-    for r in sorted(slots, key=lambda r: (-sizes[r], first[r])):
-        busy = sorted((offsets[o], offsets[o] + sizes[o]) for o in offsets if not disjoint(o, r))
+    for r in sorted(slots, key=lambda r: (-slots[r].size, slots[r].first)):
+        slot = slots[r]
+        busy = sorted((offsets[o], offsets[o] + slots[o].size)
+                      for o in placed.overlapping(slot.since, slot.last) if not slots[o].disjoint(slot))
         best, cursor = None, 0
         for lo, hi in busy + [(None, None)]:
             gap = (lo if lo is not None else float("inf")) - cursor
-            if gap >= sizes[r] and (best is None or gap < best[1]):
+            if gap >= slot.size and (best is None or gap < best[1]):
                 best = (cursor, gap)
             if hi is not None:
                 cursor = max(cursor, hi)
         offsets[r] = best[0]
-        end = max(end, best[0] + sizes[r])
-    return {v: offsets[find(v)] for v in values}, end
-
-
-def _bits(mask: int) -> list[int]:
-    return [i for i in range(mask.bit_length()) if mask >> i & 1]
+        end = max(end, best[0] + slot.size)
+        placed.add(slot.since, slot.last, r)
+    return {v: offsets[slot_of[v]] for v in values}, end

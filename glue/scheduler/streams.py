@@ -33,13 +33,14 @@ MAX_STREAMS = 4
 @dataclass(frozen=True)
 class StreamPlan:
     """Per kernel (in program order): its stream, the kernels it depends on, and the kernels on
-    other streams whose events it waits for. `ancestors[k]` is a bit mask of every kernel that
-    happens before kernel k."""
+    other streams whose events it waits for. `clocks[k][s]` is the last kernel of stream s that
+    happens before kernel k (-1: none; a vector clock): work on a stream runs in order, so what
+    happens before k is, on each stream, everything up to that kernel."""
 
     streams: tuple[int, ...]
     deps: tuple[tuple[int, ...], ...]
     waits: tuple[tuple[int, ...], ...]
-    ancestors: tuple[int, ...]
+    clocks: tuple[tuple[int, ...], ...]
 
     @property
     def n_streams(self) -> int:
@@ -52,7 +53,9 @@ class StreamPlan:
 
     def before(self, i: int, j: int) -> bool:
         """Whether kernel i finishes before kernel j starts, on every run."""
-        return bool(self.ancestors[j] >> i & 1)
+        clock = self.clocks[j]
+        s = self.streams[i]
+        return s < len(clock) and i <= clock[s]
 
     def tails(self) -> dict[int, int]:
         """stream -> its last kernel: what stream 0 waits for at the end of a call."""
@@ -97,37 +100,52 @@ def heirs(deps: Sequence[tuple[int, ...]]) -> dict[int, int]:
     return heir
 
 
+def _join(clock: list[int], other: Sequence[int]) -> None:
+    """clock := the latest of both, stream by stream."""
+    for s, k in enumerate(other):
+        if k > clock[s]:
+            clock[s] = k
+
+
 def plan_streams(kernels: Sequence[Kernel], max_streams: int = MAX_STREAMS) -> StreamPlan:
     """The stream plan of `kernels` (in program order) on at most `max_streams` streams."""
     deps = kernel_deps(kernels)
     heir = heirs(deps)
     streams: list[int] = []
     waits: list[tuple[int, ...]] = []
-    ancestors: list[int] = []
+    clocks: list[tuple[int, ...]] = []
     tail: list[int] = []  # stream -> its last kernel so far
+    width = max(1, min(max_streams, len(kernels)))
+
+    def through(d: int) -> list[int]:
+        """What happens before kernel d, and d itself."""
+        clock = list(clocks[d])
+        clock[streams[d]] = d
+        return clock
+
     for k, ds in enumerate(deps):
         stream = next((streams[d] for d in reversed(ds) if tail[streams[d]] == d and heir[d] == k), None)
         if stream is None:
-            needed = 0
+            needed = [-1] * width
             for d in ds:
-                needed |= ancestors[d] | 1 << d
+                _join(needed, through(d))
             # a stream whose last kernel awaits its heir is kept for that heir
             reserved = [heir.get(t, -1) > k for t in tail]
-            stream = next((s for s, t in enumerate(tail) if needed >> t & 1 and not reserved[s]), None)
+            stream = next((s for s, t in enumerate(tail) if t <= needed[s] and not reserved[s]), None)
             if stream is None and len(tail) < max_streams:
                 stream = len(tail)
                 tail.append(-1)
                 reserved.append(False)
             if stream is None:  # every stream busy with unrelated work: the one idle longest
                 stream = min(range(len(tail)), key=lambda s: (reserved[s], tail[s]))
-        known = ancestors[tail[stream]] | 1 << tail[stream] if tail[stream] >= 0 else 0
+        known = through(tail[stream]) if tail[stream] >= 0 else [-1] * width
         mine = []
         for d in sorted(ds, reverse=True):  # a later producer's wait may cover earlier ones
-            if not known >> d & 1:
+            if d > known[streams[d]]:
                 mine.append(d)
-                known |= ancestors[d] | 1 << d
+                _join(known, through(d))
         streams.append(stream)
         waits.append(tuple(sorted(mine)))
-        ancestors.append(known)
+        clocks.append(tuple(known))
         tail[stream] = k
-    return StreamPlan(tuple(streams), tuple(deps), tuple(waits), tuple(ancestors))
+    return StreamPlan(tuple(streams), tuple(deps), tuple(waits), tuple(clocks))

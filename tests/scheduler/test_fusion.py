@@ -10,8 +10,11 @@ import glue.numpy as gnp
 from glue.reference import run_graph
 from glue.reference.compare import mismatch
 from glue.scheduler.interpret import run_plan
+from glue.scheduler import fusion
+from glue.scheduler.lowering import FusionRefused, lower_group
+from glue.scheduler.passes import optimize
 from glue.scheduler.plan import STAGES, schedule
-from glue.testing import programs_and_inputs, tolerance_dtypes
+from glue.testing import programs, programs_and_inputs, tolerance_dtypes
 
 rng = np.random.default_rng(0)
 
@@ -159,4 +162,117 @@ def test_cross_entropy_gradient_is_one_kernel():
     logits, labels = f32(16, 40), rng.integers(0, 40, 16).astype(np.int32)
     plan, args, closed = plan_of(glue.grad(nn.cross_entropy), logits, labels)
     assert len(plan.kernels) == 1, plan.as_text("fusion")
+    assert_plan_matches(plan, args, closed)
+
+
+# --- legality from summaries, scores, refusals ------------------------------------------------
+
+class _CheckedFuser(fusion._Fuser):
+    """A fuser that checks each legality decision it takes from group summaries against
+    building the candidate kernel, as lowering would."""
+
+    def _agree(self, eqns, outputs, refusal):
+        try:
+            lower_group([self.eqns[j] for j in sorted(eqns)], outputs, "check")
+        except FusionRefused as why:
+            assert refusal == str(why), (refusal, str(why), self.graph)
+            return
+        assert refusal is None, (refusal, self.graph)
+
+    def _trial(self, i, group, as_home):
+        (var,) = self.eqns[i].outvars
+        output = as_home and var.id not in group.outputs and self.needed(var, group.gid)
+        outputs = list(group.outputs.values()) + ([var] if output else [])
+        try:
+            trial = super()._trial(i, group, as_home)
+        except FusionRefused as why:
+            self._agree(group.members | {i}, outputs, str(why))
+            raise
+        self._agree(group.members | {i}, outputs, None)
+        return trial
+
+    def _merge_walk(self, gk, gg, passed, dropped):
+        outputs = [v for g in (gk, gg) for v in g.outputs.values() if v.id not in dropped]
+        try:
+            walk = super()._merge_walk(gk, gg, passed, dropped)
+        except FusionRefused as why:
+            self._agree(gk.members | gg.members, outputs, str(why))
+            raise
+        self._agree(gk.members | gg.members, outputs, None)
+        return walk
+
+
+@settings(max_examples=80)
+@given(programs(max_eqns=14))
+def test_legality_from_summaries_agrees_with_building_the_kernel(graph):
+    _CheckedFuser(optimize(graph)).run()
+
+
+def _refusals(plan, reason):
+    return [r for r in plan.fusion.refusals if reason in r.reason]
+
+
+def test_each_final_kernel_is_lowered_once(monkeypatch):
+    calls = []
+
+    def counting(eqns, outputs, name):
+        calls.append(name)
+        return lower_group(eqns, outputs, name)
+
+    monkeypatch.setattr(fusion, "lower_group", counting)
+    plan, _, _ = plan_of(lambda x, w, g: glue.vjp(lambda x, w: nn.layer_norm(x, w, w), x, w)[1](g),
+                         f32(16, 32), f32(32), f32(16, 32))
+    assert len(calls) == len(plan.kernels) == len(set(calls))
+
+
+def test_recomputing_a_producer_that_reads_more_than_it_saves_is_refused_as_not_profitable():
+    def f(a, b, c):
+        p = a + b  # both kernels would read a and b instead of p, and do the add again
+        return (p * c).sum(axis=0), gnp.exp(p).sum(axis=1)
+
+    plan, args, closed = plan_of(f, f32(8, 16), f32(8, 16), f32(8, 16))
+    assert _refusals(plan, "not profitable: recomputing add"), plan.as_text("fusion")
+    assert "not profitable: recomputing add" in plan.as_text("fusion")
+    assert sum("add" in k.ops for k in plan.kernels) == 1
+    assert_plan_matches(plan, args, closed)
+
+
+def test_a_cheap_producer_whose_operands_each_kernel_reads_anyway_is_recomputed():
+    def f(x):
+        h = x * 2.0
+        return (h * x).sum(axis=0), (h + x).max(axis=1)
+
+    plan, args, closed = plan_of(f, f32(8, 16))
+    assert sum("mul" in k.ops for k in plan.kernels) == 2 and not plan.fusion.refusals
+    assert_plan_matches(plan, args, closed)
+
+
+def test_a_refused_sibling_merge_is_recorded_with_its_reason():
+    def f(x, w):
+        s = x.sum(axis=1)  # a row reduction of x ...
+        m = (s[:, None] * x) @ w  # ... that a contraction needs ...
+        return s, (x * m).sum(axis=1)  # ... before a second row reduction of x
+
+    plan, args, closed = plan_of(f, f32(8, 16), f32(16, 16))
+    assert _refusals(plan, "reads the other through a third"), plan.as_text("fusion")
+    assert_plan_matches(plan, args, closed)
+
+
+def test_independent_kernels_over_one_domain_merge_to_save_a_launch():
+    def f(a, b):
+        return gnp.exp(a).sum(axis=1), (b * b).sum(axis=1)
+
+    plan, args, closed = plan_of(f, f32(8, 16), f32(8, 16))
+    assert kinds(plan) == ["reduction"], plan.as_text("fusion")
+    assert_plan_matches(plan, args, closed)
+
+
+def test_a_kernel_stops_growing_where_it_would_compile_slower_than_fusing_saves():
+    def chain(x):
+        for _ in range(fusion.MAX_KERNEL_SIZE):
+            x = x * 0.75 + 0.125
+        return x
+
+    plan, args, closed = plan_of(chain, f32(4, 8))
+    assert len(plan.kernels) >= 2 and _refusals(plan, "compiles slower than fusing saves")
     assert_plan_matches(plan, args, closed)

@@ -17,7 +17,7 @@ def plan_for(fn, *args, max_streams=MAX_STREAMS):
 
 def happens_before(streams):
     """i -> the kernels that finish before kernel i starts, from the stream order and the waits
-    alone (not from the plan's own `ancestors`)."""
+    alone (not from the plan's own `clocks`)."""
     preds = {k: set(w) for k, w in enumerate(streams.waits)}
     last = {}
     for k, s in enumerate(streams.streams):

@@ -181,6 +181,11 @@ def _is_widening(e: Expr) -> bool:
             and e.dtype in (dt.float32, dt.float64))
 
 
+def _loose_key(e: Expr):
+    """What `GpuEmitter.loose(e)` is memoised under."""
+    return (e, "loose") if _is_loose(e) else e
+
+
 def pack_bf16x2(b: ir.IRBuilder, low: ir.Value, high: ir.Value) -> ir.Value:
     """Two floats rounded to bfloat16 (nearest even) and packed into a 32-bit word (sm_80 on)."""
     asm = ir.InlineAsm(ir.FunctionType(I32, [F32, F32]), "cvt.rn.bf16x2.f32 $0, $1, $2;", "=r,f,f")
@@ -195,6 +200,10 @@ class GpuEmitter(ExprEmitter):
     analysis: Analysis | None = None
     packs_bf16: bool = False
 
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._cases: dict[Expr, str] = {}
+
     def rounded(self, x: ir.Value, dtype: DType) -> ir.Value:
         """A float32 rounded to `dtype`, held as float32: for bfloat16, in two instructions
         where the target has the conversion, rather than the seven of the integer form."""
@@ -203,24 +212,52 @@ class GpuEmitter(ExprEmitter):
         pair = pack_bf16x2(self.b, x, x)  # the rounded value in both halves; keep the high one
         return self.b.bitcast(self.b.and_(pair, ir.Constant(I32, -65536)), F32)
 
-    def value(self, e: Expr) -> ir.Value:
-        found = self.memo.get(e)
-        if found is not None:
-            return found
+    def _case(self, e: Expr) -> str:
+        """Which of the GPU's own forms emits `e` ("" for the shared emitter's)."""
         if _is_loose(e):
-            found = self.rounded(self.loose(e), e.dtype)
-        elif _is_narrowing(e):
-            found = self.rounded(self.value(e.args[0]), e.dtype)
-        elif _is_widening(e):
-            found = convert(self.b, self.loose(e.args[0]), dt.float32, e.dtype)
-        elif isinstance(e, Op) and e.dtype == dt.float32 and e.primitive in FAST_F32:
-            found = FAST_F32[e.primitive](self.b, self.value(e.args[0]))
-        elif self._shared_divisor(e):
-            found = self.b.fmul(self.value(e.args[0]), self.reciprocal(e.args[1]))
-        else:
-            return super().value(e)
-        self.memo[e] = found
-        return found
+            return "loose"
+        if _is_narrowing(e):
+            return "narrow"
+        if _is_widening(e):
+            return "widen"
+        if isinstance(e, Op) and e.dtype == dt.float32 and e.primitive in FAST_F32:
+            return "fast"
+        if self._shared_divisor(e):
+            return "divide"
+        return ""
+
+    def needs(self, key) -> list:
+        # Keys are expressions, and (expression, "loose") or (divisor, "reciprocal") pairs.
+        if isinstance(key, tuple):
+            e, kind = key
+            return [_loose_key(a) for a in e.args] if kind == "loose" else [e]
+        case = self._cases[key] = self._case(key)
+        if case == "loose":
+            return [(key, "loose")]
+        if case in ("narrow", "fast"):
+            return [key.args[0]]
+        if case == "widen":
+            return [_loose_key(key.args[0])]
+        if case == "divide":
+            return [key.args[0], (key.args[1], "reciprocal")]
+        return list(super().needs(key))
+
+    def emit(self, key) -> ir.Value:
+        if isinstance(key, tuple):
+            e, kind = key
+            return self._emit_loose(e) if kind == "loose" else self._emit_reciprocal(e)
+        case = self._cases.pop(key)  # chosen when its needs were listed
+        if case == "loose":
+            return self.rounded(self.loose(key), key.dtype)
+        if case == "narrow":
+            return self.rounded(self.value(key.args[0]), key.dtype)
+        if case == "widen":
+            return convert(self.b, self.loose(key.args[0]), dt.float32, key.dtype)
+        if case == "fast":
+            return FAST_F32[key.primitive](self.b, self.value(key.args[0]))
+        if case == "divide":
+            return self.b.fmul(self.value(key.args[0]), self.reciprocal(key.args[1]))
+        return super().emit(key)
 
     def _shared_divisor(self, e: Expr) -> bool:
         if not (isinstance(e, Op) and e.primitive == "div" and e.dtype in (dt.float32, dt.float64)):
@@ -230,33 +267,35 @@ class GpuEmitter(ExprEmitter):
         x, d = (self.analysis.uses(a).dims for a in e.args)
         return d < x
 
-    def reciprocal(self, d: Expr) -> ir.Value:
-        key = (d, "reciprocal")
+    def _memoised(self, key) -> ir.Value:
         found = self.memo.get(key)
         if found is None:
-            value = self.value(d)
-            found = self.memo[key] = self.b.fdiv(ir.Constant(value.type, 1.0), value)
+            self.force(key)
+            found = self.memo[key]
         return found
+
+    def reciprocal(self, d: Expr) -> ir.Value:
+        return self._memoised((d, "reciprocal"))
+
+    def _emit_reciprocal(self, d: Expr) -> ir.Value:
+        value = self.value(d)
+        return self.b.fdiv(ir.Constant(value.type, 1.0), value)
 
     def loose(self, e: Expr) -> ir.Value:
         """`e` in float32 without rounding to its 16-bit dtype (`value(e)` for other exprs)."""
-        if not _is_loose(e):
-            return self.value(e)
-        key = (e, "loose")
-        found = self.memo.get(key)
-        if found is None:
-            args = [self.loose(a) for a in e.args]
-            fast = FAST_UNARY.get(e.primitive)
-            if fast is not None:
-                found = fast(self.b, args[0])
-            elif e.primitive == "div":
-                found = _fast_div(self.b, *args)
-            else:
-                dtypes = [dt.float32 if a.dtype in HALF else a.dtype for a in e.args]
-                found = OP_RULES[e.primitive](self.b, args, dtypes, replace(e, dtype=dt.float32))
-                if getattr(found, "opname", None) in CONTRACTIBLE:
-                    found.flags.append("contract")
-            self.memo[key] = found
+        return self._memoised(_loose_key(e))
+
+    def _emit_loose(self, e: Expr) -> ir.Value:
+        args = [self.loose(a) for a in e.args]
+        fast = FAST_UNARY.get(e.primitive)
+        if fast is not None:
+            return fast(self.b, args[0])
+        if e.primitive == "div":
+            return _fast_div(self.b, *args)
+        dtypes = [dt.float32 if a.dtype in HALF else a.dtype for a in e.args]
+        found = OP_RULES[e.primitive](self.b, args, dtypes, replace(e, dtype=dt.float32))
+        if getattr(found, "opname", None) in CONTRACTIBLE:
+            found.flags.append("contract")
         return found
 
     def stored(self, e: Expr) -> ir.Value:
