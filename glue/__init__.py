@@ -14,7 +14,10 @@ from glue.errors import (BackendError, ConcretizationError, GlueError, GlueTypeE
 from glue.frontend import jit, make_ir
 from glue.frontend.array import Array
 from glue.frontend.pytree import tree_flatten, tree_map, tree_unflatten
-from glue.frontend.transforms import grad, jvp, stop_gradient, value_and_grad, vjp, vmap
+from glue.frontend.shapes import ShapeDtypeStruct, block_until_ready, eval_shape
+from glue.frontend.transforms import (checkpoint, checkpoint_policies, custom_jvp, custom_vjp, grad, hessian,
+                                      jacfwd, jacrev, jvp, remat, stop_gradient, value_and_grad, vjp, vmap)
+from glue import debug, lax
 from glue.lax import Precision, default_matmul_precision
 from glue.profiler import profile
 from glue.settings import config
@@ -36,5 +39,7 @@ def device_put(value: _Any, backend: str | None = None) -> Array:
 __all__ = ["Array", "BackendError", "ConcretizationError", "GlueError", "GlueTypeError", "ParseError",
            "Precision", "VerifyError", "available_backends", "config", "default_matmul_precision", "default_backend_name", "device_put", "devices",
            "jit", "make_ir", "profile", "tree_flatten", "tree_map", "tree_unflatten",
-           "grad", "jvp", "stop_gradient", "value_and_grad", "vjp", "vmap"]
+           "grad", "jvp", "stop_gradient", "value_and_grad", "vjp", "vmap",
+           "ShapeDtypeStruct", "block_until_ready", "checkpoint", "checkpoint_policies", "custom_jvp", "custom_vjp",
+           "debug", "eval_shape", "hessian", "jacfwd", "jacrev", "lax", "remat"]
 __version__ = "0.1.0"

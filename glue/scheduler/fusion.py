@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from glue.ir import Graph, Var, primitive
 from glue.ir.printer import graph_var_names
+from glue.scheduler.calls import lower_call
 from glue.scheduler.kernel_ir import Kernel
 from glue.scheduler.lowering import FusionRefused, lower_group
 
@@ -81,9 +82,18 @@ class _Fuser:
         self.home: dict[int, int] = {}  # var id -> group that writes it to memory
         self.refusals: list[Refusal] = []
 
+    def call(self, members: set[int]) -> int | None:
+        """The equation of an opaque primitive that is a group's only member (a call kernel)."""
+        if len(members) != 1:
+            return None
+        i = next(iter(members))
+        return i if primitive(self.eqns[i].primitive).opaque else None
+
     def outputs(self, gid: int, members: set[int]) -> list[Var]:
         """What kernel `gid` writes: its values that the program returns or that a consumer in
         another kernel, which does not compute them itself, reads."""
+        if self.call(members) is not None:
+            return list(self.eqns[self.call(members)].outvars)
         outs = []
         for i in sorted(members):
             v = self.eqns[i].outvars[0]
@@ -95,10 +105,16 @@ class _Fuser:
                 outs.append(v)
         return outs
 
-    def lower(self, gid: int, members: set[int]) -> Kernel:
-        return lower_group([self.eqns[i] for i in sorted(members)], self.outputs(gid, members), str(gid))
+    def lower(self, gid: int, members: set[int], name: str | None = None) -> Kernel:
+        if self.call(members) is not None:
+            return lower_call(self.eqns[self.call(members)], str(gid) if name is None else name)
+        return lower_group([self.eqns[i] for i in sorted(members)], self.outputs(gid, members),
+                           str(gid) if name is None else name)
 
     def try_join(self, i: int, gid: int, as_home: bool) -> bool:
+        if self.call(self.groups[gid]) is not None:
+            self.refusals.append(Refusal(i, max(self.groups[gid]), "a call runs as a kernel of its own"))
+            return False
         members = self.groups[gid] | {i}
         v = self.eqns[i].outvars[0]
         previous = self.home.get(v.id)
@@ -135,7 +151,7 @@ class _Fuser:
         gid = len(self.groups)
         self.groups[gid] = {i}
         self.groups_of.setdefault(i, set()).add(gid)
-        self.home[self.eqns[i].outvars[0].id] = gid
+        self.home.update({v.id: gid for v in self.eqns[i].outvars})
         return gid
 
     def run(self) -> Fusion:
@@ -150,7 +166,8 @@ class _Fuser:
         domains = {g: self._domain(g) for g in self.groups}
         for a in sorted(self.groups, key=lambda g: min(self.groups[g])):
             for b in sorted(self.groups, key=lambda g: min(self.groups[g])):
-                if a == b or a not in self.groups or b not in self.groups or domains[a] != domains[b]:
+                if a == b or a not in self.groups or b not in self.groups or domains[a] != domains[b] \
+                        or domains[a][0] == "call":
                     continue
                 if self._related(a, b) and not self._path_through_others(a, b) and \
                         not self._path_through_others(b, a):
@@ -188,6 +205,9 @@ class _Fuser:
                 gids.add(a)
 
     def place(self, i: int) -> None:
+        if primitive(self.eqns[i].primitive).opaque:
+            self.new_group(i)
+            return
         v = self.eqns[i].outvars[0]
         if v.id not in self.external and not self.consumers.get(v.id):
             return  # dead: nothing reads it
@@ -226,7 +246,7 @@ class _Fuser:
     def reads_from(self, gid: int) -> set[int]:
         """The kernels whose outputs kernel `gid` reads (values it does not compute itself)."""
         members = self.groups[gid]
-        computed = {self.eqns[j].outvars[0].id for j in members}
+        computed = {v.id for j in members for v in self.eqns[j].outvars}
         return {self.home[a.id] for j in members for a in self.eqns[j].inputs
                 if isinstance(a, Var) and a.id not in computed and a.id in self.home}
 
@@ -244,8 +264,7 @@ class _Fuser:
         order = self._topological([gid for gid in self.groups])
         groups = [sorted(self.groups[g]) for g in order]
         outputs = [self.outputs(g, self.groups[g]) for g in order]
-        kernels = [lower_group([self.eqns[i] for i in eqns], outs, str(k))
-                   for k, (eqns, outs) in enumerate(zip(groups, outputs))]
+        kernels = [self.lower(g, self.groups[g], str(k)) for k, g in enumerate(order)]
         return Fusion(self.graph, groups, outputs, kernels, self.refusals)
 
     def _topological(self, gids: list[int]) -> list[int]:

@@ -253,8 +253,9 @@ def _row_result(lw: _Lowerer, eqn: Eqn, index, mask) -> Expr:
     return lw.row_value(eqn, index)
 
 
-# Every primitive but scatter_add, whose result is complete only when its kernel ends.
-INDEX_RULES = RuleTable("index", lambda p: p.name != "scatter_add")
+# Every primitive but scatter_add, whose result is complete only when its kernel ends, and the
+# opaque ones, which are kernels of their own (glue.scheduler.calls).
+INDEX_RULES = RuleTable("index", lambda p: p.name != "scatter_add" and not p.opaque)
 INDEX_RULES.update({
     "broadcast_in_dim": _broadcast, "transpose": _transpose, "reshape": _reshape, "slice": _slice,
     "pad": _pad, "concatenate": _concatenate, "iota": _iota, "gather": _gather, "dot_general": _row_result,
