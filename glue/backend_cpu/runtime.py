@@ -29,7 +29,7 @@ from glue.backend_cpu.target import LoadedCode, thread_count
 from glue.codegen.analysis import CostAnalysis, MemoryAnalysis
 from glue.errors import BackendError
 from glue.ir import TensorType
-from glue.scheduler.calls import body_layout
+from glue.scheduler.calls import BodyLayout, body_layout
 from glue.settings import config
 
 ALIGN = 64
@@ -181,7 +181,7 @@ class Executable:
         self._dtypes = [t.dtype.numpy for t in program.arg_types]
         self._outputs = [(t.shape, t.dtype.numpy) for t in program.output_types]
         self._table = ctypes.c_void_p * (len(program.arg_types) + len(program.output_types) + 1)
-        self._layout = body_layout(program.results)
+        self._layout: BodyLayout | None = None  # how run_at places results (for a body)
 
     def _arguments(self, args: Sequence[Any]) -> list[np.ndarray]:
         types = self.program.arg_types
@@ -206,6 +206,8 @@ class Executable:
         """Run as the body of a call kernel: the arguments and every result are at the given
         addresses (in a parent program's buffers), which the kernels read and write in place."""
         layout = self._layout
+        if layout is None:
+            layout = self._layout = body_layout(self.program.results)
         self._run(arguments, [results[r] for r in layout.slot_result])
         types = [r.type for r in self.program.results]
         for (kind, i), r in layout.copies:
