@@ -11,6 +11,7 @@ import glue.numpy as gnp
 from glue.errors import GlueTypeError, describe_location, user_frame_location
 from glue.frontend.array import Array
 from glue.frontend.tracing import Tracer
+from glue.lax.updates import IndexUpdateHelper
 
 
 def _binary(name: str, reflected: bool = False):
@@ -49,6 +50,11 @@ class ArrayMethods:
 
     def __getitem__(self, index: Any):
         return gnp.getitem(self, index)
+
+    @property
+    def at(self) -> IndexUpdateHelper:
+        """Functional updates: `x.at[index].set(v)` and friends (glue.lax.updates)."""
+        return IndexUpdateHelper(self)
 
     def __neg__(self):
         return gnp.negative(self)
