@@ -196,7 +196,7 @@ def while_loop(cond_fun: Callable, body_fun: Callable, init_val: Any) -> Any:
     cond = trace_body(_flat_fn(cond_fun, tree, cond_trees), types, "the while_loop condition", token=False)
     pred = cond.out_types
     if cond_trees[0].kind != "leaf" or pred[0] != TensorType((), dt.bool_):
-        shown = ", ".join(map(str, pred)) or "nothing"
+        shown = ", ".join(str(t) for t in pred) or "nothing"
         raise _fail(name, f"cond_fun must return a bool scalar, not {cond_trees[0]} of {shown}")
     body_trees: list[PyTreeDef] = []
     body = trace_body(_flat_fn(body_fun, tree, body_trees), types, "the while_loop body")

@@ -208,7 +208,7 @@ def _times(part: Any, stride: int) -> Any:
 def _fit(value: Any, shape: tuple[int, ...]) -> Any:
     """`value` broadcast to `shape` (NumPy's rules: leading axes added)."""
     if not isinstance(value, Tracer):
-        return np.ascontiguousarray(np.broadcast_to(np.asarray(value), shape))
+        return np.array(np.broadcast_to(np.asarray(value), shape))
     have = type_of(value).shape
     if have == shape:
         return value
@@ -317,7 +317,7 @@ def _ge(a: Any, value: int) -> Any:
 
 
 def _as_value(x: Any) -> Any:
-    return np.ascontiguousarray(x) if isinstance(x, np.ndarray) else x
+    return np.array(x) if isinstance(x, np.ndarray) else x
 
 
 def _to_advanced(view: _View, per_element: Any) -> Any:
@@ -327,7 +327,7 @@ def _to_advanced(view: _View, per_element: Any) -> Any:
     shaped = _reshape(per_element, view.adv_shape)
     dims = tuple(range(view.adv_at, view.adv_at + len(view.adv_shape)))
     return _broadcast_to(shaped, view.shape, dims) if not isinstance(shaped, np.ndarray) else \
-        np.ascontiguousarray(_broadcast_to(shaped, view.shape, dims))
+        np.array(_broadcast_to(shaped, view.shape, dims))
 
 
 def _combined(view: _View, positions: Any, values: Any, op: str) -> tuple[Any, Any]:

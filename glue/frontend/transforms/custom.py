@@ -269,11 +269,9 @@ class custom_vjp:  # noqa: N801 (JAX's name)
 
         with _tracing_rules(self):
             bwd = trace_body(backward, res_types + list(body.out_types), f"the bwd of {name}", token=False)
-        bodies = [body, fwd, bwd]
-        graphs = [b.with_invars(_inputs(b, n, bodies, k)) for k, b in enumerate(bodies[:2])]
-        bwd_graph = bwd.with_invars(list(bwd.arg_vars) + list(bwd.const_vars))
-        outs = bind("custom_vjp_call", *split.leaves, *body.consts, *fwd.consts, *bwd.consts, body=graphs[0],
-                    fwd=graphs[1], bwd=bwd_graph, num_consts=(body.n_consts, fwd.n_consts, bwd.n_consts))
+        # each graph takes its own constants after its inputs: the operands hold all three sets
+        outs = bind("custom_vjp_call", *split.leaves, *body.consts, *fwd.consts, *bwd.consts, body=body.graph,
+                    fwd=fwd.graph, bwd=bwd.graph, num_consts=(body.n_consts, fwd.n_consts, bwd.n_consts))
         return tree_unflatten(out_tree, outs)
 
 
