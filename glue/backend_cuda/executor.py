@@ -129,6 +129,8 @@ class CudaExecutable:
         self._host_steps: dict[tuple, list[_Step]] = {}
         plans, self._planner = plan_program(program, self.kernels, self._n_bases, self._source, _load_body)
         self._regions = [self._region(r) for r in self._planner.regions]
+        if any(r.fill is not None for r in self._planner.regions):
+            self.ctx.synchronize()  # constants uploaded once, before any stream reads them
         self._steps = self._materialize(plans)
         if any(step.host is not None for step in self._steps) and self.use_graphs:
             # A while_loop, a cond or a print reads values back between kernels: that cannot
