@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from glue.frontend.tracing import bind, type_of
+from glue.frontend.tracing import type_of
 from glue.frontend.transforms import custom_jvp
 from glue.lax import ops
 

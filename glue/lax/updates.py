@@ -32,7 +32,6 @@ import numpy as np
 
 from glue.errors import GlueIndexError, GlueTypeError, describe_location, user_frame_location
 from glue.frontend.tracing import Tracer, bind, type_of
-from glue.ir import TensorType
 from glue.ir import dtypes as dt
 from glue.ir.core import strides
 from glue.lax.ops import _operand

@@ -138,17 +138,7 @@ def _gradient(fun: Callable, argnums: int | Sequence[int], has_aux: bool, with_v
 
     @functools.wraps(fun)
     def differentiated(*args: Any, **kwargs: Any) -> Any:
-        positions = _argnum_positions(nums, len(args), label)
-        leaves, in_tree = tree_flatten(tuple(args[i] for i in positions))
-        types = [type_of(x) for x in leaves]
-        _check_differentiable(positions, in_tree, types, label)
-
-        def call(*xs: Any) -> Any:
-            full = list(args)
-            for i, value in zip(positions, tree_unflatten(in_tree, list(xs))):
-                full[i] = value
-            return fun(*full, **kwargs)
-
+        leaves, types, in_tree, call = _differentiated_args(fun, nums, args, kwargs, label)
         closed, out_tree = _trace(call, types, label)
         main_tree, aux_tree = _split_aux(out_tree, has_aux, label)
         out = closed.graph.out_types[0] if main_tree.kind == "leaf" else None
@@ -168,6 +158,24 @@ def _gradient(fun: Callable, argnums: int | Sequence[int], has_aux: bool, with_v
         return (gradient, value[1]) if has_aux else gradient
 
     return differentiated
+
+
+def _differentiated_args(fun: Callable, nums: tuple[int, ...], args: tuple, kwargs: dict,
+                         label: str) -> tuple[list[Any], list[TensorType], PyTreeDef, Callable[..., Any]]:
+    """The leaves of the arguments at `nums` (checked to be floating-point), their types and
+    structure, and `fun` as a function of those leaves (the other arguments held fixed)."""
+    positions = _argnum_positions(nums, len(args), label)
+    leaves, in_tree = tree_flatten(tuple(args[i] for i in positions))
+    types = [type_of(x) for x in leaves]
+    _check_differentiable(positions, in_tree, types, label)
+
+    def call(*xs: Any) -> Any:
+        full = list(args)
+        for i, value in zip(positions, tree_unflatten(in_tree, list(xs))):
+            full[i] = value
+        return fun(*full, **kwargs)
+
+    return leaves, types, in_tree, call
 
 
 def _argnum_positions(nums: tuple[int, ...], n_args: int, label: str) -> tuple[int, ...]:
@@ -351,18 +359,8 @@ def _by_input(x: Any, axis: int, types: Sequence[TensorType], tree: PyTreeDef, s
 def _jacobian_args(fun: Callable, argnums: int | Sequence[int], args: tuple, kwargs: dict, label: str):
     """(leaves, their types, structure, function of the leaves, single) for a Jacobian."""
     single = isinstance(argnums, numbers.Integral)
-    positions = _argnum_positions((int(argnums),) if single else tuple(argnums), len(args), label)
-    leaves, in_tree = tree_flatten(tuple(args[i] for i in positions))
-    types = [type_of(x) for x in leaves]
-    _check_differentiable(positions, in_tree, types, label)
-
-    def call(*xs: Any) -> Any:
-        full = list(args)
-        for i, value in zip(positions, tree_unflatten(in_tree, list(xs))):
-            full[i] = value
-        return fun(*full, **kwargs)
-
-    return leaves, types, in_tree, call, single
+    nums = (int(argnums),) if single else tuple(argnums)
+    return _differentiated_args(fun, nums, args, kwargs, label) + (single,)
 
 
 def jacfwd(fun: Callable, argnums: int | Sequence[int] = 0, has_aux: bool = False) -> Callable:

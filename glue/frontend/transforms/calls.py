@@ -18,9 +18,9 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 from glue.errors import GlueError, describe_location
-from glue.frontend.transforms.autodiff import (JVP, JVP_JOINT, LINEARIZE, VJP, Linearized, jvp_by_joint,
-                                               jvp_graph, vjp_by_linearizing)
+from glue.frontend.transforms.autodiff import JVP, VJP, Linearized, jvp_graph
 from glue.frontend.transforms.batching import BATCH, batch_graph, move_batch
+from glue.frontend.transforms.control import register_rules
 from glue.frontend.transforms.core import (aval, closed, current_source, emit, emit_eqn, filled, groups,
                                            reduce_sum, reshape, rule_body, run_body, zeros)
 from glue.frontend.transforms.partial import depends
@@ -95,11 +95,7 @@ def _custom_jvp_batch(xs, dims, size, *, body, jvp, num_consts):
     return result, [0 if f else None for f in out]
 
 
-JVP_JOINT["custom_jvp_call"] = _custom_jvp_jvp
-JVP["custom_jvp_call"] = jvp_by_joint("custom_jvp_call")
-LINEARIZE["custom_jvp_call"] = _custom_jvp_linearize
-VJP["custom_jvp_call"] = vjp_by_linearizing("custom_jvp_call")
-BATCH["custom_jvp_call"] = _custom_jvp_batch
+register_rules("custom_jvp_call", _custom_jvp_jvp, _custom_jvp_linearize, _custom_jvp_batch)
 
 
 # --- custom_vjp_call ------------------------------------------------------------------------
@@ -155,11 +151,7 @@ def _custom_vjp_batch(xs, dims, size, *, body, fwd, bwd, num_consts):
     return result, [0 if f else None for f in out]
 
 
-JVP_JOINT["custom_vjp_call"] = _custom_vjp_jvp
-JVP["custom_vjp_call"] = jvp_by_joint("custom_vjp_call")
-LINEARIZE["custom_vjp_call"] = _custom_vjp_linearize
-VJP["custom_vjp_call"] = vjp_by_linearizing("custom_vjp_call")
-BATCH["custom_vjp_call"] = _custom_vjp_batch
+register_rules("custom_vjp_call", _custom_vjp_jvp, _custom_vjp_linearize, _custom_vjp_batch)
 
 
 # --- checkpoint -----------------------------------------------------------------------------
@@ -234,11 +226,7 @@ def _checkpoint_batch(xs, dims, size, *, body, policy, prevent_cse):
     return result, [0 if f else None for f in out]
 
 
-JVP_JOINT["checkpoint"] = _checkpoint_jvp
-JVP["checkpoint"] = jvp_by_joint("checkpoint")
-LINEARIZE["checkpoint"] = _checkpoint_linearize
-VJP["checkpoint"] = vjp_by_linearizing("checkpoint")
-BATCH["checkpoint"] = _checkpoint_batch
+register_rules("checkpoint", _checkpoint_jvp, _checkpoint_linearize, _checkpoint_batch)
 
 
 # --- optimization_barrier and debug_print ---------------------------------------------------

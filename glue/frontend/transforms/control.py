@@ -36,6 +36,15 @@ from glue.ir import dtypes as dt
 from glue.ir.primitives import has_effects
 
 
+def register_rules(name: str, jvp: Callable, linearize: Callable | None, batch: Callable) -> None:
+    """Fill every table for a primitive whose forward mode computes outputs and tangents
+    together (`jvp`, a JVP_JOINT rule) and whose reverse mode is a LINEARIZE rule."""
+    JVP_JOINT[name], JVP[name] = jvp, jvp_by_joint(name)
+    if linearize is not None:
+        LINEARIZE[name], VJP[name] = linearize, vjp_by_linearizing(name)
+    BATCH[name] = batch
+
+
 def _fixed_point(body: Graph, carry: list[bool], rest: Sequence[bool], floats_only: bool) -> tuple[list[bool], list[bool]]:
     """Carry flags closed under the body (a carry is flagged when it starts flagged or the body
     makes it depend on a flagged input), and the body's output flags for them."""
@@ -175,11 +184,7 @@ def _scan_batch(xs, dims, size, *, body, length, reverse, num_carry, num_consts)
     return out, [0 if b else None for b in out_b[:nk]] + [1 if b else None for b in out_b[nk:]]
 
 
-JVP_JOINT["scan"] = _scan_jvp
-JVP["scan"] = jvp_by_joint("scan")
-LINEARIZE["scan"] = _scan_linearize
-VJP["scan"] = vjp_by_linearizing("scan")
-BATCH["scan"] = _scan_batch
+register_rules("scan", _scan_jvp, _scan_linearize, _scan_batch)
 
 
 # --- while ----------------------------------------------------------------------------------
@@ -272,10 +277,8 @@ def _while_batch(xs, dims, size, *, cond, body, num_carry, cond_consts):
     return out, carry_dims
 
 
-JVP_JOINT["while"] = _while_jvp
-JVP["while"] = jvp_by_joint("while")
+register_rules("while", _while_jvp, None, _while_batch)
 VJP["while"] = _while_vjp
-BATCH["while"] = _while_batch
 
 
 # --- cond -----------------------------------------------------------------------------------
@@ -393,8 +396,4 @@ def _cond_as_select(ops, op_dims, index, size, branches, effects):
     return chosen, [None if effects and i == 0 else 0 for i in range(len(chosen))]
 
 
-JVP_JOINT["cond"] = _cond_jvp
-JVP["cond"] = jvp_by_joint("cond")
-LINEARIZE["cond"] = _cond_linearize
-VJP["cond"] = vjp_by_linearizing("cond")
-BATCH["cond"] = _cond_batch
+register_rules("cond", _cond_jvp, _cond_linearize, _cond_batch)
