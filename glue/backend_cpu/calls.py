@@ -72,16 +72,16 @@ class _Runner:
     """The scheduler's Runner over this call's addresses."""
 
     def __init__(self, step: CallStep, table: Any):
-        self.step, self.table = step, table
-        self.scratch = [np.empty(t.shape, t.dtype.numpy) for t in step.site.plan.scratch]
+        self.step = step
+        site = step.site
+        self.scratch = [np.empty(t.shape, t.dtype.numpy) for t in site.plan.scratch]
+        self.bases = {"input": [(table[o.slot] or 0) + o.offset for o in site.inputs],
+                      "output": [(table[o.slot] or 0) + o.offset for o in site.outputs],
+                      "scratch": [address_of(x) for x in self.scratch],
+                      "literal": [address_of(x) for x in step.literals]}
 
     def address(self, ref: Ref) -> int:
-        site = self.step.site
-        if ref.kind in ("input", "output"):
-            operand = (site.inputs if ref.kind == "input" else site.outputs)[ref.index]
-            return (self.table[operand.slot] or 0) + operand.offset + ref.offset
-        held = self.scratch if ref.kind == "scratch" else self.step.literals
-        return address_of(held[ref.index]) + ref.offset
+        return self.bases[ref.kind][ref.index] + ref.offset
 
     def invoke(self, body: int, args: Sequence[Ref], results: Sequence[Ref]) -> None:
         self.step.bodies[body].run_at([self.address(r) for r in args], [self.address(r) for r in results])

@@ -181,7 +181,7 @@ class Executable:
         self._dtypes = [t.dtype.numpy for t in program.arg_types]
         self._outputs = [(t.shape, t.dtype.numpy) for t in program.output_types]
         self._table = ctypes.c_void_p * (len(program.arg_types) + len(program.output_types) + 1)
-        self._layout: BodyLayout | None = None  # how run_at places results (for a body)
+        self._layout: tuple[BodyLayout, list[TensorType], list[int]] | None = None  # run_at's, made once
 
     def _arguments(self, args: Sequence[Any]) -> list[np.ndarray]:
         types = self.program.arg_types
@@ -205,15 +205,14 @@ class Executable:
     def run_at(self, arguments: Sequence[int], results: Sequence[int]) -> None:
         """Run as the body of a call kernel: the arguments and every result are at the given
         addresses (in a parent program's buffers), which the kernels read and write in place."""
-        layout = self._layout
-        if layout is None:
-            layout = self._layout = body_layout(self.program.results)
+        if self._layout is None:
+            types = [r.type for r in self.program.results]
+            self._layout = body_layout(self.program.results), types, [t.nbytes for t in types]
+        layout, types, sizes = self._layout
         self._run(arguments, [results[r] for r in layout.slot_result])
-        types = [r.type for r in self.program.results]
         for (kind, i), r in layout.copies:
-            source = arguments[i] if kind == "argument" else results[i]
-            if types[r].nbytes:
-                ctypes.memmove(results[r], source, types[r].nbytes)
+            if sizes[r]:
+                ctypes.memmove(results[r], arguments[i] if kind == "argument" else results[i], sizes[r])
         for r, value in layout.fills:
             array_at(results[r], types[r])[...] = value
 

@@ -25,7 +25,7 @@ a call kernel with NumPy for the scheduler's kernel-IR interpreter.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol, Sequence
 
 import numpy as np
@@ -81,6 +81,7 @@ class CallPlan:
     results: tuple[Ref, ...]             # one per result
     scratch: tuple[TensorType, ...]      # buffers the backend allocates for the call
     literals: tuple[Literal, ...]        # constant operands, each in a buffer of its own
+    invocations: tuple["Invocation", ...] = ()  # a scan's iterations (`scan_invocations`)
 
     @property
     def params(self) -> dict[str, Any]:
@@ -113,8 +114,9 @@ def call_plan(kernel: Kernel) -> CallPlan:
         bodies = tuple(params["branches"])
     elif kind == "body":
         bodies = (params["body"],)
-    return CallPlan(kind, eqn, bodies, tuple(operands), tuple(Ref("output", j) for j in range(len(out_types))),
+    plan = CallPlan(kind, eqn, bodies, tuple(operands), tuple(Ref("output", j) for j in range(len(out_types))),
                     scratch, tuple(literals))
+    return replace(plan, invocations=_scan_invocations(plan)) if kind == "scan" else plan
 
 
 def body_operands(plan: CallPlan) -> tuple[Ref, ...]:
@@ -122,9 +124,14 @@ def body_operands(plan: CallPlan) -> tuple[Ref, ...]:
     return plan.operands[:len(plan.bodies[0].invars)]
 
 
-def scan_invocations(plan: CallPlan) -> list[Invocation]:
+def scan_invocations(plan: CallPlan) -> tuple[Invocation, ...]:
     """The body invocations of a scan, in order: iteration t reads slice t of each x and writes
-    slice t of each y where they are (reverse: from the last slice down)."""
+    slice t of each y where they are (reverse: from the last slice down). Worked out once, when
+    the plan is made: a backend runs them on every call."""
+    return plan.invocations
+
+
+def _scan_invocations(plan: CallPlan) -> tuple[Invocation, ...]:
     p = plan.params
     length, nk, nc = p["length"], p["num_carry"], p["num_consts"]
     eqn = plan.eqn
@@ -133,7 +140,7 @@ def scan_invocations(plan: CallPlan) -> list[Invocation]:
     y_types = [v.type for v in eqn.outvars[nk:]]
     consts = plan.operands[nk:nk + nc]
     if length == 0:
-        return [Invocation(None, plan.operands[:nk], plan.results[:nk], tuple(carry_types))]
+        return (Invocation(None, plan.operands[:nk], plan.results[:nk], tuple(carry_types)),)
     out = []
     carry = plan.operands[:nk]
     for step in range(length):
@@ -145,7 +152,7 @@ def scan_invocations(plan: CallPlan) -> list[Invocation]:
         ys = tuple(Ref(r.kind, r.index, r.offset + t * _slice_bytes(y)) for r, y in zip(plan.results[nk:], y_types))
         out.append(Invocation(0, tuple(carry) + tuple(consts) + xs, written + ys))
         carry = written
-    return out
+    return tuple(out)
 
 
 def _slice_bytes(stacked: TensorType) -> int:
