@@ -103,7 +103,10 @@ class GraphStats:
 class CudaExecutable:
     """A program loaded on the GPU; call it with the arguments (constvars' values, then invars')."""
 
-    def __init__(self, program: CudaProgram, ptx: str, cost: CostAnalysis, name: str = "glue"):
+    def __init__(self, program: CudaProgram, ptx: str, cost: CostAnalysis, name: str = "glue",
+                 as_body: bool = False):
+        """`as_body`: loaded as the body of a call kernel, whose caller queues its launches (its
+        module, arena and variant choices serve; it plans no steps of its own)."""
         self.program = program
         self.name = name
         self.ctx = get_context()
@@ -122,12 +125,13 @@ class CudaExecutable:
         self._scratch = [DeviceBuffer((max(n, 4) // 4,), np.int32, self.streams[s]) for s, n in enumerate(program.scratch)]
         self._workspaces: dict[int, DeviceBuffer] = {}
         self._matmuls: dict[str, Any] = {}
-        self.gemm_choices = choose_variants(self, program)
-        self.kernels = [l for l in program.launches if self.gemm_choices.get(l.group, "codegen") == l.variant]
         self._events = {k: Event(self.ctx) for k in plan.recorded}
         self._regions: list[DeviceBuffer] = []
         self._host_steps: dict[tuple, list[_Step]] = {}
-        plans, self._planner = plan_program(program, self.kernels, self._n_bases, self._source, _load_body)
+        self.gemm_choices = choose_variants(self, program)
+        self.kernels = [l for l in program.launches if self.gemm_choices.get(l.group, "codegen") == l.variant]
+        plans, self._planner = plan_program(program, self.kernels if not as_body else [], self._n_bases,
+                                            self._source, _load_body)
         self._regions = [self._region(r) for r in self._planner.regions]
         if any(r.fill is not None for r in self._planner.regions):
             self.ctx.synchronize()  # constants uploaded once, before any stream reads them
@@ -198,7 +202,8 @@ class CudaExecutable:
             k, s, launch = p.group, p.stream, p.launch
             first_of_kernel = events and (i == 0 or plans[i - 1].group != k)
             last_of_kernel = events and (i == len(plans) - 1 or plans[i + 1].group != k)
-            reads = [b for b, _ in p.sources + ((p.copy[1],) if p.copy else ()) if b < n_args]
+            read = p.sources + ((p.copy[1],) if p.copy else ()) + (p.host.inputs if p.host else ())
+            reads = [b for b, _ in read if b < n_args]
             first = tuple(a for a in dict.fromkeys(reads) if (s, a) not in seen)
             seen.update((s, a) for a in first)
             runtime = p.owner.runtime if p.owner is not None else self
@@ -415,7 +420,7 @@ def _load_body(lowering: Any) -> tuple[list[Launch], "CudaExecutable"]:
     """A call kernel's body loaded for one call site: an executable of its own (its module, its
     arena, its choice of contraction variants), whose launches the caller queues."""
     program = lowering["llvm"]
-    body = CudaExecutable(program, lowering["ptx"], estimate_cost(program.plan), "body")
+    body = CudaExecutable(program, lowering["ptx"], estimate_cost(program.plan), "body", as_body=True)
     return body.kernels, body
 
 
@@ -437,10 +442,9 @@ class _HostRunner:
         key = (id(host.site), body) + where
         steps = exe._host_steps.get(key)
         if steps is None:  # the same run of a body (a while's two carry placements) is planned once
-            plans = exe._planner.invocation_steps(host.site, body, *where, 0, 0)
+            stream = exe.streams.index(self.step.stream)
+            plans = exe._planner.invocation_steps(host.site, body, *where, 0, stream)
             steps = exe._host_steps[key] = exe._materialize(plans, events=False)
-            for s in steps:
-                s.stream = self.step.stream
         for s in steps:
             exe._run_step(s, self.bases, None, self.prof)
 
