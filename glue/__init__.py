@@ -7,6 +7,7 @@
 from typing import Any as _Any
 
 import glue.numpy  # noqa: F401  (installs the operators and methods of Array and Tracer)
+from glue import debug, lax, random  # noqa: F401
 from glue.backend import available_backends, default_backend_name, runnable_backend
 from glue.backend_cuda.runtime.context import devices
 from glue.errors import (BackendError, ConcretizationError, GlueError, GlueTypeError, ParseError,
@@ -14,12 +15,12 @@ from glue.errors import (BackendError, ConcretizationError, GlueError, GlueTypeE
 from glue.frontend import jit, make_ir
 from glue.frontend.array import Array
 from glue.frontend.pytree import tree_flatten, tree_map, tree_unflatten
-from glue import random  # noqa: F401  (glue.random)
-from glue.frontend.transforms import grad, jvp, stop_gradient, value_and_grad, vjp, vmap
+from glue.frontend.shapes import ShapeDtypeStruct, block_until_ready, eval_shape
+from glue.frontend.transforms import (checkpoint, checkpoint_policies, custom_jvp, custom_vjp, grad, hessian,
+                                      jacfwd, jacrev, jvp, remat, stop_gradient, value_and_grad, vjp, vmap)
 from glue.lax import Precision, default_matmul_precision
 from glue.profiler import profile
 from glue.settings import config
-
 
 def device_put(value: _Any, backend: str | None = None) -> Array:
     """`value` as a `glue.Array` in the memory `backend` (default: the default backend) computes
@@ -34,10 +35,12 @@ def device_put(value: _Any, backend: str | None = None) -> Array:
     return Array(target.device_put(value))
 
 
-__all__ = ["Array", "BackendError", "ConcretizationError", "GlueError", "GlueTypeError", "ParseError",
-           "Precision", "VerifyError", "available_backends", "config", "default_matmul_precision", "default_backend_name", "device_put", "devices",
-           "jit", "make_ir", "profile", "tree_flatten", "tree_map", "tree_unflatten",
-           "grad", "jvp", "stop_gradient", "value_and_grad", "vjp", "vmap"]
+__all__ = ["Array", "BackendError", "ConcretizationError", "GlueError", "GlueTypeError", "ParseError", "Precision",
+           "ShapeDtypeStruct", "VerifyError", "available_backends", "block_until_ready", "checkpoint",
+           "checkpoint_policies", "config", "custom_jvp", "custom_vjp", "debug", "default_backend_name",
+           "default_matmul_precision", "device_put", "devices", "eval_shape", "grad", "hessian", "jacfwd", "jacrev",
+           "jit", "jvp", "lax", "make_ir", "profile", "random", "remat", "stop_gradient", "tree_flatten", "tree_map",
+           "tree_unflatten", "value_and_grad", "vjp", "vmap"]
 __version__ = "0.1.0"
 
 # The JAX-style surface: glue.nn, glue.scipy.special, glue.tree_util / glue.tree, DLPack exchange.

@@ -20,6 +20,7 @@ import numpy as np
 
 from glue.errors import GlueError, GlueTypeError, describe_location, user_frame_location
 from glue.frontend.array import Array
+from glue.ir import TensorType
 from glue.ir import dtypes as dt
 
 CPU, CUDA, CUDA_HOST = 1, 2, 3  # DLDeviceType codes glue meets
@@ -246,8 +247,9 @@ def from_dlpack(x: Any, *, copy: bool | None = None) -> Array:
 
 def _glue_array(values: np.ndarray) -> Array:
     """`values` as a glue.Array: shared, unless glue keeps its dtype at another width."""
-    dtype = dt.from_numpy(values.dtype).numpy
-    return Array(values if dtype == values.dtype else values.astype(dtype))
+    dtype = dt.from_numpy(values.dtype)
+    values = values if dtype.numpy == values.dtype else values.astype(dtype.numpy)
+    return Array(values, TensorType(tuple(values.shape), dtype))  # as given: no x64 narrowing
 
 
 install()

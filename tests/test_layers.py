@@ -22,7 +22,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("glue.backend",),
     ("glue.backend_cpu", "glue.backend_cuda"),
     ("glue.frontend",),
-    ("glue.numpy", "glue.lax", "glue.tree_util", "glue.tree", "glue.dlpack"),
+    ("glue.numpy", "glue.lax", "glue.tree_util", "glue.tree", "glue.dlpack", "glue.debug"),
     ("glue.random", "glue.nn", "glue.scipy", "glue.distributed"),
     ("glue.testing", "glue.__main__", "glue"),
 )

@@ -10,13 +10,16 @@ the O3 pipeline) and the internal "object" (native object code, through the disk
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from glue.backend.contract import Backend, Lowering, Options, add_plan_stages
+from glue.backend_cpu.calls import CallSite
 from glue.backend_cpu.program import Program, build_program
 from glue.backend_cpu.runtime import Executable
 from glue.backend_cpu.target import LoadedCode, assembly, host, object_code
 from glue.codegen.analysis import estimate_cost
 from glue.errors import BackendError
+from glue.ir import Graph
 
 
 @dataclass(frozen=True)
@@ -49,7 +52,14 @@ class CpuBackend(Backend):
     def load(self, lowering: Lowering) -> Executable:
         program: Program = lowering["llvm"]
         code = LoadedCode(lowering["object"], [f.symbol for f in program.functions])
-        return Executable(program, code, estimate_cost(lowering["plan"]))
+        bodies = {k: [self.body(graph, lowering.options) for graph in step.plan.bodies]
+                  for k, step in enumerate(program.steps) if isinstance(step, CallSite)}
+        return Executable(program, code, estimate_cost(lowering["plan"]), bodies)
+
+    @lru_cache(maxsize=256)
+    def body(self, graph: Graph, options: CpuOptions) -> Executable:
+        """The executable of a call kernel's body, compiled once for every program using it."""
+        return Lowering(self, graph, (), "body", options).compile()
 
 
 def _llvm_text(program: Program) -> str:

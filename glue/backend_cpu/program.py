@@ -3,6 +3,8 @@
 The table a call fills has one entry per program argument, one per fresh output, then the
 arena: a value's memory-plan placement becomes a (table slot, byte offset) pair compiled into
 the kernels that touch it, so one call builds one small table and every kernel reads from it.
+A call kernel (control flow, a print) has no function: its step runs compiled bodies on the
+same table entries (`calls.py`).
 Each graph output is then either a fresh output buffer, a donated argument's buffer, a copy of an
 argument (an output that is an input), or a literal.
 """
@@ -13,19 +15,26 @@ from dataclasses import dataclass
 
 from llvmlite import ir
 
+from glue.backend_cpu.calls import CallSite
 from glue.backend_cpu.kernels import KernelBuilder, KernelFunction, Operand
 from glue.backend_cpu.matmul import blocked_contraction
 from glue.backend_cpu.target import host
 from glue.ir import TensorType
+from glue.scheduler.calls import call_plan
 from glue.scheduler.memory import Placement
 from glue.scheduler.plan import Plan, Result
 
 
 @dataclass
 class Program:
+    """The module (`llvm_ir`, with one function per kernel of glue's own: `functions`) and the
+    program's steps in order: those functions, and call kernels (`CallSite`), which run
+    compiled bodies."""
+
     plan: Plan
     llvm_ir: str
     functions: list[KernelFunction]
+    steps: list[KernelFunction | CallSite]
 
     @property
     def arg_types(self) -> list[TensorType]:
@@ -58,10 +67,14 @@ def build_program(plan: Plan, name: str = "fn") -> Program:
     module = ir.Module(name=_symbol(name))
     module.triple, module.data_layout = host().triple, host().data_layout
     functions = []
+    steps: list[KernelFunction | CallSite] = []
     vector_bits = host().vector_bits
     for i, kernel in enumerate(plan.kernels):
         inputs = [_operand(placements[b.value_id], n_args, arena_slot) for b in kernel.inputs]
         outs = [_operand(placements[b.value_id], n_args, arena_slot) for b in kernel.outputs]
+        if kernel.call is not None:
+            steps.append(CallSite(kernel, call_plan(kernel), inputs, outs))
+            continue
         symbol = f"glue_{_symbol(name)}_{i}_{_symbol(kernel.name)}"[:120]
         built = None
         if kernel.kind == "contraction":
@@ -69,4 +82,5 @@ def build_program(plan: Plan, name: str = "fn") -> Program:
         if built is None:
             built = KernelBuilder(module, kernel, symbol, inputs, outs).build()
         functions.append(built)
-    return Program(plan, str(module), functions)
+        steps.append(built)
+    return Program(plan, str(module), functions, steps)

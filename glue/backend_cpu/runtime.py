@@ -8,6 +8,8 @@ one chunk per core: the calling thread runs the first chunk and pool threads the
 (ctypes releases the GIL for the call). Splitting never changes results: every unit (an
 element, or a whole row of a reduction) is computed by exactly one thread with the same code.
 Small kernels run inline, since handing work to a thread and joining it costs about 15 µs.
+A call kernel runs its compiled bodies from the same thread (`calls.py`); a program compiled as
+such a body runs through `run_at`, on addresses in its parent's buffers.
 """
 from __future__ import annotations
 
@@ -20,12 +22,14 @@ import numpy as np
 
 from glue import profiler
 from glue.backend.results import assemble
+from glue.backend_cpu.calls import CallSite, CallStep, array_at
 from glue.backend_cpu.kernels import KernelFunction
 from glue.backend_cpu.program import Program
 from glue.backend_cpu.target import LoadedCode, thread_count
 from glue.codegen.analysis import CostAnalysis, MemoryAnalysis
 from glue.errors import BackendError
 from glue.ir import TensorType
+from glue.scheduler.calls import BodyLayout, body_layout
 from glue.settings import config
 
 ALIGN = 64
@@ -155,21 +159,29 @@ _HOST = _HostMemory()
 
 
 class Executable:
-    """A compiled program: call it with the arguments (constvars' values, then invars')."""
+    """A compiled program: call it with the arguments (constvars' values, then invars').
+    `bodies` holds, per call kernel (by step position), the executables of its bodies."""
 
-    def __init__(self, program: Program, code: LoadedCode, cost: CostAnalysis):
+    def __init__(self, program: Program, code: LoadedCode, cost: CostAnalysis,
+                 bodies: dict[int, list["Executable"]] | None = None):
         self.program = program
         self._code = code
         self._cost = cost
-        self.kernels: list[KernelFunction] = list(program.functions)
+        self.kernels: list[KernelFunction | CallSite] = list(program.steps)
         self.threads = thread_count()
-        self._steps = [(code.function(f.symbol, None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
-                                      ctypes.c_void_p), split(f, self.threads)) for f in self.kernels]
-        self._scratch = max((f.scratch_bytes for f in self.kernels), default=0)
+        self._steps: list[Any] = []
+        for k, f in enumerate(program.steps):
+            if isinstance(f, CallSite):
+                self._steps.append(CallStep(f, (bodies or {})[k]))
+            else:
+                self._steps.append((code.function(f.symbol, None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+                                                  ctypes.c_void_p), split(f, self.threads)))
+        self._scratch = max((f.scratch_bytes for f in program.functions), default=0)
         self._free: list[_Workspace] = []
         self._dtypes = [t.dtype.numpy for t in program.arg_types]
         self._outputs = [(t.shape, t.dtype.numpy) for t in program.output_types]
         self._table = ctypes.c_void_p * (len(program.arg_types) + len(program.output_types) + 1)
+        self._layout: tuple[BodyLayout, list[TensorType], list[int]] | None = None  # run_at's, made once
 
     def _arguments(self, args: Sequence[Any]) -> list[np.ndarray]:
         types = self.program.arg_types
@@ -187,25 +199,47 @@ class Executable:
     def __call__(self, *args: Any) -> list[np.ndarray]:
         arrays = self._arguments(args)
         outputs = [np.empty(shape, dtype) for shape, dtype in self._outputs]
+        self._run(list(map(_address, arrays)), list(map(_address, outputs)))
+        return assemble(self.program.results, outputs, arrays, _HOST)
+
+    def run_at(self, arguments: Sequence[int], results: Sequence[int]) -> None:
+        """Run as the body of a call kernel: the arguments and every result are at the given
+        addresses (in a parent program's buffers), which the kernels read and write in place."""
+        if self._layout is None:
+            types = [r.type for r in self.program.results]
+            self._layout = body_layout(self.program.results), types, [t.nbytes for t in types]
+        layout, types, sizes = self._layout
+        self._run(arguments, [results[r] for r in layout.slot_result])
+        for (kind, i), r in layout.copies:
+            if sizes[r]:
+                ctypes.memmove(results[r], arguments[i] if kind == "argument" else results[i], sizes[r])
+        for r, value in layout.fills:
+            array_at(results[r], types[r])[...] = value
+
+    def _run(self, arguments: Sequence[int], outputs: Sequence[int]) -> None:
         try:  # a workspace no other call is using (calls may come from several threads)
             space = self._free.pop()
         except IndexError:
             space = _Workspace(self.program.plan.memory.arena_bytes, self._scratch, self.threads)
         try:
-            table = self._table(*map(_address, arrays), *map(_address, outputs), space.arena)
+            table = self._table(*arguments, *outputs, space.arena)
             prof = profiler.active()
-            for (fn, chunks), kernel in zip(self._steps, self.kernels):
+            for step, kernel in zip(self._steps, self.kernels):
                 start = time.perf_counter_ns() if prof is not None else 0
-                if len(chunks) == 1:
-                    fn(table, chunks[0][0], chunks[0][1], space.scratch)
+                if isinstance(step, CallStep):
+                    step.run(table)
+                    chunks: list = []
                 else:
-                    _pool.run(fn, table, chunks, space.scratch, space.stride)
+                    fn, chunks = step
+                    if len(chunks) == 1:
+                        fn(table, chunks[0][0], chunks[0][1], space.scratch)
+                    else:
+                        _pool.run(fn, table, chunks, space.scratch, space.stride)
                 if prof is not None:
-                    prof.add_host("kernel", kernel.symbol, start, time.perf_counter_ns(),
-                                  {"kind": kernel.kind, "threads": len(chunks)})
+                    prof.add_host("kernel", getattr(kernel, "symbol", kernel.name), start, time.perf_counter_ns(),
+                                  {"kind": kernel.kind, "threads": max(len(chunks), 1)})
         finally:
             self._free.append(space)
-        return assemble(self.program.results, outputs, arrays, _HOST)
 
     def memory_analysis(self) -> MemoryAnalysis:
         m = self.program.plan.memory

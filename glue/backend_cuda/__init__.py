@@ -11,7 +11,7 @@ transfers, device buffers).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
 
@@ -21,6 +21,7 @@ from glue.backend_cuda.ptx import DEFAULT_ARCH, PTX_FEATURES, ptx_for_module
 from glue.backend_cuda.runtime import driver
 from glue.codegen.analysis import estimate_cost
 from glue.errors import GlueError
+from glue.ir import Graph
 from glue.scheduler.streams import MAX_STREAMS
 from glue.settings import config
 
@@ -43,17 +44,21 @@ def default_arch() -> str:
 @dataclass(frozen=True)
 class CudaOptions(Options):
     """arch: the PTX target; gemm: who may serve contractions ("auto" races glue's kernels
-    against cuBLASLt, "library" and "codegen" force one)."""
+    against cuBLASLt, "library" and "codegen" force one); streams: at most how many streams the
+    program's kernels spread over (the body of a call kernel runs on one, its caller's)."""
 
     arch: str = DEFAULT_ARCH
     opt_level: int = 3
     gemm: str = "auto"
+    streams: int = MAX_STREAMS
 
     def __post_init__(self) -> None:
         if self.arch not in PTX_FEATURES:
             raise GlueError(f"cuda: no PTX target for arch {self.arch!r}; glue knows {sorted(PTX_FEATURES)}")
         if self.gemm not in ("auto", "library", "codegen"):
             raise GlueError(f"cuda: gemm must be auto, library or codegen, not {self.gemm!r}")
+        if not isinstance(self.streams, int) or self.streams < 1:
+            raise GlueError(f"cuda: streams must be a positive int, not {self.streams!r}")
 
 
 class CudaBackend(Backend):
@@ -74,7 +79,7 @@ class CudaBackend(Backend):
         return CudaOptions(arch=default_arch(), gemm=config.gemm)
 
     def add_stages(self, lowering: Lowering) -> None:
-        add_plan_stages(lowering, MAX_STREAMS)
+        add_plan_stages(lowering, lowering.options.streams)
         lowering.add_stage("llvm", _program, text=_llvm_text)
         lowering.add_stage("ptx", _ptx)
 
@@ -83,6 +88,12 @@ class CudaBackend(Backend):
 
         return CudaExecutable(lowering["llvm"], lowering["ptx"], estimate_cost(lowering["plan"]),
                               lowering.name)
+
+    @lru_cache(maxsize=256)
+    def body(self, graph: Graph, options: CudaOptions) -> Lowering:
+        """The lowering of a call kernel's body (on one stream), shared by every program that
+        uses it; each program's executable loads it with memory of its own."""
+        return Lowering(self, graph, (), "body", replace(options, streams=1))
 
     def device_put(self, value: Any) -> Any:
         from glue.backend_cuda.executor import device_put
@@ -101,7 +112,9 @@ class CudaBackend(Backend):
 
 
 def _program(lowering: Lowering) -> CudaProgram:
-    return build_program(lowering["plan"], lowering.name, lowering.options.arch, lowering.options.gemm)
+    options = lowering.options
+    return build_program(lowering["plan"], lowering.name, options.arch, options.gemm,
+                         lambda graph: lowering.backend.body(graph, options))
 
 
 def _llvm_text(program: CudaProgram) -> str:

@@ -60,9 +60,12 @@ from glue.backend_cuda.runtime.device_array import DeviceBuffer, SlabPool
 from glue.backend_cuda.runtime.graph import Graph, capture
 from glue.backend_cuda.runtime.module import ArgPack, Kernel
 from glue.backend_cuda.runtime.stream import Event, Stream, device_span
-from glue.codegen.analysis import CostAnalysis, MemoryAnalysis
+from glue.backend_cuda.runtime.transfer import download
+from glue.backend_cuda.steps import HostCall, Region, StepPlan, plan_program, resolve_ref
+from glue.codegen.analysis import CostAnalysis, MemoryAnalysis, estimate_cost
 from glue.errors import BackendError
 from glue.ir import TensorType
+from glue.scheduler.calls import Ref, run_call
 from glue.scheduler.memory import ALIGNMENT
 from glue.settings import config
 
@@ -87,6 +90,7 @@ class _Step:
     dependent: Any = None                  # launch configuration letting it start before its
                                            # predecessor on the stream (a kernel of this program) ends
     library: Any = None                    # a cuBLASLt product (cublaslt.Matmul) instead of a kernel
+    host: HostCall | None = None           # a call kernel the host runs (while, cond, print)
 
 
 @dataclass
@@ -99,7 +103,10 @@ class GraphStats:
 class CudaExecutable:
     """A program loaded on the GPU; call it with the arguments (constvars' values, then invars')."""
 
-    def __init__(self, program: CudaProgram, ptx: str, cost: CostAnalysis, name: str = "glue"):
+    def __init__(self, program: CudaProgram, ptx: str, cost: CostAnalysis, name: str = "glue",
+                 as_body: bool = False):
+        """`as_body`: loaded as the body of a call kernel, whose caller queues its launches (its
+        module, arena and variant choices serve; it plans no steps of its own)."""
         self.program = program
         self.name = name
         self.ctx = get_context()
@@ -121,9 +128,24 @@ class CudaExecutable:
             if program.counters else None
         self._workspaces: dict[int, DeviceBuffer] = {}
         self._matmuls: dict[str, Any] = {}
+        self._events = {k: Event(self.ctx) for k in plan.recorded}
+        self._regions: list[DeviceBuffer] = []
+        self._host_steps: dict[tuple, list[_Step]] = {}
         self.gemm_choices = choose_variants(self, program)
         self.kernels = [l for l in program.launches if self.gemm_choices.get(l.group, "codegen") == l.variant]
-        self._steps = self._build_steps(program, self.kernels)
+        plans, self._planner = plan_program(program, self.kernels if not as_body else [], self._n_bases,
+                                            self._source, _load_body)
+        self._regions = [self._region(r) for r in self._planner.regions]
+        if any(r.fill is not None for r in self._planner.regions):
+            self.ctx.synchronize()  # constants uploaded once, before any stream reads them
+        self._steps = self._materialize(plans)
+        if any(step.host is not None for step in self._steps) and self.use_graphs:
+            # A while_loop, a cond or a print reads values back between kernels: that cannot
+            # sit inside one CUDA graph.
+            self.use_graphs = False
+            log.info("glue.cuda: %s launches its kernels directly, not as one CUDA graph: it has a "
+                     "while_loop, cond or print whose next step depends on values read back on the host",
+                     name)
         self._fork = Event(self.ctx) if len(self.streams) > 1 else None
         self._joins = [(self.streams[s], Event(self.ctx)) for s in sorted(plan.tails()) if s]
         self._arg_dtypes = [t.dtype.numpy for t in program.arg_types]
@@ -140,9 +162,26 @@ class CudaExecutable:
         self._plain_results = plain_outputs(program.results)
         self._copy = drv.load().cuMemcpyDtoDAsync
 
+    @property
+    def _n_bases(self) -> int:
+        """Base addresses of a call before the regions: arguments, outputs, arena, scratch,
+        counters."""
+        return len(self.program.arg_types) + len(self.program.output_types) + 2 + len(self.program.scratch)
+
+    def _region(self, region: Region) -> DeviceBuffer | None:
+        """The memory of a call kernel's region: a body executable's arena or scratch, or a
+        buffer of its own (filled once where the region holds a constant)."""
+        if region.owner is not None:
+            body = region.owner.runtime
+            return body.arena if region.what == "arena" else body._scratch[region.slot]
+        if region.fill is not None:
+            type_, value = region.fill
+            return DeviceBuffer.from_numpy(np.full(type_.shape, value, type_.dtype.numpy), self.stream)
+        return DeviceBuffer((max(region.nbytes, 4) // 4 + 1,), np.int32, self.stream)
+
     def _source(self, place: Place) -> tuple[int, int]:
         """(index into a call's bases, byte offset) of a place: arguments, outputs, the arena,
-        then each stream's scratch region."""
+        each stream's scratch region, then the counters."""
         n_args, n_outs = len(self.program.arg_types), len(self.program.output_types)
         if place.kind == "arena":
             return (n_args + n_outs, place.offset)
@@ -153,37 +192,42 @@ class CudaExecutable:
         return ((0 if place.kind == "argument" else n_args) + place.slot, place.offset)
 
     def _build_steps(self, program: CudaProgram, launches: list[Launch]) -> list[_Step]:
-        """The chosen launches as steps on their streams: a plan kernel's first launch waits for
-        its producers on other streams, its last records the event its consumers wait for."""
-        plan = program.plan.streams
-        events = {k: Event(self.ctx) for k in plan.recorded}
+        """Steps for `launches` of the program (without call kernels: a variant being raced)."""
+        return self._materialize(plan_program(program, launches, self._n_bases, self._source, _load_body)[0])
+
+    def _materialize(self, plans: list[StepPlan], events: bool = True) -> list[_Step]:
+        """The planned steps with their kernels, parameter packs and events: a plan kernel's
+        first step waits for its producers on other streams, its last records the event its
+        consumers wait for (with `events`; the steps a host call queues need neither)."""
+        plan = self.program.plan.streams
+        n_args = len(self.program.arg_types)
         seen: set[tuple[int, int]] = set()
         steps: list[_Step] = []
         last_on: dict[int, _Step] = {}  # the step each stream ran last
-        for i, launch in enumerate(launches):
-            k = launch.group
-            s = plan.streams[k]
-            first_of_kernel = i == 0 or launches[i - 1].group != k
-            last_of_kernel = i == len(launches) - 1 or launches[i + 1].group != k
-            places = launch.params + ((launch.copy[1],) if launch.copy else ())
-            reads = [p.slot for p in places if p.kind == "argument"]
+        for i, p in enumerate(plans):
+            k, s, launch = p.group, p.stream, p.launch
+            first_of_kernel = events and (i == 0 or plans[i - 1].group != k)
+            last_of_kernel = events and (i == len(plans) - 1 or plans[i + 1].group != k)
+            read = p.sources + ((p.copy[1],) if p.copy else ()) + (p.host.inputs if p.host else ())
+            reads = [b for b, _ in read if b < n_args]
             first = tuple(a for a in dict.fromkeys(reads) if (s, a) not in seen)
             seen.update((s, a) for a in first)
-            copy = (self._source(launch.copy[0]), self._source(launch.copy[1]), launch.copy[2]) if launch.copy else None
-            kernel = self._module.get_function(launch.symbol) if launch.grid else None
+            runtime = p.owner.runtime if p.owner is not None else self
+            kernel = runtime._module.get_function(launch.symbol) if launch is not None and launch.grid else None
             steps.append(_Step(
-                launch.symbol, self.streams[s], kernel,
-                kernel.bind([0] * len(launch.params)) if kernel else None,
-                tuple(self._source(p) for p in launch.params), (launch.grid, 1, 1), (launch.block, 1, 1),
-                copy, tuple(events[j] for j in plan.waits[k]) if first_of_kernel else (),
-                events.get(k) if last_of_kernel else None, first,
-                library=self._matmul(launch, s) if launch.library is not None else None))
+                p.name, self.streams[s], kernel, kernel.bind([0] * len(launch.params)) if kernel else None,
+                p.sources, ((launch.grid if launch else 0), 1, 1), ((launch.block if launch else 0), 1, 1),
+                p.copy, tuple(self._events[j] for j in plan.waits[k]) if first_of_kernel else (),
+                self._events.get(k) if last_of_kernel else None, first,
+                library=runtime._matmul(launch, 0 if p.owner is not None else s)
+                if launch is not None and launch.library is not None else None, host=p.host))
             # A kernel whose stream just ran another kernel of this program may be placed on the
             # GPU early, to wait there (it awaits its producers itself); the first kernel of a
             # stream follows someone else's work and launches plainly, so that nothing of it can
             # run before that work ends. (A library's kernels do not wait that way.)
             previous = last_on.get(s)
-            if self.use_dependent and launch.dependent and kernel and not copy and previous and previous.kernel:
+            if self.use_dependent and launch is not None and launch.dependent and kernel and not p.copy \
+                    and previous and previous.kernel:
                 steps[-1].dependent = kernel.dependent_config(steps[-1].grid, steps[-1].block, steps[-1].stream)
             last_on[s] = steps[-1]
         return steps
@@ -272,9 +316,10 @@ class CudaExecutable:
 
     def _bases(self, buffers: list[DeviceBuffer], outputs: list[DeviceBuffer]) -> list[int]:
         """The address of every memory place of the call: arguments, outputs, the arena, the
-        scratch regions, then the counters."""
+        scratch regions, the counters, then the regions of its call kernels."""
         return [b.ptr for b in buffers] + [o.ptr for o in outputs] + [self.arena.ptr if self.arena else 0] + \
-            [s.ptr for s in self._scratch] + [self._counters.ptr if self._counters else 0]
+            [s.ptr for s in self._scratch] + [self._counters.ptr if self._counters else 0] + \
+            [r.ptr if r is not None else 0 for r in self._regions]
 
     def _replay(self, key: tuple[int, ...], buffers: list[DeviceBuffer], outputs: list[DeviceBuffer],
                 unordered: list[DeviceBuffer]) -> bool:
@@ -344,6 +389,11 @@ class CudaExecutable:
         if buffers is not None:
             for a in step.first_args:
                 buffers[a].prepare_for(stream)
+        if step.host is not None:
+            run_call(step.host.site.plan, _HostRunner(self, step, bases, prof))
+            if step.record is not None:
+                step.record.record(stream)
+            return
         with device_span(stream, "kernel", step.name, grid=step.grid[0], block=step.block[0]) \
                 if prof is not None else nullcontext():
             if step.copy:
@@ -371,6 +421,49 @@ class CudaExecutable:
 
     def cost_analysis(self) -> CostAnalysis:
         return self._cost
+
+
+def _load_body(lowering: Any) -> tuple[list[Launch], "CudaExecutable"]:
+    """A call kernel's body loaded for one call site: an executable of its own (its module, its
+    arena, its choice of contraction variants), whose launches the caller queues."""
+    program = lowering["llvm"]
+    body = CudaExecutable(program, lowering["ptx"], estimate_cost(program.plan), "body", as_body=True)
+    return body.kernels, body
+
+
+class _HostRunner:
+    """The scheduler's Runner for a host call: a body's steps are queued on the call's stream;
+    reading a value waits for the work before it."""
+
+    def __init__(self, exe: CudaExecutable, step: _Step, bases: list[int], prof: Any):
+        self.exe, self.step, self.bases, self.prof = exe, step, bases, prof
+        self.host = step.host
+
+    def _address(self, ref: Ref) -> int:
+        base, offset = resolve_ref(self.host, ref)
+        return self.bases[base] + offset
+
+    def invoke(self, body: int, args: Sequence[Ref], results: Sequence[Ref]) -> None:
+        exe, host = self.exe, self.host
+        where = tuple(resolve_ref(host, r) for r in args), tuple(resolve_ref(host, r) for r in results)
+        key = (id(host.site), body) + where
+        steps = exe._host_steps.get(key)
+        if steps is None:  # the same run of a body (a while's two carry placements) is planned once
+            stream = exe.streams.index(self.step.stream)
+            plans = exe._planner.invocation_steps(host.site, body, *where, 0, stream)
+            steps = exe._host_steps[key] = exe._materialize(plans, events=False)
+        for s in steps:
+            exe._run_step(s, self.bases, None, self.prof)
+
+    def copy(self, source: Ref, target: Ref, type_: TensorType) -> None:
+        stream = self.step.stream
+        drv.check(self.exe._copy(self._address(target), self._address(source), type_.nbytes, stream.handle),
+                  "cuMemcpyDtoDAsync", "a host call")
+
+    def read(self, ref: Ref, type_: TensorType) -> np.ndarray:
+        out = np.empty(type_.shape, type_.dtype.numpy)
+        download(out, self._address(ref), self.step.stream)
+        return out
 
 
 def device_put(value: Any) -> DeviceBuffer:

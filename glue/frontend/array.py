@@ -30,8 +30,12 @@ class Array:
         program's output types, which makes the next call's signature check cheap)."""
         self._donated_to = None
         if isinstance(value, np.ndarray):
+            if aval is None:  # a 64-bit host value narrows unless x64 is on, as jnp.asarray's
+                dtype = dt.canonical(dt.from_numpy(value.dtype))
+                value = value if dtype.numpy == value.dtype else value.astype(dtype.numpy)
+                aval = TensorType(tuple(value.shape), dtype)
             self._value, self._device = value, None
-            self.aval = aval or TensorType(tuple(value.shape), dt.from_numpy(value.dtype))
+            self.aval = aval
         else:
             self._value, self._device = None, value
             self.aval = aval or TensorType(tuple(value.shape), value.dtype)

@@ -29,7 +29,8 @@ from glue.backend import Backend, Lowering, get_backend
 from glue.errors import GlueError, describe_location, user_frame_location
 from glue.frontend.array import Array, wrap_results
 from glue.frontend.pytree import LEAF, PyTreeDef, flatten_call, leaf_paths, tree_flatten, tree_unflatten
-from glue.frontend.tracing import current_trace, trace_flat, type_of
+from glue.frontend.tracing import Tracer, current_trace, trace_flat, type_of
+from glue.frontend.transforms.inline import inline
 from glue.ir import ClosedGraph, TensorType
 from glue.settings import config
 
@@ -164,6 +165,9 @@ class _ArgSpec:
             kwargs.update({k: v for k, v in statics.items() if isinstance(k, str)})
             outs, treedef = tree_flatten(self.fn(*args, **kwargs))
             out_tree.append(treedef)
+            trace = current_trace()
+            if trace.token is not None:  # the program prints: its last token keeps them alive
+                outs.append(Tracer(trace, trace.token))
             return outs
 
         flat.out_tree = out_tree  # type: ignore[attr-defined]
@@ -183,7 +187,10 @@ class Lowered:
         self.spec = spec
         self.donated = donated
         self.backend = backend
-        self.lowering: Lowering = backend.lower(closed.graph, donated=donated, name=name, **(options or {}))
+        # Custom derivatives and checkpoints have done their work once tracing is over: their
+        # bodies are compiled inline, fused with what surrounds them.
+        self.lowering: Lowering = backend.lower(inline(closed.graph), donated=donated, name=name,
+                                                **(options or {}))
 
     @property
     def stages(self) -> tuple[str, ...]:
@@ -277,6 +284,8 @@ class Compiled:
         self.debug = config.debug
         self._consts = tuple(lowered.closed.consts)
         self._out_tree = lowered.out_tree
+        # A program that prints returns its effect token last; the caller does not see it.
+        self._n_results = lowered.out_tree.num_leaves
         self._donated = lowered.donated
         self._backend = lowered.backend
         # An output whose type equals an argument type gets that very TensorType object as its
@@ -328,7 +337,7 @@ class Compiled:
         if self._donated:
             self._donate(leaves, buffers)
         args = self._consts + tuple(buffers) if self._consts else buffers
-        outs = wrap_results(self.executable(*args), self._avals)
+        outs = wrap_results(self.executable(*args), self._avals)[:self._n_results]
         if expected is not None:
             self._compare(outs, expected)
         return outs

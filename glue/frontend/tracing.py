@@ -18,13 +18,18 @@ import numpy as np
 from glue.errors import (ConcretizationError, GlueError, GlueTypeError, describe_location, innermost_user_location,
                          user_frame_location)
 from glue.ir import ClosedGraph, Eqn, Graph, Literal, TensorType, Var, infer_types, params_tuple, primitive
-from glue.ir.primitives import canonical_params
+from glue.ir.primitives import TOKEN, canonical_params, has_effects
 from glue.ir import dtypes as dt
 from glue.ir.core import Atom, literal_problem
 
 
 class Trace:
-    """One level of tracing: the equations recorded so far and the values captured."""
+    """One level of tracing: the equations recorded so far and the values captured.
+
+    `token` is the effect token of the trace's latest effectful equation (a print), or None:
+    each effectful equation takes the previous one's token as its first operand, so effects
+    keep their order, and whoever finishes the trace keeps the last token alive (jit returns
+    it, a control-flow body passes it out)."""
 
     def __init__(self, name: str):
         self.name = name
@@ -34,6 +39,7 @@ class Trace:
         self.consts: list[Any] = []
         self._captured: dict[int, Var] = {}
         self.active = True
+        self.token: Atom | None = None
 
     def new_arg(self, type_: TensorType) -> "Tracer":
         var = Var(type_)
@@ -221,10 +227,16 @@ def bind(name: str, *args: Any, source: str | None = None, **params: Any) -> Any
     if trace is None:
         return _eager(name, args, params, where)
     atoms = tuple(trace.to_atom(a) for a in args)
+    prim = primitive(name)
+    effect = prim.opaque and has_effects(name, params)
+    if effect:  # the token operand chains this effect after the trace's previous one
+        atoms = (trace.token or Literal(0, TOKEN),) + atoms[1:]
     out_types = infer_types(name, tuple(a.type for a in atoms), params, where)
     outvars = tuple(Var(t) for t in out_types)
     trace.eqns.append(Eqn(name, atoms, params_tuple(params), outvars, where))
-    if primitive(name).multiple_results:
+    if effect:
+        trace.token = outvars[0]
+    if prim.multiple_results:
         return [Tracer(trace, v) for v in outvars]
     return Tracer(trace, outvars[0])
 
@@ -240,9 +252,10 @@ def _eager(name: str, args: Sequence[Any], params: dict[str, Any], where: str | 
     out_types = infer_types(name, types, params, where)
     values = [np.asarray(a, dtype=t.dtype.numpy) for a, t in zip(args, types)]
     out = evaluate_eqn(name, values, params)
+    multiple = primitive(name).multiple_results
     results = [Array(np.asarray(value, dtype=t.dtype.numpy).reshape(t.shape))
-               for value, t in zip(out if len(out_types) > 1 else (out,), out_types)]
-    return results if primitive(name).multiple_results else results[0]
+               for value, t in zip(out if multiple else (out,), out_types)]
+    return results if multiple else results[0]
 
 
 def trace_flat(fn: Callable[..., Sequence[Any]], in_types: Sequence[TensorType], name: str) -> ClosedGraph:
@@ -279,5 +292,5 @@ def eval_graph(closed: ClosedGraph, args: Sequence[Any]) -> list[Any]:
 
 
 def results_of(eqn: Eqn, out: Any) -> Sequence[Any]:
-    """What binding `eqn`'s primitive gave, as one value per output variable."""
-    return out if len(eqn.outvars) > 1 else (out,)
+    """What binding `eqn`'s primitive gave (or a rule for it), as one value per output variable."""
+    return out if primitive(eqn.primitive).multiple_results else (out,)

@@ -1,6 +1,7 @@
 """Parser for the IR text form written by `glue.ir.printer`: `parse(str(graph)) == graph`."""
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -14,6 +15,7 @@ _TOKEN = re.compile(r"""
   | (?P<comment>\#[^\n]*)
   | (?P<num>-?(?:\d+\.?\d*(?:[eE][+-]?\d+)?|inf\b|nan\b))
   | (?P<name>[A-Za-z_][A-Za-z_0-9]*)
+  | (?P<text>"(?:[^"\\\n]|\\.)*")
   | (?P<punct>[{}()\[\],:=;.])
 """, re.VERBOSE)
 
@@ -169,6 +171,8 @@ class _Parser:
             return BY_NAME[text]
         if text == "None":
             return None
+        if kind == "text":
+            return json.loads(text)
         if kind == "name" and text not in ("True", "False", "inf", "nan"):
             return text  # a word-valued param (a precision)
         return self.scalar(kind, text)

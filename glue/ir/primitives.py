@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from glue.errors import GlueTypeError, describe_location
 from glue.ir import dtypes as dt
@@ -29,7 +29,7 @@ class RuleError(Exception):
 class Primitive:
     """A primitive operation: its name, kind, type rule and the facts passes decide by.
 
-    kind: elementwise | reduction | index | layout | contraction | creation.
+    kind: elementwise | reduction | index | layout | contraction | creation | call.
     expensive: a transcendental (or pow/sqrt): worth computing once, not once per reader.
     fold: for reductions, the operation the values are folded with (sum, max, argmax, ...).
     linear: the output is linear in its differentiable operands (add, transpose, sum, gather in
@@ -42,6 +42,8 @@ class Primitive:
         call, a hand-written kernel).
     bitwise: reads and writes raw bits (a bitcast), so it is evaluated at the declared widths
         even where the reference computes every float in float64.
+    effect: it has a side effect (prints): its first operand and first result are the effect
+        token, which orders effects and keeps them alive (see `has_effects`).
     """
 
     name: str
@@ -55,6 +57,7 @@ class Primitive:
     multiple_results: bool = False
     opaque: bool = False
     bitwise: bool = False
+    effect: bool = False
 
     @property
     def moves_data_only(self) -> bool:
@@ -469,3 +472,170 @@ def _scatter_add(x: TensorType, idx: TensorType, updates: TensorType, *, axis: i
 
 _register("gather", "index", _gather, linear=True)  # in the operand; indices carry no tangent
 _register("scatter_add", "index", _scatter_add, linear=True)
+
+
+# --- control flow and calls -----------------------------------------------------------------
+#
+# These take their bodies as Graph params (closed: every value a body uses is one of its inputs)
+# and are `opaque`: the scheduler makes each equation a "call" kernel that a backend runs by
+# running the bodies as programs of their own. An equation whose bodies print (debug_print) is
+# *effectful*: its first operand and its first result are the effect token that orders the
+# program's prints (see `has_effects`).
+
+def _types_of(graph: Any) -> tuple[TensorType, ...]:
+    return tuple(v.type for v in graph.invars)
+
+
+def _require_graph(graph: Any, what: str) -> None:
+    from glue.ir.core import Graph
+
+    _require(isinstance(graph, Graph), f"{what} must be a graph")
+    _require(not graph.constvars, f"{what} must take its constants as inputs")
+
+
+def _same_types(got: Sequence[TensorType], want: Sequence[TensorType], what: str) -> None:
+    got, want = tuple(got), tuple(want)
+    _require(len(got) == len(want), f"{what}: {len(got)} values where {len(want)} are needed")
+    for i, (g, w) in enumerate(zip(got, want)):
+        _require(g == w, f"{what}: value {i} is {g}, but {w} is needed")
+
+
+def _scan(*operands: TensorType, body: Any, length: int, reverse: bool, num_carry: int,
+          num_consts: int) -> tuple[TensorType, ...]:
+    """Operands: the carry, the constants, then the stacked xs (leading axis `length`). The body
+    maps (carry, constants, one slice of each x) to (new carry, one slice of each y)."""
+    _require_graph(body, "the scan body")
+    _require(isinstance(length, int) and length >= 0, f"length must be a non-negative int, not {length!r}")
+    _require(isinstance(reverse, bool), "reverse must be a bool")
+    _require(0 <= num_carry and 0 <= num_consts and num_carry + num_consts <= len(operands),
+             f"{num_carry} carries and {num_consts} constants among {len(operands)} operands")
+    xs = operands[num_carry + num_consts:]
+    for x in xs:
+        _require(x.ndim >= 1 and x.shape[0] == length, f"scanned operand {x} has no leading axis of length {length}")
+    slices = tuple(TensorType(x.shape[1:], x.dtype) for x in xs)
+    _same_types(_types_of(body), operands[:num_carry + num_consts] + slices, "the scan body's inputs")
+    outs = tuple(a.type for a in body.outvars)
+    _same_types(outs[:num_carry], operands[:num_carry], "the scan body's carry out")
+    return operands[:num_carry] + tuple(TensorType((length,) + t.shape, t.dtype) for t in outs[num_carry:])
+
+
+def _while(*operands: TensorType, cond: Any, body: Any, num_carry: int, cond_consts: int) -> tuple[TensorType, ...]:
+    """Operands: the carry, the condition's constants, then the body's constants."""
+    _require_graph(cond, "the while condition")
+    _require_graph(body, "the while body")
+    _require(0 <= num_carry and 0 <= cond_consts and num_carry + cond_consts <= len(operands),
+             f"{num_carry} carries and {cond_consts} condition constants among {len(operands)} operands")
+    carry = operands[:num_carry]
+    _same_types(_types_of(cond), carry + operands[num_carry:num_carry + cond_consts], "the condition's inputs")
+    _same_types([a.type for a in cond.outvars], [TensorType((), dt.bool_)], "the condition's result")
+    _same_types(_types_of(body), carry + operands[num_carry + cond_consts:], "the while body's inputs")
+    _same_types([a.type for a in body.outvars], carry, "the while body's results")
+    return carry
+
+
+def _cond(*operands: TensorType, branches: tuple) -> tuple[TensorType, ...]:
+    """Operands: the branches' operands, then the branch index (an int32 scalar, clamped)."""
+    _require(isinstance(branches, tuple) and len(branches) >= 1, "cond needs a tuple of branches")
+    _require(len(operands) >= 1 and operands[-1] == TensorType((), dt.int32),
+             "the last operand must be the branch index, an i32 scalar")
+    for k, branch in enumerate(branches):
+        _require_graph(branch, f"branch {k}")
+        _same_types(_types_of(branch), operands[:-1], f"branch {k}'s inputs")
+    outs = tuple(a.type for a in branches[0].outvars)
+    for k, branch in enumerate(branches[1:], start=1):
+        _same_types([a.type for a in branch.outvars], outs, f"branch {k}'s results (branch 0 gives {outs})")
+    return outs
+
+
+def _call_body(*operands: TensorType, body: Any, **params: Any) -> tuple[TensorType, ...]:
+    _require_graph(body, "the body")
+    _same_types(_types_of(body), operands, "the body's inputs")
+    return tuple(a.type for a in body.outvars)
+
+
+def _custom_jvp_call(*operands: TensorType, body: Any, jvp: Any, num_consts: int) -> tuple[TensorType, ...]:
+    """Operands: the arguments, then constants (values the functions close over). `jvp` maps
+    (arguments, constants, one tangent per argument) to (outputs, one tangent per output)."""
+    outs = _call_body(*operands, body=body)
+    _require_graph(jvp, "the jvp rule")
+    args = operands[:len(operands) - num_consts]
+    _same_types(_types_of(jvp), operands + args, "the jvp rule's inputs")
+    _same_types([a.type for a in jvp.outvars], outs + outs, "the jvp rule's results")
+    return outs
+
+
+def _custom_vjp_call(*operands: TensorType, body: Any, fwd: Any, bwd: Any,
+                     num_consts: tuple[int, int, int]) -> tuple[TensorType, ...]:
+    """Operands: the arguments, then the constants of `body`, of `fwd` and of `bwd`. `fwd` maps
+    (arguments, its constants) to (outputs, residuals); `bwd` maps (residuals, one cotangent per
+    output, its constants) to one cotangent per argument."""
+    _require(isinstance(num_consts, tuple) and len(num_consts) == 3, "num_consts must be three counts")
+    nb, nf, nw = num_consts
+    n_args = len(operands) - nb - nf - nw
+    _require(n_args >= 0, f"{sum(num_consts)} constants among {len(operands)} operands")
+    args = operands[:n_args]
+    outs = _call_body(*(args + operands[n_args:n_args + nb]), body=body)
+    _require_graph(fwd, "fwd")
+    _require_graph(bwd, "bwd")
+    _same_types(_types_of(fwd), args + operands[n_args + nb:n_args + nb + nf], "fwd's inputs")
+    fwd_outs = tuple(a.type for a in fwd.outvars)
+    _same_types(fwd_outs[:len(outs)], outs, "fwd's outputs")
+    residuals = fwd_outs[len(outs):]
+    _same_types(_types_of(bwd), residuals + outs + operands[n_args + nb + nf:], "bwd's inputs")
+    _same_types([a.type for a in bwd.outvars], args, "bwd's results")
+    return outs
+
+
+CHECKPOINT_POLICIES = ("nothing_saveable", "everything_saveable", "dots_saveable",
+                       "dots_with_no_batch_dims_saveable")
+
+
+def _checkpoint(*operands: TensorType, body: Any, policy: str, prevent_cse: bool) -> tuple[TensorType, ...]:
+    _require(policy in CHECKPOINT_POLICIES, f"unknown policy {policy!r}; glue has {CHECKPOINT_POLICIES}")
+    return _call_body(*operands, body=body)
+
+
+def _optimization_barrier(*operands: TensorType) -> tuple[TensorType, ...]:
+    return operands
+
+
+TOKEN = TensorType((), dt.int32)
+
+
+def _debug_print(token: TensorType, *operands: TensorType, fmt: str, names: tuple) -> tuple[TensorType, ...]:
+    """Prints `fmt.format(*positional, **named)` on the host once the operands are ready; the
+    last len(names) operands are the named ones. Takes and gives the effect token."""
+    _require(token == TOKEN, "the first operand must be the effect token (an i32 scalar)")
+    _require(isinstance(fmt, str), "fmt must be a string")
+    _require(isinstance(names, tuple) and len(names) <= len(operands), "names must name trailing operands")
+    return (TOKEN,)
+
+
+for _name, _rule in (("scan", _scan), ("while", _while), ("cond", _cond),
+                     ("custom_jvp_call", _custom_jvp_call), ("custom_vjp_call", _custom_vjp_call),
+                     ("checkpoint", _checkpoint), ("optimization_barrier", _optimization_barrier)):
+    _register(_name, "call", _rule, variadic=True, multiple_results=True, opaque=True)
+_register("debug_print", "call", _debug_print, variadic=True, multiple_results=True, opaque=True, effect=True)
+
+
+def has_effects(name: str, params: dict[str, Any] | tuple) -> bool:
+    """Whether an equation of `name` with `params` has a side effect (prints), itself or in a
+    body: then its first operand and first result are the effect token."""
+    if PRIMITIVES[name].effect:
+        return True
+    items = params.values() if isinstance(params, dict) else (v for _, v in params)
+    return any(_graphs_have_effects(v) for v in items)
+
+
+def _graphs_have_effects(value: Any) -> bool:
+    from glue.ir.core import Graph
+
+    if isinstance(value, tuple):
+        return any(_graphs_have_effects(v) for v in value)
+    if not isinstance(value, Graph):
+        return False
+    known = value.__dict__.get("_effects")
+    if known is None:
+        known = any(has_effects(e.primitive, e.params) for e in value.eqns)
+        object.__setattr__(value, "_effects", known)
+    return known

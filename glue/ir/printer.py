@@ -10,14 +10,18 @@
 """
 from __future__ import annotations
 
+import json
 import math
+import re
 from typing import Any
 
 from glue.ir.core import Atom, Graph, Literal, Var
-from glue.ir.dtypes import DType
+from glue.ir.dtypes import BY_NAME, DType
 
 _KEYWORDS = {"in", "let", "lambda", "inf", "nan"}  # names the parser would read as something else
 _SOURCE_COLUMN = 56
+# Words the parser reads as something other than a word-valued param.
+_NOT_WORDS = {"True", "False", "None", "inf", "nan"} | set(BY_NAME)
 
 
 def var_names():
@@ -36,8 +40,8 @@ def var_names():
 
 
 def format_param(value: Any) -> str:
-    """A param value in the text form: ints, floats, bools, words, dtypes, graphs and (nested)
-    tuples."""
+    """A param value in the text form: ints, floats, bools, words, quoted text, dtypes, graphs
+    and (nested) tuples."""
     if isinstance(value, DType):
         return value.name
     if isinstance(value, Graph):  # a body or branch: its own text, on its own lines
@@ -45,8 +49,9 @@ def format_param(value: Any) -> str:
     if isinstance(value, tuple):
         inner = ", ".join(format_param(v) for v in value)
         return f"({inner},)" if len(value) == 1 else f"({inner})"
-    if isinstance(value, str):  # a word-valued param (a precision): written bare
-        return value
+    if isinstance(value, str):  # a word (a precision) is written bare, other text quoted
+        bare = re.fullmatch(r"[A-Za-z_][A-Za-z_0-9]*", value) and value not in _NOT_WORDS
+        return value if bare else json.dumps(value)
     if isinstance(value, float) and not math.isfinite(value):
         return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
     return repr(value)

@@ -41,13 +41,20 @@ def verify(graph: Graph) -> None:
         if tuple(v.type for v in eqn.outvars) != out_types:
             raise VerifyError(f"{where}: declares {[str(v.type) for v in eqn.outvars]}, "
                               f"but the rule gives {' '.join(map(str, out_types))}")
-        for value in eqn.params:
-            if isinstance(value[1], Graph):
-                _verify_body(value[1], f"{where}, param {value[0]}")
+        for key, value in eqn.params:
+            for k, body in enumerate(_graphs_in(value)):
+                _verify_body(body, f"{where}, param {key}" + (f"[{k}]" if isinstance(value, tuple) else ""))
         for v in eqn.outvars:
             define(v, where)
     for atom in graph.outvars:
         check_use(atom, "graph outputs")
+
+
+def _graphs_in(value) -> list[Graph]:
+    """The graphs a param holds: itself, or those of a tuple (a cond's branches)."""
+    if isinstance(value, Graph):
+        return [value]
+    return [v for v in value if isinstance(v, Graph)] if isinstance(value, tuple) else []
 
 
 def _verify_body(body: Graph, where: str) -> None:

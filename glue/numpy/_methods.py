@@ -91,6 +91,13 @@ class _ShapeMethods:
     def __getitem__(self, index: Any) -> Any:
         return _core.getitem(self, index)
 
+    @property
+    def at(self) -> Any:
+        """Functional updates: `x.at[index].set(v)` and friends (glue.lax.updates)."""
+        from glue.lax.updates import IndexUpdateHelper  # glue.lax builds on glue.numpy: imported at use
+
+        return IndexUpdateHelper(self)
+
     def __neg__(self) -> Any:
         return _core.negative(self)
 

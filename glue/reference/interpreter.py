@@ -6,7 +6,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from glue.errors import GlueError, describe_location
-from glue.ir import Graph, Literal, primitive
+from glue.ir import PRIMITIVES, Graph, Literal, primitive
 from glue.ir import dtypes as dt
 from glue.reference.impls import IMPLS
 
@@ -54,7 +54,7 @@ def run_graph(graph: Graph, args: Sequence[Any], float64: bool = False) -> list[
         except (ValueError, IndexError, TypeError) as err:
             raise GlueError(f"reference evaluation of {eqn.primitive} failed: {err} "
                             f"{describe_location(eqn.source)}") from err
-        results = out if len(eqn.outvars) > 1 else (out,)
+        results = out if PRIMITIVES[eqn.primitive].multiple_results else (out,)
         for var, value in zip(eqn.outvars, results):
             # Values are stored C-contiguous: NumPy's summation order depends on memory layout,
             # and the reference must give the same bits for the same logical program.

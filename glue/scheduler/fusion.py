@@ -33,6 +33,7 @@ from typing import Iterable
 
 from glue.ir import Eqn, Graph, Var, primitive
 from glue.ir.printer import format_param, graph_var_names
+from glue.scheduler.calls import lower_call
 from glue.scheduler.dag import KernelDag
 from glue.scheduler.kernel_ir import Kernel
 from glue.scheduler.lowering import (Domain, FusionRefused, SiteWalk, check_contents, check_scatter_target,
@@ -627,10 +628,19 @@ class _Fuser:
 
     def outputs(self, gid: int) -> list[Var]:
         """What kernel `gid` writes: its values that the program returns or that a consumer in
-        another kernel, which does not compute them itself, reads."""
+        another kernel, which does not compute them itself, reads (a call writes all its
+        results)."""
         group = self.groups[gid]
+        call = self._call(group)
+        if call is not None:
+            return list(call.outvars)
         return [v for i in sorted(group.members) for v in self.eqns[i].outvars
                 if self.home.get(v.id) == gid and self.needed(v, gid)]
+
+    def _call(self, group: _Group) -> Eqn | None:
+        """The opaque equation a group consists of, if it is a call kernel."""
+        eqn = self.eqns[group.first]
+        return eqn if group.own and primitive(eqn.primitive).opaque else None
 
     def finish(self) -> Fusion:
         # Of the kernels ready to run, the one with the earliest first equation: that keeps the
@@ -638,8 +648,11 @@ class _Fuser:
         order = self.dag.order(lambda g: (self.groups[g].first, self.groups[g].order))
         groups = [sorted(self.groups[g].members) for g in order]
         outputs = [self.outputs(g) for g in order]
-        kernels = [lower_group([self.eqns[i] for i in eqns], outs, str(k))
-                   for k, (eqns, outs) in enumerate(zip(groups, outputs))]
+        kernels = []
+        for k, (gid, eqns, outs) in enumerate(zip(order, groups, outputs)):
+            call = self._call(self.groups[gid])
+            kernels.append(lower_call(call, str(k)) if call is not None else
+                           lower_group([self.eqns[i] for i in eqns], outs, str(k)))
         return Fusion(self.graph, groups, outputs, kernels, self.refusals)
 
 

@@ -11,6 +11,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from glue.reference.impls import IMPLS
+from glue.scheduler.calls import run_call_kernel
 from glue.scheduler.kernel_ir import (Clamp, Const, Dim, Div, Expr, FromValue, InBounds, Index,
                                       IndexValue, Kernel, Load, Mod, Op, RowValue, children, postorder)
 from glue.scheduler.plan import Plan
@@ -114,6 +115,8 @@ class _Eval:
 
 def run_kernel(kernel: Kernel, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
     """The outputs of one kernel on NumPy inputs."""
+    if kernel.call is not None:
+        return run_call_kernel(kernel, inputs)
     outputs = [np.empty(b.type.shape, b.type.dtype.numpy) for b in kernel.outputs]
     if kernel.init is not None:
         outputs[0][...] = inputs[kernel.init]

@@ -322,11 +322,14 @@ class Buffer:
 
 @dataclass(frozen=True)
 class Kernel:
-    """One fused kernel. `kind` is pointwise | reduction | contraction | data.
+    """One fused kernel. `kind` is pointwise | reduction | contraction | data | call.
 
     `init` names an input whose contents output 0 starts from before the stores run (scatter).
     `ops` lists the fused primitives, for names and dumps. `precision` is a contraction's
     ("default" | "high" | "highest": whether a backend may round float32 operands to TF32).
+    A "call" kernel is one equation of an opaque primitive (control flow, a print), held in
+    `call`, which the backend runs by its rule (`glue.scheduler.calls`); it has no domain,
+    reductions or stores.
     """
 
     name: str
@@ -341,6 +344,7 @@ class Kernel:
     init: int | None = None
     source: tuple[str, ...] = field(default=())
     precision: str | None = None
+    call: Any = None
 
     @property
     def rank(self) -> int:

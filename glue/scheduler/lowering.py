@@ -329,8 +329,9 @@ def _row_result_build(lw, eqn, index, mask, reads, values) -> Expr:
 _ELEMENTWISE = IndexRule(_same_index, _apply_op)
 _ROW_RESULT = IndexRule(_row_result_reads, _row_result_build)
 
-# Every primitive but scatter_add, whose result is complete only when its kernel ends.
-INDEX_RULES = RuleTable("index", lambda p: p.name != "scatter_add")
+# Every primitive but scatter_add, whose result is complete only when its kernel ends, and the
+# opaque ones, which are kernels of their own (glue.scheduler.calls).
+INDEX_RULES = RuleTable("index", lambda p: p.name != "scatter_add" and not p.opaque)
 INDEX_RULES.update({
     "broadcast_in_dim": IndexRule(_broadcast_reads, _operand_value),
     "transpose": IndexRule(_transpose_reads, _operand_value),

@@ -23,6 +23,8 @@ import llvmlite.binding as llvm
 import numpy as np
 
 from glue.backend_cuda.codegen import CudaProgram
+from glue.backend_cuda.steps import Planner, chosen_launches, plan_program, resolve_ref
+from glue.scheduler.calls import run_call
 
 _RUNTIME = r"""
 #include <math.h>
@@ -205,66 +207,125 @@ def _library_product(gemm, addresses: list[int]) -> None:
     d[...] = np.matmul(a, b).astype(wide).astype(d.dtype)
 
 
+def _read(ptr: int, t) -> np.ndarray:
+    data = np.ctypeslib.as_array((ctypes.c_uint8 * max(t.nbytes, 1)).from_address(ptr))[:t.nbytes]
+    return data.copy().view(t.dtype.numpy).reshape(t.shape)
+
+
+def _host(t, poison: int, keep: list, values: Any = None) -> int:
+    """Host memory for a `t` buffer (aligned as device memory is), `values` in it or `poison`."""
+    raw, ptr = _aligned(t.nbytes, poison)
+    keep.append(raw)
+    if values is not None:
+        x = np.ascontiguousarray(np.broadcast_to(np.asarray(values, dtype=t.dtype.numpy), t.shape))
+        np.ctypeslib.as_array((ctypes.c_uint8 * max(x.nbytes, 1)).from_address(ptr))[:x.nbytes] = \
+            x.reshape(-1).view(np.uint8)
+    return ptr
+
+
+class _Machine:
+    """Runs planned steps (glue.backend_cuda.steps) on host memory: kernels through the
+    emulator, library products with NumPy, host calls through the scheduler's plan."""
+
+    def __init__(self, planner: Planner, bases: list[int]):
+        self.lib = _runtime()
+        self.planner, self.bases = planner, bases
+        self.engines: dict[int, _Engine] = {}
+
+    def engine(self, program: CudaProgram) -> _Engine:
+        if id(program) not in self.engines:
+            self.engines[id(program)] = _Engine(program.llvm_ir)
+        return self.engines[id(program)]
+
+    def address(self, source: tuple[int, int]) -> int:
+        return self.bases[source[0]] + source[1]
+
+    def run(self, steps, parent: CudaProgram) -> None:
+        for step in steps:
+            if step.host is not None:
+                run_call(step.host.site.plan, _EmulatedRunner(self, step))
+                continue
+            if step.copy:
+                dst, src, nbytes = step.copy
+                ctypes.memmove(self.address(dst), self.address(src), nbytes)
+            launch = step.launch
+            if launch is None:
+                continue
+            if launch.library is not None:
+                _library_product(launch.library, [self.address(s) for s in step.sources])
+                continue
+            if launch.grid == 0:
+                continue
+            program = step.owner.program if step.owner is not None else parent
+            params = (ctypes.c_void_p * max(len(step.sources), 1))(*[self.address(s) for s in step.sources])
+            if self.lib.emu_launch(self.engine(program).address(launch.symbol), len(step.sources), params,
+                                   launch.grid, launch.block):
+                raise RuntimeError(f"emulator: could not start the threads of {launch.symbol}")
+
+
+class _EmulatedRunner:
+    """The scheduler's Runner for a host call: bodies run as planned steps."""
+
+    def __init__(self, machine: _Machine, step):
+        self.machine, self.step = machine, step
+
+    def invoke(self, body: int, args, results) -> None:
+        host, step = self.step.host, self.step
+        steps = self.machine.planner.invocation_steps(host.site, body, [resolve_ref(host, r) for r in args],
+                                                      [resolve_ref(host, r) for r in results], step.group, step.stream)
+        self.machine.run(steps, None)
+
+    def copy(self, source, target, t) -> None:
+        host = self.step.host
+        ctypes.memmove(self.machine.address(resolve_ref(host, target)), self.machine.address(resolve_ref(host, source)),
+                       t.nbytes)
+
+    def read(self, ref, t) -> np.ndarray:
+        return _read(self.machine.address(resolve_ref(self.step.host, ref)), t)
+
+
 def run_program(program: CudaProgram, args: Sequence[Any], poison: int = 0xFF,
                 variant: str = "library") -> list[np.ndarray]:
-    """Run the launches of `program` on NumPy arguments; outputs, arena and scratch start as
-    `poison`. A contraction with both variants runs `variant` (a library launch computes its
-    product with NumPy, as the library would)."""
-    lib = _runtime()
-    engine = _Engine(program.llvm_ir)
-    keep = []
-    arrays = []
-    for a, t in zip(args, program.arg_types):
-        x = np.asarray(a, dtype=t.dtype.numpy)
-        raw, ptr = _aligned(x.nbytes, 0)
-        np.ctypeslib.as_array((ctypes.c_uint8 * max(x.nbytes, 1)).from_address(ptr))[:x.nbytes] = \
-            np.ascontiguousarray(x).reshape(-1).view(np.uint8)
-        keep.append(raw)
-        arrays.append((ptr, t))
-    outs = []
-    for t in program.output_types:
-        raw, ptr = _aligned(t.nbytes, poison)
-        keep.append(raw)
-        outs.append((ptr, t))
-    arena_raw, arena = _aligned(program.arena_bytes, poison)
+    """Run the steps of `program` (its launches, call kernels expanded into their bodies' as
+    glue.backend_cuda.steps plans them) on NumPy arguments; outputs, arena and scratch start
+    as `poison`. A contraction with both variants runs `variant` (a library launch computes
+    its product with NumPy, as the library would)."""
+    keep: list = []
+    arrays = [(_host(t, 0, keep, a), t) for a, t in zip(args, program.arg_types)]
+    outs = [(_host(t, poison, keep), t) for t in program.output_types]
+    arena = _aligned(program.arena_bytes, poison)
     scratch = [_aligned(n, poison) for n in program.scratch]
     counters = _aligned(program.counters, 0)
-    keep += [raw for raw, _ in scratch] + [counters[0]]
-    bases = [p for p, _ in arrays] + [p for p, _ in outs] + [arena] + [p for _, p in scratch] + [counters[1]]
-    n_args = len(arrays)
+    keep += [arena[0]] + [raw for raw, _ in scratch] + [counters[0]]
+    bases = [p for p, _ in arrays] + [p for p, _ in outs] + [arena[1]] + [p for _, p in scratch] + [counters[1]]
+    n_args, n_outs = len(arrays), len(outs)
 
-    def address(place) -> int:
-        base = {"argument": place.slot, "output": n_args + place.slot, "arena": n_args + len(outs),
-                "scratch": n_args + len(outs) + 1 + place.slot, "counters": len(bases) - 1}[place.kind]
-        return bases[base] + place.offset
+    def source(place) -> tuple[int, int]:
+        base = {"argument": place.slot, "output": n_args + place.slot, "arena": n_args + n_outs,
+                "scratch": n_args + n_outs + 1 + place.slot,
+                "counters": n_args + n_outs + 1 + len(scratch)}[place.kind]
+        return base, place.offset
 
-    chosen = {l.group: l.variant for l in program.launches if l.variant == variant}
-    for launch in program.launches:
-        if chosen.get(launch.group, "codegen") != launch.variant:
-            continue
-        if launch.library is not None:
-            _library_product(launch.library, [address(p) for p in launch.params])
-            continue
-        if launch.copy:
-            dst, src, nbytes = launch.copy
-            ctypes.memmove(address(dst), address(src), nbytes)
-        if launch.grid == 0:
-            continue
-        params = (ctypes.c_void_p * max(len(launch.params), 1))(*[address(p) for p in launch.params])
-        if lib.emu_launch(engine.address(launch.symbol), len(launch.params), params, launch.grid, launch.block):
-            raise RuntimeError(f"emulator: could not start the threads of {launch.symbol}")
+    def choose(p: CudaProgram) -> list:
+        return chosen_launches(p, {l.group: variant for l in p.launches if l.variant == variant})
 
-    def read(ptr: int, t) -> np.ndarray:
-        data = np.ctypeslib.as_array((ctypes.c_uint8 * max(t.nbytes, 1)).from_address(ptr))[:t.nbytes]
-        return data.copy().view(t.dtype.numpy).reshape(t.shape)
-
+    steps, planner = plan_program(program, choose(program), len(bases), source,
+                                  lambda lowering: (choose(lowering["llvm"]), None))
+    for region in planner.regions:
+        if region.fill is not None:
+            bases.append(_host(region.fill[0], 0, keep, region.fill[1]))
+        else:
+            raw, ptr = _aligned(region.nbytes, poison)
+            keep.append(raw)
+            bases.append(ptr)
+    _Machine(planner, bases).run(steps, program)
     results = []
     for r in program.results:
         if r.kind == "literal":
             results.append(np.full(r.type.shape, r.value, r.type.dtype.numpy))
         elif r.kind == "output":
-            results.append(read(*outs[r.slot]))
+            results.append(_read(*outs[r.slot]))
         else:
-            results.append(read(arrays[r.slot][0], r.type))
-    del keep, arena_raw
+            results.append(_read(arrays[r.slot][0], r.type))
+    del keep
     return results

@@ -17,6 +17,8 @@ from typing import Any, Callable
 import numpy as np
 from hypothesis import strategies as st
 
+import glue
+from glue import lax
 from glue.frontend.tracing import bind
 from glue.ir import dtypes as dt
 
@@ -26,6 +28,8 @@ class Case:
     fn: Callable[..., Any]
     args: list[np.ndarray]
     eps: float = 1e-6  # the finite-difference step that suits the case
+    forward: bool = True  # jvp applies (a custom_vjp function refuses it)
+    reverse: bool = True  # vjp applies (a while_loop refuses it)
 
     def __post_init__(self):
         self.args = [np.asarray(a) for a in self.args]
@@ -365,6 +369,135 @@ def _scatter_add(draw, smooth: bool) -> Case:
                 [_uniform(rng, x_shape, -2, 2), idx, _uniform(rng, out_shape, -2, 2)])
 
 
+# --- control flow and calls -----------------------------------------------------------------
+
+@st.composite
+def _scan(draw, smooth: bool) -> Case:
+    rng = _rng(draw)
+    shape = _shape(draw, 0, 2)
+    length = draw(st.integers(0, 3))
+    reverse = draw(st.booleans())
+
+    def fn(c0, w, xs):
+        def step(carry, x):
+            h, k = carry
+            new = bind("tanh", bind("add", bind("mul", h, w), x))
+            return (new, bind("add", k, np.int32(1))), bind("mul", new, h)
+        (h, _), ys = lax.scan(step, (c0, np.int32(0)), xs, reverse=reverse)
+        return bind("add", h, bind("reduce_sum", ys, axes=(0,)))
+
+    return Case(fn, [_uniform(rng, shape, -1, 1), _uniform(rng, (), 0.5, 1.5),
+                     _uniform(rng, (length,) + shape, -1, 1)])
+
+
+@st.composite
+def _while(draw, smooth: bool) -> Case:
+    rng = _rng(draw)
+    shape = _shape(draw, 0, 2)
+    trips = draw(st.integers(0, 3))
+
+    def fn(x, w):
+        def body(carry):
+            i, v = carry
+            return bind("add", i, np.int32(1)), bind("mul", bind("sin", v), w)
+        return lax.while_loop(lambda c: bind("lt", c[0], np.int32(trips)), body, (np.int32(0), x))[1]
+
+    return Case(fn, [_uniform(rng, shape, -1, 1), _uniform(rng, shape, 0.5, 1.5)], reverse=False)
+
+
+@st.composite
+def _cond(draw, smooth: bool) -> Case:
+    rng = _rng(draw)
+    shape = _shape(draw, 0, 2)
+
+    def fn(pred, x, y):
+        return lax.cond(pred, lambda a, b: bind("mul", bind("sin", a), b), lambda a, b: bind("sub", a, b), x, y)
+
+    return Case(fn, [np.asarray(draw(st.booleans())), _uniform(rng, shape, -2, 2), _uniform(rng, shape, -2, 2)])
+
+
+@glue.custom_jvp
+def _sin_times(x, y):
+    return bind("mul", bind("sin", x), y)
+
+
+@_sin_times.defjvp
+def _sin_times_jvp(primals, tangents):
+    (x, y), (tx, ty) = primals, tangents
+    return _sin_times(x, y), bind("add", bind("mul", bind("mul", bind("cos", x), y), tx), bind("mul", bind("sin", x), ty))
+
+
+@st.composite
+def _custom_jvp_call(draw, smooth: bool) -> Case:
+    rng = _rng(draw)
+    shape = _shape(draw, 0, 2)
+    return Case(_sin_times, [_uniform(rng, shape, -2, 2), _uniform(rng, shape, -2, 2)])
+
+
+@glue.custom_vjp
+def _exp_times(x, y):
+    return bind("mul", bind("exp", x), y)
+
+
+def _exp_times_fwd(x, y):
+    e = bind("exp", x)
+    return bind("mul", e, y), (e, y)
+
+
+def _exp_times_bwd(res, g):
+    e, y = res
+    return bind("mul", bind("mul", g, e), y), bind("mul", g, e)
+
+
+_exp_times.defvjp(_exp_times_fwd, _exp_times_bwd)
+
+
+@st.composite
+def _custom_vjp_call(draw, smooth: bool) -> Case:
+    rng = _rng(draw)
+    shape = _shape(draw, 0, 2)
+    return Case(_exp_times, [_uniform(rng, shape, -1, 1), _uniform(rng, shape, -2, 2)], forward=False)
+
+
+@st.composite
+def _checkpoint(draw, smooth: bool) -> Case:
+    rng = _rng(draw)
+    shape = _shape(draw, 1, 2)
+    policy = draw(st.sampled_from([None, glue.checkpoint_policies.everything_saveable,
+                                   glue.checkpoint_policies.dots_saveable]))
+
+    def block(x, w):
+        h = bind("sin", bind("dot_general", x, w, dimension_numbers=(((x.ndim - 1,), (0,)), ((), ()))))
+        return bind("mul", h, h)
+
+    n = shape[-1]
+    return Case(lambda x, w: glue.checkpoint(block, policy=policy)(x, w),
+                [_uniform(rng, shape, -1, 1), _uniform(rng, (n, n), -1, 1)])
+
+
+@st.composite
+def _optimization_barrier(draw, smooth: bool) -> Case:
+    rng = _rng(draw)
+    shape = _shape(draw)
+
+    def fn(x, y):
+        a, b = lax.optimization_barrier((bind("sin", x), y))
+        return bind("mul", a, b)
+
+    return Case(fn, [_uniform(rng, shape, -2, 2), _uniform(rng, shape, -2, 2)])
+
+
+@st.composite
+def _debug_print(draw, smooth: bool) -> Case:
+    rng = _rng(draw)
+
+    def fn(x):
+        glue.debug.print("x = {}", x)
+        return bind("mul", x, x)
+
+    return Case(fn, [_uniform(rng, _shape(draw), -2, 2)])
+
+
 CASES: dict[str, Callable[..., st.SearchStrategy[Case]]] = {
     **{name: _unary(name) for name in list(_UNARY_DOMAINS) + ["abs", "sign", "floor", "ceil", "round"]},
     "not": _not,
@@ -382,4 +515,7 @@ CASES: dict[str, Callable[..., st.SearchStrategy[Case]]] = {
     "broadcast_in_dim": _broadcast_in_dim, "reshape": _reshape, "transpose": _transpose,
     "slice": _slice, "pad": _pad, "concatenate": _concatenate, "iota": _iota,
     "dot_general": _dot_general, "gather": _gather, "scatter_add": _scatter_add,
+    "scan": _scan, "while": _while, "cond": _cond, "custom_jvp_call": _custom_jvp_call,
+    "custom_vjp_call": _custom_vjp_call, "checkpoint": _checkpoint, "optimization_barrier": _optimization_barrier,
+    "debug_print": _debug_print,
 }

@@ -33,6 +33,13 @@ def _split(case):
     return f, [case.args[i] for i in floats]
 
 
+def _check_jvp(f, xs, vs, expected):
+    out, tangent = glue.jvp(f, xs, vs)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(f(*xs)), rtol=1e-12)
+    assert np.asarray(tangent).dtype == np.float64
+    np.testing.assert_allclose(np.asarray(tangent), expected, rtol=1e-5, atol=1e-6)
+
+
 def _finite_difference(f, xs, vs, eps):
     plus = np.asarray(f(*[x + eps * v for x, v in zip(xs, vs)]))
     minus = np.asarray(f(*[x - eps * v for x, v in zip(xs, vs)]))
@@ -48,10 +55,15 @@ def test_jvp_and_vjp_match_finite_differences(name, data):
     vs = [rng.normal(size=x.shape) for x in xs]
     expected = _finite_difference(f, xs, vs, case.eps)
 
-    out, tangent = glue.jvp(f, xs, vs)
-    np.testing.assert_allclose(np.asarray(out), np.asarray(f(*xs)), rtol=1e-12)
-    assert np.asarray(tangent).dtype == np.float64
-    np.testing.assert_allclose(np.asarray(tangent), expected, rtol=1e-5, atol=1e-6)
+    if not case.forward:  # a custom_vjp function: forward mode is refused
+        with pytest.raises(glue.GlueError, match="forward mode"):
+            glue.jvp(f, xs, vs)
+    else:
+        _check_jvp(f, xs, vs, expected)
+    if not case.reverse:  # a while_loop: reverse mode is refused
+        with pytest.raises(glue.GlueError, match="reverse mode"):
+            glue.vjp(f, *xs)[1](np.zeros(np.shape(expected)))
+        return
 
     # <ct, J v> computed both ways pins down the whole VJP, one random direction at a time.
     ct = rng.normal(size=np.shape(expected))

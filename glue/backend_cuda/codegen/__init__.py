@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import logging
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable
 
 from llvmlite import ir
 
@@ -27,7 +28,8 @@ from glue.backend_cuda.codegen.pointwise import emit_pointwise
 from glue.backend_cuda.codegen.rows import emit_rows
 from glue.backend_cuda.ptx import DEFAULT_ARCH
 from glue.codegen.scope import Analysis
-from glue.ir import TensorType
+from glue.ir import Graph, TensorType
+from glue.scheduler.calls import call_plan
 from glue.scheduler.gemm import GemmSpec, gemm_spec
 from glue.scheduler.kernel_ir import Kernel
 from glue.scheduler.memory import Placement
@@ -44,6 +46,7 @@ class CudaProgram:
     arch: str = DEFAULT_ARCH
     scratch: tuple[int, ...] = ()  # bytes of each stream's scratch region (library operands, partials)
     counters: int = 0              # bytes of zeroed counters (column reductions' last-block counts)
+    bodies: dict[int, list[Any]] = field(default_factory=dict)  # call kernel -> its bodies' lowerings
 
     @property
     def arena_bytes(self) -> int:
@@ -80,7 +83,7 @@ def _launch_bounds(llvm_ir: str, launches: list[Launch]) -> str:
     multiprocessor where its emitter asks (`.minnctapersm`); llvmlite cannot attach string
     attributes."""
     for launch in launches:
-        if launch.library is not None:
+        if launch.library is not None or launch.call is not None:
             continue
         bounds = f'"nvvm.maxntid"="{launch.block}"'
         if launch.min_blocks:
@@ -161,18 +164,29 @@ def _note_once(message: str) -> None:
         log.info(message)
 
 
-def build_program(plan: Plan, name: str = "fn", arch: str = DEFAULT_ARCH, gemm: str = "auto") -> CudaProgram:
+def build_program(plan: Plan, name: str = "fn", arch: str = DEFAULT_ARCH, gemm: str = "auto",
+                  lower_body: Callable[[Graph], Any] | None = None) -> CudaProgram:
     """One LLVM module with a kernel per plan kernel for `arch` (and the launches of each
-    contraction's library variant), and how to launch each."""
+    contraction's library variant), and how to launch each. A call kernel (control flow, a
+    print) is a launch without a grid holding its plan; `lower_body` lowers each of its bodies
+    as a program of its own (see steps.py)."""
     placements = plan.memory.placements
     module = ir.Module(name=_symbol(name))
     launches: list[Launch] = []
     memory = _Memory()
+    bodies: dict[int, list[Any]] = {}
     written = frozenset(_place(placements[b.value_id]) for kernel in plan.kernels for b in kernel.outputs)
     for i, kernel in enumerate(plan.kernels):
         inputs = [_place(placements[b.value_id]) for b in kernel.inputs]
         outputs = [_place(placements[b.value_id]) for b in kernel.outputs]
         symbol = f"glue_{_symbol(name)}_{i}_{_symbol(kernel.name)}"[:120]
+        if kernel.call is not None:
+            if lower_body is None:
+                raise ValueError(f"build_program: {kernel.name} is a call kernel, which needs lower_body")
+            call = call_plan(kernel)
+            launches.append(Launch(symbol, kernel, 0, 0, tuple(inputs + outputs), "call", group=i, call=call))
+            bodies[i] = [lower_body(body) for body in call.bodies]
+            continue
         spec = gemm_spec(kernel) if kernel.kind == "contraction" else None
         variants = gemm_variants(spec, gemm)
         stream = plan.streams.streams[i]
@@ -187,7 +201,7 @@ def build_program(plan: Plan, name: str = "fn", arch: str = DEFAULT_ARCH, gemm: 
             launches += served
             memory.claim_scratch(stream, need)
     return CudaProgram(plan, _launch_bounds(str(module), launches), launches, arch, memory.regions(),
-                       memory.counters)
+                       memory.counters, bodies)
 
 
 __all__ = ["CudaProgram", "Launch", "Place", "Result", "build_program", "gemm_variants"]

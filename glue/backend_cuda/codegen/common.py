@@ -79,6 +79,8 @@ class Launch:
     group: int = -1           # the plan kernel this launch computes (a kernel may take several)
     variant: str = "codegen"  # "codegen" or "library": a contraction may have both, one runs
     library: Any = None       # for a library launch: what it computes (codegen.LibraryGemm)
+    call: Any = None          # for a call kernel: its plan (glue.scheduler.calls.CallPlan); the
+                              # params are its inputs' places, then its outputs'
 
     @property
     def name(self) -> str:

@@ -1,4 +1,5 @@
-"""The user-facing transforms, with JAX's signatures: grad, value_and_grad, vjp, jvp and vmap.
+"""The user-facing transforms, with JAX's signatures: grad, value_and_grad, vjp, jvp, vmap, and
+the Jacobians built from them (jacfwd, jacrev, hessian).
 
 Each flattens its arguments' pytrees, traces the function into a Graph of its own
 (`trace_for_transform`), and hands the Graph to an interpreter (`autodiff`, `batching`) that
@@ -21,7 +22,7 @@ from glue.frontend.pytree import PyTreeDef, leaf_paths, tree_flatten, tree_unfla
 from glue.frontend.tracing import current_trace, type_of
 from glue.frontend.transforms.autodiff import Linearized, jvp_graph
 from glue.frontend.transforms.batching import batch_graph, move_batch
-from glue.frontend.transforms.core import zeros
+from glue.frontend.transforms.core import emit, zeros
 from glue.frontend.transforms.stop_gradient import trace_for_transform
 from glue.ir import ClosedGraph, TensorType
 
@@ -137,17 +138,7 @@ def _gradient(fun: Callable, argnums: int | Sequence[int], has_aux: bool, with_v
 
     @functools.wraps(fun)
     def differentiated(*args: Any, **kwargs: Any) -> Any:
-        positions = _argnum_positions(nums, len(args), label)
-        leaves, in_tree = tree_flatten(tuple(args[i] for i in positions))
-        types = [type_of(x) for x in leaves]
-        _check_differentiable(positions, in_tree, types, label)
-
-        def call(*xs: Any) -> Any:
-            full = list(args)
-            for i, value in zip(positions, tree_unflatten(in_tree, list(xs))):
-                full[i] = value
-            return fun(*full, **kwargs)
-
+        leaves, types, in_tree, call = _differentiated_args(fun, nums, args, kwargs, label)
         closed, out_tree = _trace(call, types, label)
         main_tree, aux_tree = _split_aux(out_tree, has_aux, label)
         out = closed.graph.out_types[0] if main_tree.kind == "leaf" else None
@@ -167,6 +158,24 @@ def _gradient(fun: Callable, argnums: int | Sequence[int], has_aux: bool, with_v
         return (gradient, value[1]) if has_aux else gradient
 
     return differentiated
+
+
+def _differentiated_args(fun: Callable, nums: tuple[int, ...], args: tuple, kwargs: dict,
+                         label: str) -> tuple[list[Any], list[TensorType], PyTreeDef, Callable[..., Any]]:
+    """The leaves of the arguments at `nums` (checked to be floating-point), their types and
+    structure, and `fun` as a function of those leaves (the other arguments held fixed)."""
+    positions = _argnum_positions(nums, len(args), label)
+    leaves, in_tree = tree_flatten(tuple(args[i] for i in positions))
+    types = [type_of(x) for x in leaves]
+    _check_differentiable(positions, in_tree, types, label)
+
+    def call(*xs: Any) -> Any:
+        full = list(args)
+        for i, value in zip(positions, tree_unflatten(in_tree, list(xs))):
+            full[i] = value
+        return fun(*full, **kwargs)
+
+    return leaves, types, in_tree, call
 
 
 def _argnum_positions(nums: tuple[int, ...], n_args: int, label: str) -> tuple[int, ...]:
@@ -308,3 +317,106 @@ def _batch_size(tree: PyTreeDef, leaves: Sequence[Any], axes: Sequence[int | Non
         shown = "; ".join(f"{p} ({t}) axis {a} has size {t.shape[a]}" for p, t, a in mapped)
         raise TransformError(f"{label}: the mapped axes have different sizes: {shown} {_where()}")
     return sizes.pop()
+
+
+# --- Jacobians ------------------------------------------------------------------------------
+
+def _sizes(types: Sequence[TensorType]) -> list[int]:
+    return [t.size for t in types]
+
+
+def _basis(types: Sequence[TensorType]) -> list[np.ndarray]:
+    """The rows of the identity over all of `types`' elements, cut into one array per type:
+    array k holds, for each row, that row's part shaped like type k."""
+    total = sum(_sizes(types))
+    eye = np.eye(total)
+    parts, start = [], 0
+    for t in types:
+        parts.append(eye[:, start:start + t.size].reshape((total,) + t.shape).astype(t.dtype.numpy))
+        start += t.size
+    return parts
+
+
+def _cut_axis(x: Any, axis: int, start: int, stop: int) -> Any:
+    shape = type_of(x).shape
+    return emit("slice", x, start=tuple(start if i == axis else 0 for i in range(len(shape))),
+                limit=tuple(stop if i == axis else n for i, n in enumerate(shape)), strides=(1,) * len(shape))
+
+
+def _by_input(x: Any, axis: int, types: Sequence[TensorType], tree: PyTreeDef, single: bool) -> Any:
+    """`x`, whose axis `axis` runs over every input element, as a pytree of the inputs' structure
+    with that axis replaced by each input's shape."""
+    shape = type_of(x).shape
+    pieces, start = [], 0
+    for t in types:
+        piece = _cut_axis(x, axis, start, start + t.size)
+        pieces.append(emit("reshape", piece, shape=shape[:axis] + t.shape + shape[axis + 1:]))
+        start += t.size
+    grouped = tree_unflatten(tree, pieces)
+    return grouped[0] if single else grouped
+
+
+def _jacobian_args(fun: Callable, argnums: int | Sequence[int], args: tuple, kwargs: dict, label: str):
+    """(leaves, their types, structure, function of the leaves, single) for a Jacobian."""
+    single = isinstance(argnums, numbers.Integral)
+    nums = (int(argnums),) if single else tuple(argnums)
+    return _differentiated_args(fun, nums, args, kwargs, label) + (single,)
+
+
+def jacfwd(fun: Callable, argnums: int | Sequence[int] = 0, has_aux: bool = False) -> Callable:
+    """The Jacobian of `fun` by forward mode (jax.jacfwd): one jvp per input element, batched
+    with vmap. Each output leaf gets the shape output + input (a pytree of the inputs'
+    structure when `argnums` is a tuple)."""
+    label = f"jacfwd({_name(fun)})"
+
+    @functools.wraps(fun)
+    def jacobian(*args: Any, **kwargs: Any) -> Any:
+        leaves, types, in_tree, call, single = _jacobian_args(fun, argnums, args, kwargs, label)
+
+        def push(*tangents: Any) -> Any:
+            result = jvp(call, leaves, list(tangents), has_aux=has_aux)
+            return (result[1], result[2]) if has_aux else result[1]
+
+        out = vmap(push, out_axes=(-1, None) if has_aux else -1)(*_basis(types))
+        jac, aux = out if has_aux else (out, None)
+        jac_leaves, out_tree = tree_flatten(jac)
+        jac = tree_unflatten(out_tree, [_by_input(j, type_of(j).ndim - 1, types, in_tree, single)
+                                        for j in jac_leaves])
+        return (jac, aux) if has_aux else jac
+
+    return jacobian
+
+
+def jacrev(fun: Callable, argnums: int | Sequence[int] = 0, has_aux: bool = False) -> Callable:
+    """The Jacobian of `fun` by reverse mode (jax.jacrev): one vjp per output element, batched
+    with vmap; the same layout as jacfwd's."""
+    label = f"jacrev({_name(fun)})"
+
+    @functools.wraps(fun)
+    def jacobian(*args: Any, **kwargs: Any) -> Any:
+        leaves, types, in_tree, call, single = _jacobian_args(fun, argnums, args, kwargs, label)
+        result = vjp(call, *leaves, has_aux=has_aux)
+        out, pullback = result[0], result[1]
+        out_leaves, out_tree = tree_flatten(out)
+        out_types = [type_of(o) for o in out_leaves]
+
+        def pull(*cts: Any) -> Any:
+            return pullback(tree_unflatten(out_tree, list(cts)))
+
+        rows = vmap(pull)(*_basis(out_types))  # per input leaf: (output elements,) + its shape
+        jac, start = [], 0
+        for t in out_types:
+            pieces = [emit("reshape", _cut_axis(r, 0, start, start + t.size), shape=t.shape + type_of(r).shape[1:])
+                      for r in rows]
+            grouped = tree_unflatten(in_tree, pieces)
+            jac.append(grouped[0] if single else grouped)
+            start += t.size
+        jac = tree_unflatten(out_tree, jac)
+        return (jac, result[2]) if has_aux else jac
+
+    return jacobian
+
+
+def hessian(fun: Callable, argnums: int | Sequence[int] = 0, has_aux: bool = False) -> Callable:
+    """The Hessian of a scalar function (jax.hessian): jacfwd of jacrev."""
+    return jacfwd(jacrev(fun, argnums, has_aux=has_aux), argnums, has_aux=has_aux)

@@ -25,7 +25,7 @@ JAX does.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -34,12 +34,37 @@ from glue.frontend.transforms.core import (Env, add, aval, broadcast, convert, d
                                            reshape, source_line, sub, sum_to, transpose, zeros)
 from glue.frontend.tracing import results_of
 from glue.frontend.transforms.stop_gradient import stop_gradient
-from glue.ir import ClosedGraph, Graph, RuleTable, Var, every_primitive
+from glue.ir import PRIMITIVES, ClosedGraph, Graph, RuleTable, Var, every_primitive
 
 JvpRule = Callable[..., Any]
 VjpRule = Callable[..., list]
 JVP = RuleTable("jvp", every_primitive)
 VJP = RuleTable("vjp", every_primitive)
+# Forward mode of primitives that compute their outputs and tangents together (a scan of the
+# primal and tangent carries): `JVP_JOINT[name](tangents, primals, **params)` emits both and
+# gives (outputs, tangents), one per output variable, instead of the equation being emitted
+# first and its JVP rule after it. A partial table.
+JVP_JOINT = RuleTable("jvp with outputs")
+# Reverse mode of primitives that keep what their backward needs while they compute their
+# forward (a scan's residuals, a custom_vjp's): `LINEARIZE[name](primals, active, **params)`
+# emits the forward and gives its outputs (one per output variable) and a pullback
+# `(cts, wanted) -> one cotangent per input`. A partial table.
+LINEARIZE = RuleTable("linearize")
+
+
+def jvp_by_joint(name: str) -> JvpRule:
+    """A JVP rule from `name`'s JVP_JOINT rule (which computes the outputs again)."""
+    def jvp(tangents: list, primals: list, out: Any, **params: Any) -> Any:
+        return JVP_JOINT[name](tangents, primals, **params)[1]
+    return jvp
+
+
+def vjp_by_linearizing(name: str) -> VjpRule:
+    """A VJP rule from `name`'s LINEARIZE rule: computes the forward again, then pulls back."""
+    def vjp(ct: Any, wanted: Sequence[bool], primals: list, out: Any, **params: Any) -> list:
+        cts = ct if PRIMITIVES[name].multiple_results else [ct]
+        return LINEARIZE[name](primals, wanted, **params)[1](list(cts), wanted)
+    return vjp
 
 _LN2 = math.log(2.0)
 _TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
@@ -412,32 +437,57 @@ def jvp_graph(closed: ClosedGraph, primals: Sequence[Any],
         pairs = [env.read(a) for a in eqn.inputs]
         values = [p for p, _ in pairs]
         ts = [t for _, t in pairs]
-        out = emit_eqn(eqn, values)
         tangents = [None] * len(eqn.outvars)
-        if any(t is not None for t in ts) and any(map(_differentiable, eqn.outvars)):
+        moving = any(t is not None for t in ts) and any(map(_differentiable, eqn.outvars))
+        if moving and eqn.primitive in JVP_JOINT:
             with source_line(eqn.source):
-                tangents = list(results_of(eqn, JVP[eqn.primitive](ts, values, out, **eqn.param_dict)))
-        for var, value, tangent in zip(eqn.outvars, results_of(eqn, out), tangents):
+                outs, tangents = JVP_JOINT[eqn.primitive](ts, values, **eqn.param_dict)
+        else:
+            out = emit_eqn(eqn, values)
+            outs = results_of(eqn, out)
+            if moving:
+                with source_line(eqn.source):
+                    tangents = list(results_of(eqn, JVP[eqn.primitive](ts, values, out, **eqn.param_dict)))
+        for var, value, tangent in zip(eqn.outvars, outs, tangents):
             env.write(var, (value, tangent if _differentiable(var) else None))
     outs = [env.read(a) for a in closed.graph.outvars]
     return [p for p, _ in outs], [t for _, t in outs]
 
 
 class Linearized:
-    """A Graph evaluated at a point, ready to pull cotangents back through it (the VJP)."""
+    """A Graph evaluated at a point, ready to pull cotangents back through it (the VJP).
 
-    def __init__(self, closed: ClosedGraph, primals: Sequence[Any], active: Sequence[bool]):
+    An active equation whose primitive has a LINEARIZE rule computes its forward through the
+    rule, which keeps what its backward needs (a scan's residuals); the others are re-emitted
+    as they are and transposed by their VJP rules. `reuse` maps variables to values computed
+    elsewhere (a checkpoint's saved values): equations defining only such variables are not
+    emitted again."""
+
+    def __init__(self, closed: ClosedGraph, primals: Sequence[Any], active: Sequence[bool],
+                 reuse: Mapping[int, Any] | None = None):
         self.graph: Graph = closed.graph
         self.env = Env(closed, primals, lift=lambda v: v, cut=stop_gradient)
         self.active = {v.id for v, a in zip(self.graph.invars, active) if a and _differentiable(v)}
-        for eqn in self.graph.eqns:
-            out = emit_eqn(eqn, [self.env.read(a) for a in eqn.inputs])
-            active = any(self._is_active(a) for a in eqn.inputs)
-            for var, value in zip(eqn.outvars, results_of(eqn, out)):
+        self.pullbacks: dict[int, Callable[[list, list], list]] = {}
+        for i, eqn in enumerate(self.graph.eqns):
+            values = [self.env.read(a) for a in eqn.inputs]
+            flags = [self._is_active(a) for a in eqn.inputs]
+            if reuse is not None and all(v.id in reuse for v in eqn.outvars):
+                outs = [reuse[v.id] for v in eqn.outvars]
+            elif any(flags) and eqn.primitive in LINEARIZE:
+                with source_line(eqn.source):
+                    outs, self.pullbacks[i] = LINEARIZE[eqn.primitive](values, flags, **eqn.param_dict)
+            else:
+                outs = results_of(eqn, emit_eqn(eqn, values))
+            for var, value in zip(eqn.outvars, outs):
                 self.env.write(var, value)
-                if active and _differentiable(var):
+                if any(flags) and _differentiable(var):
                     self.active.add(var.id)
         self.outs = [self.env.read(a) for a in self.graph.outvars]
+
+    def is_active(self, atom: Any) -> bool:
+        """Whether `atom`'s value depends on the active inputs (it can have a cotangent)."""
+        return self._is_active(atom)
 
     def _is_active(self, atom: Any) -> bool:
         return isinstance(atom, Var) and atom.id in self.active
@@ -452,16 +502,18 @@ class Linearized:
 
         for atom, ct in zip(self.graph.outvars, out_cts):
             accumulate(atom, ct)
-        for eqn in reversed(self.graph.eqns):
+        for i in reversed(range(len(self.graph.eqns))):
+            eqn = self.graph.eqns[i]
             out_cts = [cts.pop(v.id, None) for v in eqn.outvars]
             if all(ct is None for ct in out_cts):
                 continue
             wanted = [self._is_active(a) for a in eqn.inputs]
             outs = [self.env.read(v) for v in eqn.outvars]
-            ct, out = (out_cts, outs) if len(eqn.outvars) > 1 else (out_cts[0], outs[0])
+            ct, out = (out_cts, outs) if PRIMITIVES[eqn.primitive].multiple_results else (out_cts[0], outs[0])
             with source_line(eqn.source):
-                in_cts = VJP[eqn.primitive](ct, wanted, [self.env.read(a) for a in eqn.inputs],
-                                            out, **eqn.param_dict)
+                pullback = self.pullbacks.get(i)
+                in_cts = pullback(out_cts, wanted) if pullback is not None else \
+                    VJP[eqn.primitive](ct, wanted, [self.env.read(a) for a in eqn.inputs], out, **eqn.param_dict)
                 for atom, in_ct in zip(eqn.inputs, in_cts):
                     accumulate(atom, in_ct)
         return [cts.get(v.id) for v in self.graph.invars]

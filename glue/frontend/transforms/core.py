@@ -12,9 +12,10 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from glue.frontend.tracing import bind, type_of
+from glue.frontend.bodies import trace_body
+from glue.frontend.tracing import bind, eval_graph, type_of
 from glue.frontend.transforms.stop_gradient import Stopped
-from glue.ir import PRIMITIVES, ClosedGraph, DType, Eqn, Literal, TensorType, Var
+from glue.ir import PRIMITIVES, ClosedGraph, DType, Eqn, Graph, Literal, TensorType, Var
 from glue.ir.core import Atom
 from glue.reference import evaluate_eqn
 
@@ -29,6 +30,11 @@ def source_line(source: str | None) -> Iterator[None]:
         yield
     finally:
         _SOURCES.pop()
+
+
+def current_source() -> str | None:
+    """The source line of the equation being transformed (None outside any)."""
+    return _SOURCES[-1]
 
 
 def emit(primitive: str, *args: Any, **params: Any) -> Any:
@@ -159,3 +165,49 @@ class Env:
 
     def write(self, var: Var, value: Any) -> None:
         self.values[var.id] = value
+
+
+# --- bodies of control flow and calls -------------------------------------------------------
+
+def closed(graph: Graph) -> ClosedGraph:
+    """A closed body (no constants) as the interpreters take it."""
+    return ClosedGraph(graph, ())
+
+
+def run_body(graph: Graph, args: Sequence[Any]) -> list[Any]:
+    """`graph`'s equations emitted on `args` (into the active trace, or eagerly)."""
+    return eval_graph(closed(graph), args)
+
+
+def filled(value: Any | None, type_: TensorType) -> Any:
+    """A symbolic zero made an array of zeros; other values as they are."""
+    return zeros(type_) if value is None else value
+
+
+def rule_body(fn: Callable[..., Sequence[Any]], types: Sequence[TensorType], effects: bool, name: str) -> Graph:
+    """A body traced for a transformed equation: `fn` takes every input (the effect token
+    first, with `effects`) and returns every output."""
+    body = trace_body(fn, types[1:] if effects else types, name, token=effects)
+    if body.consts:
+        raise AssertionError(f"{name} captured {body.n_consts} values from outside")
+    return body.graph
+
+
+def pick(values: Sequence[Any], flags: Sequence[bool]) -> list[Any]:
+    """The values at the flagged positions."""
+    return [v for v, f in zip(values, flags) if f]
+
+
+def spread(values: Sequence[Any], flags: Sequence[bool]) -> list[Any]:
+    """The inverse of `pick`: `values` at the flagged positions, None elsewhere."""
+    it = iter(values)
+    return [next(it) if f else None for f in flags]
+
+
+def groups(items: Sequence[Any], sizes: Sequence[int]) -> list[list[Any]]:
+    """`items` cut into consecutive pieces of `sizes`."""
+    out, start = [], 0
+    for n in sizes:
+        out.append(list(items[start:start + n]))
+        start += n
+    return out

@@ -9,17 +9,22 @@ it (`Env.read`), re-applying `stop_gradient` in the context it emits into, so th
 nesting (vmap of grad, grad of grad, ...). In a `jit` trace, or outside any trace, nothing
 differentiates the value and `stop_gradient` is the identity; a jitted function called inside
 a transform is traced through, so its `stop_gradient` calls land in the transform's trace.
+The body of a loop or branch is traced on its own and differentiated later, by its equation's
+rules: there the cut is an equation of the body, a custom_jvp_call of the identity with a zero
+tangent, which jit inlines away.
 """
 from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, Callable, Sequence
 
 from glue.errors import GlueError
+from glue.frontend.bodies import BODY_TRACES
 from glue.frontend.pytree import tree_map
-from glue.frontend.tracing import Trace, Tracer, current_trace, trace_flat
-from glue.ir import Atom, ClosedGraph, TensorType, Var
+from glue.frontend.tracing import Trace, Tracer, bind, current_trace, trace_flat
+from glue.ir import Atom, ClosedGraph, Eqn, Graph, Literal, TensorType, Var, params_tuple
 
 _TRANSFORM_TRACES: "weakref.WeakSet[Trace]" = weakref.WeakSet()
 
@@ -47,6 +52,8 @@ def stop_gradient(x: Any) -> Any:
 
 
 def _stop_leaf(x: Any) -> Any:
+    if isinstance(x, Tracer) and x.trace in BODY_TRACES and x.aval.dtype.is_float:
+        return bind("custom_jvp_call", x, body=_identity(x.aval), jvp=_zero_tangent(x.aval), num_consts=0)[0]
     if not isinstance(x, Tracer) or x.trace not in _TRANSFORM_TRACES or not x.aval.dtype.is_float:
         return x
     trace = x.trace
@@ -57,3 +64,17 @@ def _stop_leaf(x: Any) -> Any:
     trace.constvars.append(var)
     trace.consts.append(Stopped(trace.to_atom(x)))
     return Tracer(trace, var)
+
+
+@lru_cache(maxsize=None)
+def _identity(t: TensorType) -> Graph:
+    x = Var(t)
+    return Graph((), (x,), (), (x,))
+
+
+@lru_cache(maxsize=None)
+def _zero_tangent(t: TensorType) -> Graph:
+    x, tangent, zero = Var(t), Var(t), Var(t)
+    splat = Eqn("broadcast_in_dim", (Literal(0.0, TensorType((), t.dtype)),),
+                params_tuple({"shape": t.shape, "dims": ()}), (zero,))
+    return Graph((), (x, tangent), (splat,), (x, zero))
