@@ -1,31 +1,87 @@
-"""A scheduler Plan as one LLVM module, and the buffer table its kernels read their operands from.
+"""A scheduler Plan as the distinct kernels it runs, and where each use of one finds its buffers.
 
 The table a call fills has one entry per program argument, one per fresh output, then the
-arena: a value's memory-plan placement becomes a (table slot, byte offset) pair compiled into
-the kernels that touch it, so one call builds one small table and every kernel reads from it.
-Each graph output is then either a fresh output buffer, a donated argument's buffer, a copy of an
-argument (an output that is an input), or a literal.
+arena: a value's memory-plan placement becomes a (table slot, byte offset) pair (`Operand`).
+Kernels do not compile those pairs in (see `kernels.py`): each plan kernel is a `KernelUse`
+of the code of its structural key (`glue.backend.kernel_key`), with its own operand places,
+so identical kernels (the layers of a model; the same layer in another program) are one
+`KernelSource`, built into one LLVM module and compiled once. Each graph output is then either
+a fresh output buffer, a donated argument's buffer, a copy of an argument (an output that is an
+input), or a literal.
+
+The key holds everything the generated code depends on besides the kernel: glue's code version,
+the host target, the backend options, the thread count and the settings the kernel builders
+read (`CODEGEN_SETTINGS`).
 """
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from llvmlite import ir
 
-from glue.backend_cpu.kernels import KernelBuilder, KernelFunction, Operand
+from glue.backend.cache import code_version
+from glue.backend.kernel_key import aliases, kernel_key
+from glue.backend_cpu.kernels import KernelBuilder, KernelFunction
 from glue.backend_cpu.matmul import blocked_contraction
-from glue.backend_cpu.target import host
+from glue.backend_cpu.target import host, thread_count
 from glue.ir import TensorType
+from glue.scheduler.kernel_ir import Kernel
 from glue.scheduler.memory import Placement
 from glue.scheduler.plan import Plan, Result
+from glue.settings import config
+
+# Settings the kernel builders (kernels.py, matmul.py) read: part of every kernel's key.
+CODEGEN_SETTINGS = ("cpu_stream_bytes", "cpu_matmul_l1_bytes", "cpu_matmul_l2_bytes", "cpu_matmul_sums_bytes",
+                    "cpu_matmul_min_work")
+
+
+@dataclass(frozen=True)
+class Operand:
+    """Where a kernel operand lives: entry `slot` of the buffer table, plus `offset` bytes."""
+
+    slot: int
+    offset: int = 0
+
+
+@dataclass(frozen=True)
+class KernelSource:
+    """One distinct kernel's code as it is built: the first plan kernel with its key, the
+    aliasing of its operands, and the symbol its module defines."""
+
+    key: bytes
+    kernel: Kernel
+    aliases: tuple[int, ...]
+    symbol: str
+
+    def build(self) -> tuple[str, KernelFunction]:
+        """The LLVM module (text) defining `symbol`, and what the function computes."""
+        module = ir.Module(name=self.symbol)
+        module.triple, module.data_layout = host().triple, host().data_layout
+        built = None
+        if self.kernel.kind == "contraction":
+            built = blocked_contraction(module, self.kernel, self.symbol, self.aliases, host().vector_bits)
+        if built is None:
+            built = KernelBuilder(module, self.kernel, self.symbol, self.aliases).build()
+        return str(module), built
+
+
+@dataclass(frozen=True)
+class KernelUse:
+    """A plan kernel: the key of its code and its operands' distinct places, in the order of
+    the code's pointer parameters."""
+
+    key: bytes
+    kernel: Kernel
+    places: tuple[Operand, ...]
 
 
 @dataclass
 class Program:
     plan: Plan
-    llvm_ir: str
-    functions: list[KernelFunction]
+    sources: dict[bytes, KernelSource]
+    uses: list[KernelUse]
+    _modules: dict[bytes, tuple[str, KernelFunction]] = field(default_factory=dict, repr=False)
 
     @property
     def arg_types(self) -> list[TensorType]:
@@ -39,6 +95,24 @@ class Program:
     def results(self) -> list[Result]:
         return self.plan.results()
 
+    def module(self, key: bytes) -> tuple[str, KernelFunction]:
+        """The LLVM module of distinct kernel `key` and its function, built once."""
+        if key not in self._modules:
+            self._modules[key] = self.sources[key].build()
+        return self._modules[key]
+
+    def uses_of(self, key: bytes) -> list[KernelUse]:
+        return [u for u in self.uses if u.key == key]
+
+    @property
+    def llvm_ir(self) -> str:
+        """Every distinct kernel's module, each headed by the plan kernels that run it."""
+        parts = []
+        for key, source in self.sources.items():
+            users = ", ".join(f"{i}:{u.kernel.name}" for i, u in enumerate(self.uses) if u.key == key)
+            parts.append(f"; kernel {source.symbol}, run by plan kernels {users}\n{self.module(key)[0]}")
+        return "\n".join(parts)
+
 
 def _operand(p: Placement, n_args: int, arena_slot: int) -> Operand:
     if p.kind == "arena":
@@ -50,23 +124,33 @@ def _symbol(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_]", "_", name)
 
 
-def build_program(plan: Plan, name: str = "fn") -> Program:
-    """Generate the module for `plan`: one function per kernel (see `kernels.py`)."""
+def _label(kernel: Kernel) -> str:
+    """The readable part of a kernel's symbol: its first fused ops. The symbol is that and the
+    key, so it names the same code in every program and in the disk cache, and the label is
+    part of the key."""
+    return _symbol("_".join(kernel.ops[:5]))[:60]
+
+
+def codegen_context(options_key: str) -> tuple[str, ...]:
+    """What every kernel's code depends on besides the kernel itself."""
+    settings = ",".join(f"{name}={config.read(name)!r}" for name in CODEGEN_SETTINGS)
+    return ("cpu kernel", code_version(), host().fingerprint, options_key, f"threads={thread_count()}", settings)
+
+
+def build_program(plan: Plan, options_key: str = "") -> Program:
+    """The distinct kernels of `plan` and each plan kernel's use of one (no code is built yet)."""
     placements = plan.memory.placements
     n_args = len(plan.argument_types)
     arena_slot = n_args + len(plan.output_types)
-    module = ir.Module(name=_symbol(name))
-    module.triple, module.data_layout = host().triple, host().data_layout
-    functions = []
-    vector_bits = host().vector_bits
-    for i, kernel in enumerate(plan.kernels):
-        inputs = [_operand(placements[b.value_id], n_args, arena_slot) for b in kernel.inputs]
-        outs = [_operand(placements[b.value_id], n_args, arena_slot) for b in kernel.outputs]
-        symbol = f"glue_{_symbol(name)}_{i}_{_symbol(kernel.name)}"[:120]
-        built = None
-        if kernel.kind == "contraction":
-            built = blocked_contraction(module, kernel, symbol, inputs, outs, vector_bits)
-        if built is None:
-            built = KernelBuilder(module, kernel, symbol, inputs, outs).build()
-        functions.append(built)
-    return Program(plan, str(module), functions)
+    context = codegen_context(options_key)
+    sources: dict[bytes, KernelSource] = {}
+    uses = []
+    for kernel in plan.kernels:
+        operands = [_operand(placements[b.value_id], n_args, arena_slot) for b in kernel.inputs + kernel.outputs]
+        shared = aliases(operands)
+        label = _label(kernel)
+        key = kernel_key(kernel, shared, *context, label)
+        if key not in sources:
+            sources[key] = KernelSource(key, kernel, shared, f"glue_{label}_{key.hex()[:16]}")
+        uses.append(KernelUse(key, kernel, tuple(operands[i] for i in dict.fromkeys(shared))))
+    return Program(plan, sources, uses)

@@ -4,9 +4,10 @@ Code is generated for the CPU this process runs on (its name and features, so th
 an instruction and the vectoriser may use the widest vector unit) as position-independent
 code in the small code model (constants addressed relative to the instruction pointer rather
 than loaded through 64-bit addresses), optimised at O3 through the new pass manager with loop
-and SLP vectorisation, and linked into the process by ORC's JITLink from object code, the same
-way whether the object was just compiled or came from the disk cache (`glue.backend.cache`).
-LLVM's global state is not thread-safe, so every call into it holds `_lock`.
+and SLP vectorisation (`glue.backend.llvm_jobs`, in this process or a compile worker), and
+linked into the process by ORC's JITLink from object code, the same way whether the objects
+were just compiled or came from the disk cache (`code.py`). LLVM's global state is not
+thread-safe, so every call into it here holds `_lock`.
 """
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ import ctypes
 import itertools
 import os
 import struct
-import threading
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Sequence
@@ -22,11 +22,12 @@ from typing import Sequence
 import llvmlite
 import llvmlite.binding as llvm
 
-from glue.backend.cache import DiskCache, digest
+from glue.backend import llvm_jobs
 from glue.errors import BackendError
 from glue.settings import config
 
-_lock = threading.RLock()
+_lock = llvm_jobs.LOCK
+CODEGEN_LEVEL = 3  # the instruction selector's and register allocator's optimisation level
 
 
 @dataclass(frozen=True)
@@ -46,13 +47,11 @@ class HostTarget:
 
     @property
     def fingerprint(self) -> str:
-        return f"{self.triple}|{self.cpu}|{self.features}|llvmlite {llvmlite.__version__}|O3"
+        return f"{self.triple}|{self.cpu}|{self.features}|llvmlite {llvmlite.__version__}|codegen O{CODEGEN_LEVEL}"
 
     def machine(self) -> llvm.TargetMachine:
         """A fresh target machine (an MCJIT engine takes ownership of the one it is given)."""
-        target = llvm.Target.from_triple(self.triple)
-        return target.create_target_machine(cpu=self.cpu, features=self.features, opt=3,
-                                            codemodel="small", reloc="pic")
+        return llvm_jobs.host_machine(self.triple, self.cpu, self.features, CODEGEN_LEVEL)
 
 
 @lru_cache(maxsize=None)
@@ -70,52 +69,32 @@ def host() -> HostTarget:
     return target
 
 
-def _optimised(ir_text: str, machine: llvm.TargetMachine) -> llvm.ModuleRef:
+def _optimised(ir_text: str, machine: llvm.TargetMachine, speed_level: int) -> llvm.ModuleRef:
     try:
-        module = llvm.parse_assembly(ir_text)
-        module.verify()
+        module = llvm_jobs.parsed(ir_text, machine)
     except RuntimeError as exc:
         raise BackendError(f"cpu: the generated LLVM IR is invalid: {exc}") from None
-    module.triple = machine.triple
-    module.data_layout = str(machine.target_data)
-    tuning = llvm.create_pipeline_tuning_options(speed_level=3)
-    tuning.loop_vectorization = True
-    tuning.slp_vectorization = True
-    tuning.loop_interleaving = True
-    tuning.loop_unrolling = True
-    passes = llvm.create_pass_builder(machine, tuning)
-    passes.getModulePassManager().run(module, passes)
+    llvm_jobs.optimise(module, machine, speed_level, vectorise=True)
     return module
 
 
-def optimised_ir(ir_text: str) -> str:
-    """The module after the O3 pipeline, as text."""
+def optimised_ir(ir_text: str, speed_level: int = 3) -> str:
+    """The module after the optimisation pipeline, as text."""
     with _lock:
-        return str(_optimised(ir_text, host().machine()))
+        return str(_optimised(ir_text, host().machine(), speed_level))
 
 
-def assembly(ir_text: str) -> str:
+def assembly(ir_text: str, speed_level: int = 3) -> str:
     """The host assembly of a module (optimised exactly as for execution)."""
     with _lock:
         machine = host().machine()
-        return machine.emit_assembly(_optimised(ir_text, machine))
+        return machine.emit_assembly(_optimised(ir_text, machine, speed_level))
 
 
-DISK = DiskCache("cpu")
-
-
-def object_code(ir_text: str, options: str = "") -> tuple[bytes, bool]:
-    """Native object code for a module, from the disk cache when it holds it; and whether it did.
-    `options` is the backend options' cache key."""
-    key = digest("cpu object", host().fingerprint, options, ir_text)
-    cached = DISK.load(key)
-    if cached is not None:
-        return cached, True
-    with _lock:
-        machine = host().machine()
-        code = machine.emit_object(_optimised(ir_text, machine))
-    DISK.store(key, code)
-    return code, False
+def object_job(ir_text: str, speed_level: int) -> tuple[str, tuple]:
+    """The compile job (`glue.backend.workers.Jobs.submit`) that makes a module's object code."""
+    h = host()
+    return "host_object", (ir_text, h.triple, h.cpu, h.features, speed_level, CODEGEN_LEVEL)
 
 
 def undefined_symbols(code: bytes) -> list[str]:
@@ -147,25 +126,31 @@ _libraries = itertools.count()
 
 
 class LoadedCode:
-    """Machine code linked into this process (against the process's own symbols, for the few
-    library calls LLVM emits: memcpy, fmod); unloaded when this object is collected."""
+    """Object files linked into this process as one library (against the process's own symbols,
+    for the few library calls LLVM emits: memcpy, fmod); unloaded when this object is collected."""
 
-    def __init__(self, code: bytes, symbols: Sequence[str]):
-        builder = llvm.JITLibraryBuilder().add_object_img(code).add_current_process()
+    def __init__(self, objects: Sequence[bytes], symbols: Sequence[str]):
+        builder = llvm.JITLibraryBuilder().add_current_process()
+        for code in objects:
+            builder.add_object_img(code)
         for name in symbols:
             builder.export_symbol(name)
         with _lock:
             try:
                 self._library = builder.link(_jit(), f"glue{next(_libraries)}")
             except RuntimeError as exc:
+                needs = sorted({name for code in objects for name in undefined_symbols(code)} - set(symbols))
                 raise BackendError(f"cpu: the compiled code could not be linked into this process "
-                                   f"(needs {', '.join(undefined_symbols(code)) or 'nothing'}): {exc}") from None
+                                   f"(needs {', '.join(needs) or 'nothing'}): {exc}") from None
 
-    def function(self, name: str, restype, *argtypes) -> ctypes._CFuncPtr:
+    def address(self, name: str) -> int:
         address = self._library[name]
         if not address:
             raise BackendError(f"cpu: compiled code lacks the function {name!r}")
-        return ctypes.CFUNCTYPE(restype, *argtypes)(address)
+        return address
+
+    def function(self, name: str, restype, *argtypes) -> ctypes._CFuncPtr:
+        return ctypes.CFUNCTYPE(restype, *argtypes)(self.address(name))
 
 
 def thread_count() -> int:
