@@ -75,8 +75,10 @@ class _Worker:
         return self._process.poll() is None
 
     def close(self) -> None:
-        if self._process.stdin and not self._process.stdin.closed:
-            self._process.stdin.close()
+        try:
+            self._process.stdin.close()  # the worker's loop ends at the end of its input
+        except OSError:
+            pass  # it has already gone
         try:
             self._process.wait(timeout=5)
         except subprocess.TimeoutExpired:
@@ -114,6 +116,9 @@ class _Pool:
             finally:
                 if worker.alive:
                     self._idle.put(worker)
+                else:
+                    with self._lock:
+                        self._all.remove(worker)
 
     def close(self) -> None:
         self._threads.shutdown(wait=True)

@@ -3,6 +3,8 @@ entries of another key, atomic writes; through the cpu backend's kernel objects,
 it guards most."""
 import gc
 import os
+import pathlib
+import re
 
 import numpy as np
 import pytest
@@ -158,3 +160,15 @@ def test_an_unwritable_cache_dir_does_not_stop_compiling(tmp_path):
     blocker.write_text("not a directory")
     with config.override(cache_dir=str(blocker / "cache")):
         _run(*_graph())
+
+
+def test_every_setting_the_cpu_code_generators_read_is_part_of_the_kernel_key():
+    from glue.backend_cpu.program import CODEGEN_SETTINGS
+
+    root = pathlib.Path(glue.__file__).parent
+    read = set()
+    for path in [*(root / "backend_cpu").glob("*.py"), *(root / "codegen").glob("*.py")]:
+        read |= set(re.findall(r"\bconfig\.(\w+)", path.read_text()))
+    # the runtime's split threshold does not change code; the thread count is keyed itself
+    not_codegen = {"read", "cpu_parallel_threshold", "cpu_threads"}
+    assert read - not_codegen == set(CODEGEN_SETTINGS)
