@@ -160,11 +160,13 @@ def host_ir(nvptx_ir: str) -> str:
 
 
 class _Engine:
-    def __init__(self, nvptx_ir: str):
+    def __init__(self, nvptx_modules: list[str]):
         llvm.initialize_native_target()
         llvm.initialize_native_asmprinter()
         _runtime()
-        module = llvm.parse_assembly(host_ir(nvptx_ir))
+        module = llvm.parse_assembly("")
+        for text in nvptx_modules:  # one module per distinct kernel, linked into one
+            module.link_in(llvm.parse_assembly(host_ir(text)))
         module.verify()
         # The host's own features: F16C converts half precision without libcalls.
         target = llvm.Target.from_default_triple().create_target_machine(
@@ -211,7 +213,7 @@ def run_program(program: CudaProgram, args: Sequence[Any], poison: int = 0xFF,
     `poison`. A contraction with both variants runs `variant` (a library launch computes its
     product with NumPy, as the library would)."""
     lib = _runtime()
-    engine = _Engine(program.llvm_ir)
+    engine = _Engine(list(program.llvm_modules().values()))
     keep = []
     arrays = []
     for a, t in zip(args, program.arg_types):
