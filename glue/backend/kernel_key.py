@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import fields, is_dataclass
-from typing import Any, Hashable, Sequence
+from operator import attrgetter
+from typing import Any, Callable, Hashable, Sequence
 
 from glue.ir import TensorType
 from glue.ir.dtypes import DType
@@ -23,16 +24,27 @@ from glue.scheduler.kernel_ir import Kernel
 
 # Atoms print as their repr; everything else that is a dataclass or a tuple is walked.
 _ATOMS = (DType, TensorType, str, int, float, bool, type(None))
+_WALKED: dict[type, bool] = {}
+_GETTERS: dict[type, Callable[[Any], tuple]] = {}
 
 
 def _walked(value: Any) -> bool:
-    return not isinstance(value, _ATOMS) and (isinstance(value, tuple) or is_dataclass(value))
+    cls = type(value)
+    walked = _WALKED.get(cls)
+    if walked is None:
+        walked = _WALKED[cls] = not issubclass(cls, _ATOMS) and (issubclass(cls, tuple) or is_dataclass(cls))
+    return walked
 
 
 def _parts(value: Any) -> tuple:
     if isinstance(value, tuple):
         return value
-    return tuple(getattr(value, f.name) for f in fields(value))
+    get = _GETTERS.get(type(value))
+    if get is None:
+        names = [f.name for f in fields(value)]
+        get = _GETTERS[type(value)] = attrgetter(*names) if len(names) > 1 else \
+            (lambda node, name=names[0]: (getattr(node, name),))
+    return get(value)
 
 
 def _label(value: Any) -> str:
@@ -44,15 +56,15 @@ def structure_text(roots: Sequence[Any]) -> list[str]:
     its parts, a node part written `#n` (the n-th line), an atom as its repr."""
     number: dict[int, int] = {}
     lines: list[str] = []
-    stack: list[tuple[Any, bool]] = [(r, False) for r in reversed(roots) if _walked(r)]
+    stack: list[tuple[Any, tuple | None]] = [(r, None) for r in reversed(roots) if _walked(r)]
     while stack:
-        node, ready = stack.pop()
+        node, parts = stack.pop()
         if id(node) in number:
             continue
-        parts = _parts(node)
-        if not ready:
-            stack.append((node, True))
-            stack.extend((p, False) for p in reversed(parts) if _walked(p) and id(p) not in number)
+        if parts is None:
+            parts = _parts(node)
+            stack.append((node, parts))
+            stack.extend((p, None) for p in reversed(parts) if _walked(p) and id(p) not in number)
             continue
         refs = [f"#{number[id(p)]}" if _walked(p) else repr(p) for p in parts]
         number[id(node)] = len(lines)

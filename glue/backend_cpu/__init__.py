@@ -43,7 +43,8 @@ class CpuBackend(Backend):
 
     def add_stages(self, lowering: Lowering) -> None:
         add_plan_stages(lowering)
-        lowering.add_stage("program", lambda lw: build_program(lw["plan"], lw.options.key), text=None)
+        lowering.add_stage("program", lambda lw: build_program(lw["plan"], lw.options.key, lw.options.opt_level),
+                           text=None)
         lowering.add_stage("llvm", lambda lw: lw["program"].llvm_ir)
         lowering.add_stage("asm", _assembly)
         lowering.add_stage("object", _objects, text=None)
@@ -56,11 +57,12 @@ class CpuBackend(Backend):
 
 def _assembly(lowering: Lowering) -> str:
     program: Program = lowering["program"]
-    return "\n".join(assembly(program.module(key)[0], lowering.options.opt_level) for key in program.sources)
+    modules = [program.module(key) for key in program.sources]
+    return "\n".join(assembly(module.text, module.pipeline) for module in modules)
 
 
 def _objects(lowering: Lowering) -> dict:
-    codes = kernel_code(lowering["program"], lowering, lowering.options.opt_level)
+    codes = kernel_code(lowering["program"], lowering)
     if all(stats.source != "built" for stats in lowering.kernel_stats.values()):
         lowering.note_cached("object")
     return codes

@@ -23,7 +23,7 @@ from glue.backend.contract import Lowering
 from glue.backend.workers import Jobs
 from glue.backend_cpu.kernels import KernelFunction
 from glue.backend_cpu.program import Program
-from glue.backend_cpu.target import LoadedCode, object_job
+from glue.backend_cpu.target import LoadedCode
 from glue.errors import BackendError
 
 DISK = DiskCache("cpu")
@@ -72,7 +72,7 @@ def _decode(payload: bytes, program: Program, key: bytes) -> ObjectCode | None:
     return ObjectCode(function, code)
 
 
-def kernel_code(program: Program, lowering: Lowering, speed_level: int) -> dict[bytes, Code]:
+def kernel_code(program: Program, lowering: Lowering) -> dict[bytes, Code]:
     """The code of every distinct kernel of `program`, with what it cost in `lowering`'s
     kernel stats (the missing ones compiled, in parallel where there are several)."""
     found: dict[bytes, Code] = {}
@@ -98,9 +98,9 @@ def kernel_code(program: Program, lowering: Lowering, speed_level: int) -> dict[
         stats = lowering.kernel_stats[program.sources[key].symbol]
         start = time.perf_counter()
         with profiler.span("compile", f"llvm build {stats.symbol}"):
-            text, function = program.module(key)
+            module = program.module(key)
         stats.add("llvm build", time.perf_counter() - start)
-        pending[key] = (function, jobs.submit(*object_job(text, speed_level), label=stats.symbol))
+        pending[key] = (module.function, jobs.submit(*module.pipeline.job(module.text), label=stats.symbol))
     for key, (function, future) in pending.items():
         stats = lowering.kernel_stats[function.symbol]
         try:

@@ -69,32 +69,29 @@ def host() -> HostTarget:
     return target
 
 
-def _optimised(ir_text: str, machine: llvm.TargetMachine, speed_level: int) -> llvm.ModuleRef:
+@dataclass(frozen=True)
+class Pipeline:
+    """How a module is optimised: the pass pipeline's speed level, and whether the code
+    generator runs loop strength reduction."""
+
+    speed_level: int = 3
+    strength_reduction: bool = True
+
+    def job(self, ir_text: str, assembly: bool = False) -> tuple[str, tuple]:
+        """The compile job (`glue.backend.workers.Jobs.submit`) making the module's object code
+        (or assembly)."""
+        h = host()
+        return "host_code", (ir_text, h.triple, h.cpu, h.features, self.speed_level, CODEGEN_LEVEL,
+                             self.strength_reduction, assembly)
+
+
+def assembly(ir_text: str, pipeline: Pipeline = Pipeline()) -> str:
+    """The host assembly of a module (optimised exactly as for execution)."""
+    name, args = pipeline.job(ir_text, assembly=True)
     try:
-        module = llvm_jobs.parsed(ir_text, machine)
+        return llvm_jobs.JOBS[name](*args)[0]
     except RuntimeError as exc:
         raise BackendError(f"cpu: the generated LLVM IR is invalid: {exc}") from None
-    llvm_jobs.optimise(module, machine, speed_level, vectorise=True)
-    return module
-
-
-def optimised_ir(ir_text: str, speed_level: int = 3) -> str:
-    """The module after the optimisation pipeline, as text."""
-    with _lock:
-        return str(_optimised(ir_text, host().machine(), speed_level))
-
-
-def assembly(ir_text: str, speed_level: int = 3) -> str:
-    """The host assembly of a module (optimised exactly as for execution)."""
-    with _lock:
-        machine = host().machine()
-        return machine.emit_assembly(_optimised(ir_text, machine, speed_level))
-
-
-def object_job(ir_text: str, speed_level: int) -> tuple[str, tuple]:
-    """The compile job (`glue.backend.workers.Jobs.submit`) that makes a module's object code."""
-    h = host()
-    return "host_object", (ir_text, h.triple, h.cpu, h.features, speed_level, CODEGEN_LEVEL)
 
 
 def undefined_symbols(code: bytes) -> list[str]:

@@ -1,5 +1,7 @@
 """Compile workers: LLVM jobs in other processes give what the same job gives here; failures
 come back as errors; a worker that dies is replaced."""
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -20,12 +22,12 @@ def test_workers_make_the_same_object_code_as_this_process():
     with config.override(compile_workers=2):
         jobs = workers.Jobs(3)
         assert jobs.parallel
-        futures = [jobs.submit(*target.object_job(_module(n), 3), label=f"f{n}") for n in range(3)]
+        futures = [jobs.submit(*target.Pipeline().job(_module(n)), label=f"f{n}") for n in range(3)]
         remote = [f.result() for f in futures]
     with config.override(compile_workers=1):
         here = workers.Jobs(3)
         assert not here.parallel
-        local = [here.submit(*target.object_job(_module(n), 3)).result() for n in range(3)]
+        local = [here.submit(*target.Pipeline().job(_module(n))).result() for n in range(3)]
     assert [code for code, _ in remote] == [code for code, _ in local]
     assert all(set(seconds) == {"llvm optimise", "object emission"} for _, seconds in remote)
 
@@ -40,7 +42,7 @@ def test_a_lone_job_runs_here_until_workers_have_started(monkeypatch):
 
 def test_an_llvm_error_in_a_worker_comes_back_as_its_message():
     with config.override(compile_workers=2):
-        future = workers.Jobs(2).submit(*target.object_job("define void @f( {", 3))
+        future = workers.Jobs(2).submit(*target.Pipeline().job("define void @f( {"))
         with pytest.raises(RuntimeError, match="parsing error"):
             future.result()
 
@@ -48,7 +50,7 @@ def test_an_llvm_error_in_a_worker_comes_back_as_its_message():
 def test_a_worker_that_dies_fails_its_job_and_is_replaced():
     with config.override(compile_workers=2):
         jobs = workers.Jobs(2)
-        jobs.submit(*target.object_job(_module(1), 3)).result()
+        jobs.submit(*target.Pipeline().job(_module(1))).result()
         pool = workers._pool
         for worker in pool._all:
             worker._process.kill()
@@ -56,7 +58,7 @@ def test_a_worker_that_dies_fails_its_job_and_is_replaced():
         outcomes = []
         for n in range(4):
             try:
-                outcomes.append(jobs.submit(*target.object_job(_module(n), 3)).result()[0])
+                outcomes.append(jobs.submit(*target.Pipeline().job(_module(n))).result()[0])
             except RuntimeError as exc:
                 assert "exited" in str(exc)
                 outcomes.append(None)
@@ -82,8 +84,7 @@ def test_the_backend_reports_a_kernel_llvm_rejects(monkeypatch):
     original = program.Program.module
 
     def broken(self, key):
-        text, function = original(self, key)
-        return "define void @broken( {", function
+        return replace(original(self, key), text="define void @broken( {")
 
     monkeypatch.setattr(program.Program, "module", broken)
     with config.override(cache_dir=""):

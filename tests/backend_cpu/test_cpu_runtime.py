@@ -165,7 +165,7 @@ def test_code_calling_a_missing_function_is_refused_not_run():
     ir_text = (f'target triple = "{target.host().triple}"\n'
                "declare void @glue_no_such_function()\n"
                "define void @f() {\n  call void @glue_no_such_function()\n  ret void\n}\n")
-    code, _ = Jobs(1).submit(*target.object_job(ir_text, 3)).result()
+    code, _ = Jobs(1).submit(*target.Pipeline().job(ir_text)).result()
     assert target.undefined_symbols(code) == ["glue_no_such_function"]
     with pytest.raises(GlueError, match="glue_no_such_function"):
         target.LoadedCode([code], ["f"])
@@ -188,3 +188,14 @@ def test_large_outputs_are_written_with_non_temporal_stores(fn, shape, monkeypat
     got = np.asarray(lowered.compile()(*args))
     want = np.asarray(glue.jit(fn, backend="reference")(*args))
     np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-6)
+
+
+def test_each_kernel_class_gets_its_optimisation_pipeline():
+    from glue.backend_cpu.target import Pipeline
+
+    x, w = np.ones((64, 64), np.float32), np.ones((64, 64), np.float32)
+    for opt_level, full, cheap in ((3, Pipeline(3, True), Pipeline(2, False)), (1, Pipeline(1, True), Pipeline(1, False))):
+        program = glue.jit(lambda x, w: nn.softmax(x @ w), backend="cpu",
+                           backend_options={"opt_level": opt_level}).lower(x, w).lowering["program"]
+        pipelines = {program.sources[k].kernel.kind: program.module(k).pipeline for k in program.sources}
+        assert pipelines == {"contraction": full, "reduction": cheap}

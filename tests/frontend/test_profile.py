@@ -27,7 +27,7 @@ def test_a_profile_records_compile_calls_and_cpu_kernels(tmp_path):
     spans = [e for e in events if e["ph"] == "X"]
     names = {(e["cat"], e["name"].split()[0]) for e in spans}
     assert {("compile", "trace"), ("compile", "passes"), ("compile", "fuse"), ("compile", "plan"),
-            ("compile", "program"), ("compile", "object"), ("compile", "llvm"), ("compile", "host_object"),
+            ("compile", "program"), ("compile", "object"), ("compile", "llvm"), ("compile", "host_code"),
             ("compile", "compile"), ("call", "<lambda>")} <= names
     calls = [e for e in spans if e["cat"] == "call"]
     kernels = [e for e in spans if e["cat"] == "kernel"]
