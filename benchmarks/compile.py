@@ -9,7 +9,9 @@ Every measurement runs in a fresh process, the way a user meets it: "cold" with 
 GLUE_CACHE_DIR, "warm" in another new process on the disk cache the cold run filled. The time is
 `jit(f).lower(*args).compile()` (tracing, scheduling, code generation, loading; for cuda also the
 driver's JIT and the contraction races), reported with the compile stats' split (trace, passes,
-fuse, plan, llvm build, LLVM work summed over the compile workers, ...). jax.jit's
+fuse, plan, llvm build, LLVM work summed over the compile workers, ...), and as processor
+seconds (this process's and the compile workers' LLVM work), which a machine busy with other
+work does not inflate as it does the wall time. jax.jit's
 `lower(...).compile()` is timed in a new process of its own when jax is importable. A run that
 fails or exceeds --timeout is reported as such. "per layer" is the cold step time's growth from
 the fewest to the most layers, per added layer.
@@ -100,10 +102,15 @@ def child(spec: dict) -> dict:
         return {"seconds": time.perf_counter() - start}
     import glue
     donate = (0, 1, 2) if spec["program"] == "step" else ()
+    cpu_start = time.process_time()
     compiled = glue.jit(fn, backend=spec["backend"], donate_argnums=donate).lower(*args).compile()
     seconds = time.perf_counter() - start
     stats = compiled.compile_stats()
-    return {"seconds": seconds, "stages": {k: v["seconds"] for k, v in stats["stages"].items()},
+    from glue.backend import workers
+
+    # processor seconds: this process's, plus the LLVM work of the compile workers if it ran there
+    cpu = time.process_time() - cpu_start + (stats["steps"].get("llvm cpu", 0.0) if workers.started() else 0.0)
+    return {"seconds": seconds, "cpu": cpu, "stages": {k: v["seconds"] for k, v in stats["stages"].items()},
             "steps": stats["steps"], "cache": stats["cache"], "launches": len(compiled.kernels),
             "eqns": len(compiled.lowered.closed.graph.eqns)}
 
@@ -166,13 +173,14 @@ def _where(result: dict) -> str:
 
 
 def table(rows: list[tuple[dict, dict]], jax: bool) -> str:
-    head = ["program", "eqns", "kernels (distinct)", "glue cold s", "glue warm s"] + (["jax.jit s"] if jax else []) + \
-           ["cold: where the time went (s)", "warm: where the time went (s)"]
+    head = ["program", "eqns", "kernels (distinct)", "glue cold s", "glue warm s", "cold / warm CPU s"] + \
+           (["jax.jit s"] if jax else []) + ["cold: where the time went (s)", "warm: where the time went (s)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for spec, row in rows:
         cold = row["cold"]
         kernels = f"{cold['launches']} ({sum(cold['cache'].values())})" if "launches" in cold else "—"
-        cells = [_label(spec), str(cold.get("eqns", "—")), kernels, _seconds(cold), _seconds(row["warm"])]
+        cpu = " / ".join(f"{r['cpu']:.2f}" if "cpu" in r else "—" for r in (cold, row["warm"]))
+        cells = [_label(spec), str(cold.get("eqns", "—")), kernels, _seconds(cold), _seconds(row["warm"]), cpu]
         cells += [_seconds(row.get("jax", {}))] if jax else []
         cells += [_where(cold), _where(row["warm"])]
         lines.append("| " + " | ".join(cells) + " |")

@@ -157,8 +157,7 @@ class Jobs:
 
     def __init__(self, expected: int):
         size = worker_count()
-        running = _pool is not None and _pool.pid == os.getpid() and _pool.started
-        self._pool = _the_pool(size) if size > 1 and (expected > 1 or running) else None
+        self._pool = _the_pool(size) if size > 1 and (expected > 1 or started()) else None
 
     @property
     def parallel(self) -> bool:
@@ -172,10 +171,15 @@ class Jobs:
         return self._pool.submit(name, args, label)
 
 
+def started() -> int:
+    """How many worker processes this process has running."""
+    return _pool.started if _pool is not None and _pool.pid == os.getpid() else 0
+
+
 @atexit.register
 def _close() -> None:
     if _pool is not None and _pool.pid == os.getpid():
         _pool.close()
 
 
-__all__ = ["Jobs", "worker_count"]
+__all__ = ["Jobs", "started", "worker_count"]
