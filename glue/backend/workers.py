@@ -35,15 +35,18 @@ _SCRIPT = llvm_jobs.__file__
 _LLVMLITE_HOME = os.path.dirname(os.path.dirname(os.path.abspath(llvmlite.__file__)))
 
 
-def worker_count() -> int:
-    """Processes the pool may run: `config.compile_workers`, else the usable cores."""
-    chosen = config.compile_workers
-    if chosen:
-        return max(1, chosen)
+def usable_cores() -> int:
+    """The cores this process may run on."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:
         return os.cpu_count() or 1
+
+
+def worker_count() -> int:
+    """Processes the pool may run: `config.compile_workers`, else the usable cores."""
+    chosen = config.compile_workers
+    return max(1, chosen) if chosen else usable_cores()
 
 
 class _Worker:
@@ -182,4 +185,4 @@ def _close() -> None:
         _pool.close()
 
 
-__all__ = ["Jobs", "started", "worker_count"]
+__all__ = ["Jobs", "started", "usable_cores", "worker_count"]

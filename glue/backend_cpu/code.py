@@ -77,9 +77,10 @@ def kernel_code(program: Program, lowering: Lowering) -> dict[bytes, Code]:
     kernel stats (the missing ones compiled, in parallel where there are several)."""
     found: dict[bytes, Code] = {}
     missing = []
+    uses = program.uses_by_key()
     for key, source in program.sources.items():
         stats = lowering.kernel(source.symbol, source.kernel.kind)
-        stats.uses = len(program.uses_of(key))
+        stats.uses = len(uses[key])
         loaded = _loaded.get(key)
         if loaded is not None:
             found[key], stats.source = loaded, "memory"

@@ -124,16 +124,20 @@ class Program:
             self._modules[key] = self.sources[key].build(self.opt_level)
         return self._modules[key]
 
-    def uses_of(self, key: bytes) -> list[KernelUse]:
-        return [u for u in self.uses if u.key == key]
+    def uses_by_key(self) -> dict[bytes, list[int]]:
+        """The positions of the plan kernels that run each distinct kernel."""
+        found: dict[bytes, list[int]] = {key: [] for key in self.sources}
+        for i, use in enumerate(self.uses):
+            found[use.key].append(i)
+        return found
 
     @property
     def llvm_ir(self) -> str:
         """Every distinct kernel's module, each headed by the plan kernels that run it."""
         parts = []
-        for key, source in self.sources.items():
-            users = ", ".join(f"{i}:{u.kernel.name}" for i, u in enumerate(self.uses) if u.key == key)
-            parts.append(f"; kernel {source.symbol}, run by plan kernels {users}\n{self.module(key).text}")
+        for key, positions in self.uses_by_key().items():
+            users = ", ".join(f"{i}:{self.uses[i].kernel.name}" for i in positions)
+            parts.append(f"; kernel {self.sources[key].symbol}, run by plan kernels {users}\n{self.module(key).text}")
         return "\n".join(parts)
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import ctypes
 import itertools
-import os
 import struct
 from dataclasses import dataclass
 from functools import lru_cache
@@ -23,6 +22,7 @@ import llvmlite
 import llvmlite.binding as llvm
 
 from glue.backend import llvm_jobs
+from glue.backend.workers import usable_cores
 from glue.errors import BackendError
 from glue.settings import config
 
@@ -153,9 +153,4 @@ class LoadedCode:
 def thread_count() -> int:
     """Threads a kernel is split over: GLUE_CPU_THREADS, else the cores this process may use."""
     chosen = config.cpu_threads
-    if chosen:
-        return max(1, chosen)
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
+    return max(1, chosen) if chosen else usable_cores()

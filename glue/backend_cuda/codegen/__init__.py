@@ -23,14 +23,15 @@ import logging
 import re
 import time
 import weakref
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
-from llvmlite import ir
 import llvmlite
+from llvmlite import ir
 
 from glue.backend.cache import DiskCache, code_version, digest
 from glue.backend.contract import KernelStats
 from glue.backend.kernel_key import aliases, kernel_key
+from glue.backend.workers import Jobs
 from glue.backend_cuda import cublaslt
 from glue.backend_cuda.codegen.common import KernelEmitter, Launch, Place
 from glue.backend_cuda.codegen.contraction import emit_contraction
@@ -38,7 +39,6 @@ from glue.backend_cuda.codegen.data import emit_data
 from glue.backend_cuda.codegen.library import library_launches
 from glue.backend_cuda.codegen.pointwise import emit_pointwise
 from glue.backend_cuda.codegen.rows import emit_rows
-from glue.backend.workers import Jobs
 from glue.backend_cuda.ptx import DEFAULT_ARCH, ProgramPtx, checked, ptx_job
 from glue.errors import BackendError
 from glue.ir import TensorType
@@ -138,11 +138,12 @@ class CudaProgram:
     @property
     def llvm_ir(self) -> str:
         """Every distinct kernel's module, each headed by the launches that run it."""
-        parts = []
-        for symbol, k in self.kernels.items():
-            users = ", ".join(f"{l.group}:{l.kernel.name}" for l in self.launches if l.symbol == symbol)
-            parts.append(f"; kernel {symbol}, launched for plan kernels {users}\n{k.llvm_ir}")
-        return "\n".join(parts)
+        users: dict[str, list[str]] = {symbol: [] for symbol in self.kernels}
+        for launch in self.launches:
+            if launch.symbol in users:
+                users[launch.symbol].append(f"{launch.group}:{launch.kernel.name}")
+        return "\n".join(f"; kernel {symbol}, launched for plan kernels {', '.join(users[symbol])}\n{k.llvm_ir}"
+                         for symbol, k in self.kernels.items())
 
 
 _EMIT = {"pointwise": emit_pointwise, "data": emit_data, "reduction": emit_rows}
