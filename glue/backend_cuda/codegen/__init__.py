@@ -147,7 +147,7 @@ class CudaProgram:
 
 
 _EMIT = {"pointwise": emit_pointwise, "data": emit_data, "reduction": emit_rows}
-DISK = DiskCache("cuda")
+DISK = DiskCache("cuda-ptx")
 # Emitter settings (rows.py): part of every kernel's key.
 CODEGEN_SETTINGS = ("cuda_online_row_elements",)
 _known: "weakref.WeakValueDictionary[bytes, DeviceKernel]" = weakref.WeakValueDictionary()
