@@ -3,15 +3,14 @@
 Code is generated for the CPU this process runs on (its name and features, so that llvm.fma is
 an instruction and the vectoriser may use the widest vector unit) as position-independent
 code in the small code model (constants addressed relative to the instruction pointer rather
-than loaded through 64-bit addresses), optimised at O3 through the new pass manager with loop
-and SLP vectorisation (`glue.backend.llvm_jobs`, in this process or a compile worker), and
-linked into the process by ORC's JITLink from object code, the same way whether the objects
-were just compiled or came from the disk cache (`code.py`). LLVM's global state is not
-thread-safe, so every call into it here holds `_lock`.
+than loaded through 64-bit addresses), optimised through the new pass manager with loop and SLP
+vectorisation by a `Pipeline` chosen per kernel class (`program.pipeline`), in this process or a
+compile worker (`glue.backend.llvm_jobs`), and linked into the process by ORC's JITLink from
+object code, the same way whether the objects were just compiled or came from the disk cache
+(`code.py`). LLVM's global state is not thread-safe, so every call into it here holds `_lock`.
 """
 from __future__ import annotations
 
-import ctypes
 import itertools
 import struct
 from dataclasses import dataclass
@@ -145,9 +144,6 @@ class LoadedCode:
         if not address:
             raise BackendError(f"cpu: compiled code lacks the function {name!r}")
         return address
-
-    def function(self, name: str, restype, *argtypes) -> ctypes._CFuncPtr:
-        return ctypes.CFUNCTYPE(restype, *argtypes)(self.address(name))
 
 
 def thread_count() -> int:
