@@ -112,6 +112,8 @@ _FLAGS: tuple[Flag, ...] = (
     Flag("arch", None, _text, "PTX target when lowering for cuda (default: the GPU's, else sm_90)"),
     Flag("cuda_online_row_elements", 65536, _int,
          "rows longer than this fold their max and sum of exponentials in one pass on the GPU"),
+    Flag("cuda_tensor_cores", True, _bool,
+         "glue's own kernels multiply 16-bit operands on tensor cores (mma.sync, sm_80 on)"),
     Flag("autotune", True, _bool, "race tile configurations (and the library) per contraction shape"),
     Flag("gemm", "auto", _choice("auto", "library", "codegen"),
          "who serves contractions on the GPU: the faster per shape, cuBLASLt, or glue's own kernels"),

@@ -91,6 +91,7 @@ class _Step:
                                            # predecessor on the stream (a kernel of this program) ends
     library: Any = None                    # a cuBLASLt product (cublaslt.Matmul) instead of a kernel
     host: HostCall | None = None           # a call kernel the host runs (while, cond, print)
+    shared: int = 0                        # dynamic shared memory bytes of its launch
 
 
 @dataclass
@@ -220,7 +221,8 @@ class CudaExecutable:
                 p.copy, tuple(self._events[j] for j in plan.waits[k]) if first_of_kernel else (),
                 self._events.get(k) if last_of_kernel else None, first,
                 library=runtime._matmul(launch, 0 if p.owner is not None else s)
-                if launch is not None and launch.library is not None else None, host=p.host))
+                if launch is not None and launch.library is not None else None, host=p.host,
+                shared=launch.shared_bytes if launch is not None else 0))
             # A kernel whose stream just ran another kernel of this program may be placed on the
             # GPU early, to wait there (it awaits its producers itself); the first kernel of a
             # stream follows someone else's work and launches plainly, so that nothing of it can
@@ -228,7 +230,8 @@ class CudaExecutable:
             previous = last_on.get(s)
             if self.use_dependent and launch is not None and launch.dependent and kernel and not p.copy \
                     and previous and previous.kernel:
-                steps[-1].dependent = kernel.dependent_config(steps[-1].grid, steps[-1].block, steps[-1].stream)
+                steps[-1].dependent = kernel.dependent_config(steps[-1].grid, steps[-1].block, steps[-1].stream,
+                                                              steps[-1].shared)
             last_on[s] = steps[-1]
         return steps
 
@@ -409,7 +412,7 @@ class CudaExecutable:
                 if step.dependent is not None and prof is None and not (buffers and step.first_args):
                     step.kernel.launch_dependent(step.pack, step.dependent)
                 else:
-                    step.kernel.launch_packed(step.pack, step.grid, step.block, stream)
+                    step.kernel.launch_packed(step.pack, step.grid, step.block, stream, step.shared)
         if step.record is not None:
             step.record.record(stream)
 

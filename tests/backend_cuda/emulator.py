@@ -73,6 +73,68 @@ float emu_lg2_ftz(float x) { return log2f(x); }
 float emu_sqrt_ftz(float x) { return sqrtf(x); }
 float emu_rsqrt_ftz(float x) { return 1.0f / sqrtf(x); }
 
+/* Warp-collective tensor-core operations: every lane publishes its operands, the block meets
+   at a barrier (glue issues them where the whole block does), each lane computes its own part
+   from its warp's lanes, and a second barrier frees the slots. */
+static uint32_t *frags;  /* 6 words per thread: a0..a3, b0, b1 */
+
+static float half_to_float(uint16_t h) {
+    uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 0x1F, man = h & 0x3FF, bits;
+    if (exp == 0x1F) bits = sign | 0x7F800000 | (man << 13);
+    else if (exp) bits = sign | ((exp + 112) << 23) | (man << 13);
+    else if (!man) bits = sign;
+    else { float v = (float)man / 16777216.0f; memcpy(&bits, &v, 4); bits |= sign; }
+    float out; memcpy(&out, &bits, 4); return out;
+}
+
+static float sixteen(uint16_t v, int kind) {  /* kind 0: bfloat16, 1: float16 */
+    if (kind) return half_to_float(v);
+    uint32_t bits = (uint32_t)v << 16; float out; memcpy(&out, &bits, 4); return out;
+}
+
+void emu_ldmatrix(const uint16_t *address, int32_t trans, uint32_t *out) {
+    slots[tid] = (int64_t)(intptr_t)address;
+    pthread_barrier_wait(&barrier);
+    int32_t warp = tid & ~31, lane = tid & 31, row = lane / 4, col = (lane % 4) * 2;
+    for (int j = 0; j < 4; j++) {
+        uint16_t e[2];
+        for (int h = 0; h < 2; h++)
+            e[h] = trans ? ((const uint16_t *)(intptr_t)slots[warp + j * 8 + col + h])[row]
+                         : ((const uint16_t *)(intptr_t)slots[warp + j * 8 + row])[col + h];
+        out[j] = (uint32_t)e[0] | ((uint32_t)e[1] << 16);
+    }
+    pthread_barrier_wait(&barrier);
+}
+
+void emu_mma(int32_t kind, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1,
+             float c0, float c1, float c2, float c3, float *out) {
+    uint32_t *mine = frags + 6 * tid;
+    mine[0] = a0; mine[1] = a1; mine[2] = a2; mine[3] = a3; mine[4] = b0; mine[5] = b1;
+    pthread_barrier_wait(&barrier);
+    int32_t warp = tid & ~31, lane = tid & 31, group = lane / 4, pair = (lane % 4) * 2;
+    float c[4] = {c0, c1, c2, c3};
+    for (int r = 0; r < 4; r++) {
+        int32_t m = group + 8 * (r / 2), n = pair + r % 2;
+        float sum = c[r];
+        for (int k = 0; k < 16; k++) {  /* A(m, k) and B(k, n) as the fragment layouts place them */
+            const uint32_t *fa = frags + 6 * (warp + (m % 8) * 4 + (k % 8) / 2);
+            const uint32_t *fb = frags + 6 * (warp + n * 4 + (k % 8) / 2);
+            uint32_t wa = fa[(m / 8) + 2 * (k / 8)], wb = fb[4 + k / 8];
+            sum += sixteen((uint16_t)(wa >> (16 * (k % 2))), kind) * sixteen((uint16_t)(wb >> (16 * (k % 2))), kind);
+        }
+        out[r] = sum;
+    }
+    pthread_barrier_wait(&barrier);
+}
+
+/* cp.async as a plain copy (a thread's copies are done before anything reads them here) */
+void emu_cp_async(void *target, const void *source, int32_t nbytes) {
+    memcpy(target, source, nbytes);
+    memset((char *)target + nbytes, 0, 16 - nbytes);
+}
+void emu_cp_async_commit(void) {}
+void emu_cp_async_wait(int32_t n) { (void)n; }
+
 typedef struct { void *fn; int nparams; void **params; int32_t block; int32_t thread; } job;
 
 static void *run(void *arg) {
@@ -99,6 +161,7 @@ int emu_launch(void *fn, int nparams, void **params, int32_t grid, int32_t block
     pthread_t *threads = malloc(sizeof(pthread_t) * block);
     job *jobs = malloc(sizeof(job) * block);
     slots = malloc(sizeof(int64_t) * block);
+    frags = malloc(sizeof(uint32_t) * 6 * block);
     ntid = block; nctaid = grid;
     pthread_attr_t attr;
     pthread_attr_init(&attr);
@@ -112,7 +175,7 @@ int emu_launch(void *fn, int nparams, void **params, int32_t grid, int32_t block
         for (int32_t t = 0; t < block; t++) pthread_join(threads[t], 0);
         pthread_barrier_destroy(&barrier);
     }
-    free(threads); free(jobs); free(slots);
+    free(threads); free(jobs); free(slots); free(frags);
     return 0;
 }
 """
@@ -126,6 +189,8 @@ _INTRINSICS = {
     "llvm.nvvm.rcp.approx.ftz.f": "emu_rcp", "llvm.nvvm.ex2.approx.ftz.f": "emu_ex2_ftz",
     "llvm.nvvm.lg2.approx.ftz.f": "emu_lg2_ftz", "llvm.nvvm.sqrt.approx.ftz.f": "emu_sqrt_ftz",
     "llvm.nvvm.rsqrt.approx.ftz.f": "emu_rsqrt_ftz",
+    "llvm.nvvm.cp.async.cg.shared.global.16.s": "emu_cp_async", "llvm.nvvm.cp.async.commit.group": "emu_cp_async_commit",
+    "llvm.nvvm.cp.async.wait.group": "emu_cp_async_wait",
 }
 
 
@@ -141,7 +206,7 @@ def _runtime() -> ctypes.CDLL:
         f.write(_RUNTIME)
     subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-pthread", source, "-o", library, "-lm"], check=True)
     lib = ctypes.CDLL(library)
-    for name in set(_INTRINSICS.values()) | {"emu_bf16x2"}:
+    for name in set(_INTRINSICS.values()) | {"emu_bf16x2", "emu_ldmatrix", "emu_mma"}:
         llvm.add_symbol(name, ctypes.cast(getattr(lib, name), ctypes.c_void_p).value)
     lib.emu_launch.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_void_p),
                                ctypes.c_int32, ctypes.c_int32]
@@ -151,6 +216,9 @@ def _runtime() -> ctypes.CDLL:
 def host_ir(nvptx_ir: str) -> str:
     """The module retargeted to the host: no address spaces, plain functions, C intrinsics."""
     text = re.sub(r"\s*addrspace\(\d\)", "", nvptx_ir).replace("define ptx_kernel void", "define void")
+    # dynamic shared memory: a block's worth, defined here (blocks run one after another)
+    text = re.sub(r'^(@"?\w+_dynamic_smem"?) = external global \[0 x i8\]', r"\1 = internal global [262144 x i8] zeroinitializer",
+                  text, flags=re.M)
     # cache hints and grid dependencies (blocks run one kernel at a time here): no-ops
     text = re.sub(r"^.*asm sideeffect \"(prefetch|griddepcontrol|membar).*$", "", text, flags=re.M)
     text, packs = re.subn(r'asm\s+"cvt\.rn\.bf16x2\.f32 \$0, \$1, \$2;", "=r,f,f"', '@"emu_bf16x2"', text)
@@ -158,7 +226,50 @@ def host_ir(nvptx_ir: str) -> str:
         text += '\ndeclare i32 @"emu_bf16x2"(float, float)\n'
     for name, replacement in _INTRINSICS.items():
         text = text.replace(f'@"{name}"', f'@"{replacement}"').replace(f"@{name}(", f"@{replacement}(")
+    used = [(name, shim, definition) for name, (shim, definition) in _COLLECTIVES.items() if name in text]
+    for name, shim, definition in used:
+        text = re.sub(rf"^declare .*@\"?{re.escape(name)}\"?\(.*$", "", text, flags=re.M)
+        text = text.replace(f'@"{name}"', f"@{shim}").replace(f"@{name}(", f"@{shim}(") + definition
+    if used:
+        text += ("declare void @emu_ldmatrix(ptr, i32, ptr)\n"
+                 "declare void @emu_mma(i32, i32, i32, i32, i32, i32, i32, float, float, float, float, ptr)\n")
     return text
+
+
+def _ldmatrix_shim(name: str, trans: int) -> str:
+    return f"""
+define internal {{i32, i32, i32, i32}} @{name}(ptr %p) {{
+  %out = alloca [4 x i32]
+  call void @emu_ldmatrix(ptr %p, i32 {trans}, ptr %out)
+  %r = load {{i32, i32, i32, i32}}, ptr %out
+  ret {{i32, i32, i32, i32}} %r
+}}
+"""
+
+
+def _mma_shim(name: str, operand: str, kind: int) -> str:
+    words = "" if operand == "i32" else "".join(f"  %w{i} = bitcast {operand} %a{i} to i32\n" for i in range(6))
+    word = "a" if operand == "i32" else "w"
+    return f"""
+define internal {{float, float, float, float}} @{name}({", ".join(f"{operand} %a{i}" for i in range(6))},
+    float %c0, float %c1, float %c2, float %c3) {{
+  %out = alloca [4 x float]
+{words}  call void @emu_mma(i32 {kind}, {", ".join(f"i32 %{word}{i}" for i in range(6))}, float %c0, float %c1,
+      float %c2, float %c3, ptr %out)
+  %r = load {{float, float, float, float}}, ptr %out
+  ret {{float, float, float, float}} %r
+}}
+"""
+
+
+# Warp-collective intrinsics: an LLVM shim per intrinsic (struct results) over the C runtime.
+_COLLECTIVES = {
+    "llvm.nvvm.ldmatrix.sync.aligned.m8n8.x4.b16.p3": ("emu_ldmatrix_x4", _ldmatrix_shim("emu_ldmatrix_x4", 0)),
+    "llvm.nvvm.ldmatrix.sync.aligned.m8n8.x4.trans.b16.p3":
+        ("emu_ldmatrix_x4_trans", _ldmatrix_shim("emu_ldmatrix_x4_trans", 1)),
+    "llvm.nvvm.mma.m16n8k16.row.col.bf16": ("emu_mma_bf16", _mma_shim("emu_mma_bf16", "i32", 0)),
+    "llvm.nvvm.mma.m16n8k16.row.col.f32.f32": ("emu_mma_f16", _mma_shim("emu_mma_f16", "<2 x half>", 1)),
+}
 
 
 class _Engine:

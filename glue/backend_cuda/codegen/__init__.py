@@ -63,13 +63,15 @@ log = logging.getLogger("glue")
 class KernelShape:
     """How a distinct kernel launches, as its emitter decided: a 1-d grid of `grid` blocks of
     `block` threads; `dependent`: it waits for its producers itself (may launch early);
-    `min_blocks`: blocks that must fit on a multiprocessor (0: no floor)."""
+    `min_blocks`: blocks that must fit on a multiprocessor (0: no floor); `shared_bytes`: the
+    dynamic shared memory it is launched with."""
 
     grid: int
     block: int
     strategy: str
     dependent: bool = False
     min_blocks: int = 0
+    shared_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -95,7 +97,7 @@ class _Recipe:
             shape = emit_contraction(ke) if self.kernel.kind == "contraction" else None
             if shape is None:
                 shape = _EMIT.get(self.kernel.kind, emit_rows)(ke)
-        facts = KernelShape(*shape, ke.awaited, ke.min_blocks)
+        facts = KernelShape(*shape, ke.awaited, ke.min_blocks, ke.dynamic_shared_bytes)
         return _launch_bounds(str(module), self.symbol, facts), facts
 
 
@@ -163,8 +165,8 @@ class CudaProgram:
 
 _EMIT = {"pointwise": emit_pointwise, "data": emit_data, "reduction": emit_rows}
 DISK = DiskCache("cuda-ptx")
-# Emitter settings (rows.py): part of every kernel's key.
-CODEGEN_SETTINGS = ("cuda_online_row_elements",)
+# Emitter settings (rows.py, contraction.py): part of every kernel's key.
+CODEGEN_SETTINGS = ("cuda_online_row_elements", "cuda_tensor_cores")
 _known: "weakref.WeakValueDictionary[bytes, DeviceKernel]" = weakref.WeakValueDictionary()
 
 
@@ -313,7 +315,8 @@ class _Builder:
             copy = (outputs[0], inputs[kernel.init], kernel.outputs[0].type.nbytes)
         shape = code.shape
         return Launch(code.symbol, kernel, shape.grid, shape.block, tuple(dict.fromkeys(inputs + outputs + list(extra))),
-                      shape.strategy, copy, shape.dependent, shape.min_blocks, group)
+                      shape.strategy, copy, shape.dependent, shape.min_blocks, group,
+                      shared_bytes=shape.shared_bytes)
 
 
 def gemm_variants(spec: GemmSpec | None, choice: str = "auto") -> tuple[str, ...]:

@@ -36,6 +36,7 @@ from glue.backend_cuda.ptx import DEFAULT_ARCH
 from glue.codegen import reductions
 from glue.codegen.buffers import BufferAccess
 from glue.codegen.expr import ExprEmitter, convert
+from glue.codegen.loops import unflatten
 from glue.ir.core import strides
 from glue.codegen.scope import Analysis, hoist
 from glue.codegen.types import F32, I1, I8, I32, I64, from_memory, memory_type, to_memory
@@ -81,6 +82,7 @@ class Launch:
     library: Any = None       # for a library launch: what it computes (codegen.LibraryGemm)
     call: Any = None          # for a call kernel: its plan (glue.scheduler.calls.CallPlan); the
                               # params are its inputs' places, then its outputs'
+    shared_bytes: int = 0     # dynamic shared memory the kernel is launched with
 
     @property
     def name(self) -> str:
@@ -135,6 +137,7 @@ class KernelEmitter(BufferAccess):
         self.constant_inputs = frozenset(i for i, p in enumerate(inputs) if p.kind == "argument" and p not in written)
         self.awaited = False
         self.min_blocks = 0  # set by an emitter that wants a floor on resident blocks
+        self.dynamic_shared_bytes = 0  # set by `dynamic_shared`: launched with that much
         self.kernel = kernel
         self.symbol = symbol
         self.places = tuple(dict.fromkeys(list(inputs) + list(outputs) + list(extra)))
@@ -190,6 +193,16 @@ class KernelEmitter(BufferAccess):
         # llvmlite types globals with typed pointers; as an opaque `ptr addrspace(3)` GEPs on it
         # take an element type and print as LLVM 22 expects.
         g.type = PTR3
+        return g
+
+    def dynamic_shared(self, nbytes: int) -> ir.Value:
+        """The kernel's dynamic shared memory, `nbytes` of it (more than the 48 KiB static
+        shared memory may hold; the launch asks for it)."""
+        g = ir.GlobalVariable(self.module, ir.ArrayType(I8, 0), f"{self.symbol}_dynamic_smem", addrspace=3)
+        g.linkage = "external"
+        g.align = VECTOR_BYTES
+        g.type = PTR3
+        self.dynamic_shared_bytes = nbytes
         return g
 
     def shared_at(self, array: ir.Value, index: ir.Value, ty: ir.Type) -> ir.Value:
@@ -404,6 +417,31 @@ class Vectorization:
 def reachable(kernel: Kernel, analysis: Analysis) -> list[Expr]:
     """Every expression the kernel's reductions and stores compute from, each once."""
     return list(subexpressions(kernel.roots))
+
+
+class Coordinates:
+    """A contraction's domain points from flat positions: a batch (fixed per block), a row m of
+    the M dims, a column n of the N dims and a depth kk of the contracting dims."""
+
+    def __init__(self, ke: KernelEmitter, m_dims: list[int], n_dims: list[int], batch_dims: list[int],
+                 batch: ir.Value):
+        self.b, self.kernel = ke.b, ke.kernel
+        self.m_dims, self.n_dims, self.batch_dims = m_dims, n_dims, batch_dims
+        self.batch_coords = unflatten(ke.b, batch, [ke.kernel.parallel[d] for d in batch_dims]) if batch_dims else []
+
+    def point(self, m: ir.Value | None, n: ir.Value | None, kk: ir.Value | None) -> list[ir.Value | None]:
+        """Every dim's index (0 for a group left out: None)."""
+        k, b = self.kernel, self.b
+        dims: list[ir.Value | None] = [ir.Constant(I64, 0)] * k.rank
+        for d, v in zip(self.batch_dims, self.batch_coords):
+            dims[d] = v
+        for group, flat in ((self.m_dims, m), (self.n_dims, n)):
+            if group and flat is not None:
+                for d, v in zip(group, unflatten(b, flat, [k.parallel[d] for d in group])):
+                    dims[d] = v
+        if kk is not None:
+            dims[len(k.parallel):] = unflatten(b, kk, k.reduce)
+        return dims
 
 
 class LaneGroup:

@@ -1,5 +1,5 @@
-"""Contractions on the GPU: a shared-memory tiled kernel with the fused epilogue (no tensor cores
-yet).
+"""Contractions on the GPU: a shared-memory tiled kernel with the fused epilogue, on CUDA cores;
+products of 16-bit operands go to tensor cores instead (`mma.py`).
 
 The kernel's one reduction folds `A * B` over the contracting dims, where A (the lhs with its
 cast prologue) does not use the rhs's free dims and B does not use the lhs's. The output's
@@ -21,11 +21,13 @@ import math
 
 from llvmlite import ir
 
-from glue.backend_cuda.codegen.common import KernelEmitter, pow2_at_least, when
+from glue.backend_cuda.codegen.common import Coordinates, KernelEmitter, pow2_at_least, when
+from glue.backend_cuda.codegen.mma import emit_mma
 from glue.codegen import reductions
 from glue.codegen.loops import loop, unflatten
 from glue.codegen.types import I64, register_type
 from glue.scheduler.kernel_ir import Expr, Op
+from glue.settings import config
 
 TILE = 64
 MIN_TILE = 8
@@ -64,6 +66,10 @@ def emit_contraction(ke: KernelEmitter) -> tuple[int, int, str] | None:
     if split is None:
         return None
     a_expr, b_expr, m_dims, n_dims, batch_dims = split
+    if config.cuda_tensor_cores:
+        shape = emit_mma(ke, a_expr, b_expr, m_dims, n_dims, batch_dims)
+        if shape is not None:
+            return shape
     k, b = ke.kernel, ke.b
     extent = lambda dims: math.prod(k.parallel[d] for d in dims)  # noqa: E731
     m_size, n_size, batches, depth = extent(m_dims), extent(n_dims), extent(batch_dims), math.prod(k.reduce)
@@ -107,19 +113,7 @@ def emit_contraction(ke: KernelEmitter) -> tuple[int, int, str] | None:
     a_base = b.add(ty, b.mul(piece, c(per_slice * (tm + 1))))
     b_base = b.add(tx, b.mul(piece, c(per_slice * tn)))
     m0, n0 = b.mul(tile_m, c(tm)), b.mul(tile_n, c(tn))
-    batch_coords = unflatten(b, batch, [k.parallel[d] for d in batch_dims]) if batch_dims else []
-
-    def point(m: ir.Value | None, n: ir.Value | None, kk: ir.Value | None) -> list[ir.Value | None]:
-        dims: list[ir.Value | None] = [c(0)] * k.rank
-        for d, v in zip(batch_dims, batch_coords):
-            dims[d] = v
-        for group, flat in ((m_dims, m), (n_dims, n)):
-            if group and flat is not None:
-                for d, v in zip(group, unflatten(b, flat, [k.parallel[d] for d in group])):
-                    dims[d] = v
-        if kk is not None:
-            dims[len(k.parallel):] = unflatten(b, kk, k.reduce)
-        return dims
+    point = Coordinates(ke, m_dims, n_dims, batch_dims, batch).point
 
     def stage(tile: ir.Value, expr: Expr, k0: ir.Value, size: int, is_a: bool) -> None:
         """Evaluate an operand on its tile into shared memory: A's tile is TM x TK with K

@@ -156,7 +156,8 @@ class Kernel:
         if err:
             self._check(grid, block, shared_mem, stream, pack, err)
 
-    def dependent_config(self, grid: tuple[int, int, int], block: tuple[int, int, int], stream: Stream) -> Any:
+    def dependent_config(self, grid: tuple[int, int, int], block: tuple[int, int, int], stream: Stream,
+                         shared_mem: int = 0) -> Any:
         """A launch configuration for `launch_dependent` on `stream`: programmatic stream
         serialization, so the kernel may be placed on the GPU before the stream's previous
         kernel has finished. Only for kernels that wait for their producers themselves
@@ -168,7 +169,9 @@ class Kernel:
         config = driver.CUlaunchConfig()
         config.gridDimX, config.gridDimY, config.gridDimZ = grid
         config.blockDimX, config.blockDimY, config.blockDimZ = block
-        config.sharedMemBytes = 0
+        if shared_mem > self._shared_limit:
+            self._allow_shared(shared_mem)
+        config.sharedMemBytes = shared_mem
         config.hStream = stream.handle
         config.attrs = [attr]
         config.numAttrs = 1

@@ -1,0 +1,381 @@
+"""Contractions of 16-bit operands on tensor cores: warp-level `mma.sync` (sm_80 on).
+
+Applies where both operands of the kernel's product are bfloat16 (or both float16) values
+widened to the float32 accumulator: the products are exact in either form and the sums stay in
+float32, so the result is the reference's up to the order of the additions.
+
+A block of `warps_m x warps_n` warps computes a BM x BN tile of one batch; each warp a
+(BM / warps_m) x (BN / warps_n) piece as m16n8k16 fragments. Every step over K stages a BM x BK
+tile of A and a BN x BK tile of B in shared memory as 16-bit values: each thread evaluates the
+operand expressions (loads, casts, any fused prologue) at 8 consecutive points of the staged
+layout and stores them as one 16-byte vector. The staged layout follows the operand's memory:
+K fastest when its loads advance with K (a row-major lhs), else M (or N) fastest, so that a
+warp's loads are consecutive either way; `ldmatrix` (`.trans` for the second layout) then gives
+each lane its fragment. Rows are padded by 8 elements so that the eight 16-byte rows an
+`ldmatrix` reads fall in distinct banks.
+
+Where both operands are plain loads whose chunks are 16 aligned bytes (the usual case: bf16
+activations and weights), `cp.async` copies them straight from global into shared memory, with
+no register on the way, through STAGES stages in dynamic shared memory: while the warps
+multiply out one step, the copies of the next STAGES - 1 are in flight, and a step costs one
+barrier. Any other operand (a fused prologue: a cast, a scale) is evaluated into registers:
+two static buffers alternate, the next step's loads issued before this step's multiplies and
+stored into the other buffer after them.
+Out-of-range points (M, N or K not a multiple of the tile) stage as zero. The epilogue runs the
+kernel's stores (bias, activation, cast, residual) on each accumulator where it lies.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from llvmlite import ir
+
+from glue.backend_cuda.codegen.common import (PTR3, WARP, Coordinates, KernelEmitter, LaneGroup, Vectorization,
+                                              flat_index, moves_with)
+from glue.codegen.loops import loop, unflatten
+from glue.codegen.types import F16, F32, I16, I32, I64, round_to_bf16_bits
+from glue.ir import dtypes as dt
+from glue.scheduler.kernel_ir import Expr, Load, Op, loads_under
+
+CHUNK = 8   # 16-bit values a thread stages at once: one 16-byte shared store
+PAD = 8     # elements each staged row is padded by (16 bytes: conflict-free ldmatrix)
+MIN_BLOCKS = 132  # about one block per multiprocessor of an H100/H200
+STAGES = 4  # shared-memory stages of the cp.async pipeline: three steps of K in flight
+
+
+@dataclass(frozen=True)
+class MmaTile:
+    """A block's tile (BM x BN, K steps of BK) and its warps' arrangement."""
+
+    bm: int
+    bn: int
+    bk: int
+    warps_m: int
+    warps_n: int
+
+    @property
+    def threads(self) -> int:
+        return self.warps_m * self.warps_n * WARP
+
+    @property
+    def frags_m(self) -> int:
+        return self.bm // self.warps_m // 16
+
+    @property
+    def frags_n(self) -> int:
+        return self.bn // self.warps_n // 8
+
+
+# Largest first: a product too small to give the large tile a block per multiprocessor takes
+# the first tile that does (or the smallest).
+TILES = (MmaTile(128, 128, 32, 2, 4), MmaTile(128, 64, 32, 2, 2), MmaTile(64, 64, 32, 2, 2))
+
+
+def sixteen_bit_operand(expr: Expr) -> dt.DType | None:
+    """The 16-bit float type `expr` widens to float32 from, or None."""
+    if isinstance(expr, Op) and expr.primitive == "convert_element_type" and expr.dtype == dt.float32:
+        inner = expr.args[0].dtype
+        if inner in (dt.bfloat16, dt.float16):
+            return inner
+    return None
+
+
+@dataclass
+class _Staged:
+    """One operand's staged tile: its expression, its extent (M or N), the tile's outer size
+    (BM or BN), whether K is the fastest dim in shared memory, and, where a chunk of 8 staged
+    values is 8 consecutive points of one domain dim, how that dim vectorises its loads."""
+
+    expr: Expr
+    size: int
+    outer: int
+    k_fastest: bool
+    is_a: bool
+    lanes: Vectorization | None = None
+
+    def row(self, bk: int) -> int:
+        """Elements from one staged row to the next."""
+        return (bk if self.k_fastest else self.outer) + PAD
+
+    def elements(self, bk: int) -> int:
+        return (self.outer if self.k_fastest else bk) * self.row(bk)
+
+
+def _k_fastest(ke: KernelEmitter, expr: Expr, outer_dims: list[int]) -> bool:
+    """Whether the operand's loads advance with the innermost contracting dim (else with the
+    innermost of its own free dims, or neither: K fastest then too)."""
+    k = ke.kernel
+    loads = loads_under([expr])
+    flats = [flat_index(ld.index, ke.shapes[ld.input]) for ld in loads]
+    if any(moves_with(f, k.rank - 1, ke.analysis) for f in flats):
+        return True
+    return not (outer_dims and any(moves_with(f, outer_dims[-1], ke.analysis) for f in flats))
+
+
+def _lanes(ke: KernelEmitter, k_fastest: bool, outer_dims: list[int]) -> Vectorization | None:
+    """How the chunks of an operand load 16 bytes at once: where the staged fastest dim is a
+    domain dim whose extent is a multiple of 8 (so a chunk never straddles two of its rows, and
+    lies wholly inside or outside the product), 8 lanes along it; else None (point by point)."""
+    k = ke.kernel
+    v = k.rank - 1 if k_fastest else (outer_dims[-1] if outer_dims else None)
+    extent = k.reduce[-1] if k_fastest else (k.parallel[v] if v is not None else 0)
+    if v is None or extent % CHUNK:
+        return None
+    lanes = Vectorization(k, ke.analysis, v, extent)
+    return lanes if lanes.width == CHUNK else None
+
+
+def _sixteen_bits(b: ir.IRBuilder, value: ir.Value, expr: Expr, kind: dt.DType) -> ir.Value:
+    """A float32 register holding a `kind` value of `expr` as its 16 bits: a loaded value is
+    exact (its low bits are zero), anything computed rounds to nearest even."""
+    if kind == dt.float16:
+        return b.bitcast(b.fptrunc(value, F16), I16)
+    if isinstance(expr, Load):
+        return b.trunc(b.lshr(b.bitcast(value, I32), ir.Constant(I32, 16)), I16)
+    return round_to_bf16_bits(b, value)
+
+
+def _copyable(s: _Staged) -> bool:
+    """Whether the operand is one 16-bit load whose chunks are 16 aligned consecutive bytes."""
+    load = s.expr.args[0]
+    return isinstance(load, Load) and not load.mask and s.lanes is not None and load in s.lanes.loads
+
+
+def _cp_async(ke: KernelEmitter, target: ir.Value, source: ir.Value, nbytes: ir.Value) -> None:
+    """Copy 16 bytes from global to shared memory without a register (zeros past `nbytes`)."""
+    name = "llvm.nvvm.cp.async.cg.shared.global.16.s"
+    fn = ke.module.globals.get(name) or ir.Function(
+        ke.module, ir.FunctionType(ir.VoidType(), [PTR3, ir.PointerType(addrspace=1), I32]), name)
+    ke.b.call(fn, [target, source, nbytes])
+
+
+def _async_call(ke: KernelEmitter, name: str, *immediate: int) -> None:
+    """cp.async.commit_group, or cp.async.wait_group N."""
+    fn = ke.module.globals.get(name) or ir.Function(ke.module, ir.FunctionType(ir.VoidType(), [I32] * len(immediate)),
+                                                    name)
+    ke.b.call(fn, [ir.Constant(I32, n) for n in immediate])
+
+
+def emit_mma(ke: KernelEmitter, a_expr: Expr, b_expr: Expr, m_dims: list[int], n_dims: list[int],
+             batch_dims: list[int]) -> tuple[int, int, str] | None:
+    """Emit the tensor-core kernel; None where it does not apply (operand types, target)."""
+    k = ke.kernel
+    kind = sixteen_bit_operand(a_expr)
+    reduction = k.reductions[0]
+    if ke.sm < 80 or kind is None or sixteen_bit_operand(b_expr) != kind or reduction.dtype != dt.float32:
+        return None
+    extent = lambda dims: math.prod(k.parallel[d] for d in dims)  # noqa: E731
+    m_size, n_size, batches, depth = extent(m_dims), extent(n_dims), extent(batch_dims), math.prod(k.reduce)
+    tile = next((t for t in TILES if batches * -(-m_size // t.bm) * -(-n_size // t.bn) >= MIN_BLOCKS), TILES[-1])
+    b = ke.b
+    c = lambda v: ir.Constant(I64, v)  # noqa: E731
+    tiles_m, tiles_n = -(-m_size // tile.bm), -(-n_size // tile.bn)
+    steps = -(-depth // tile.bk)
+    staged = []
+    for expr, size, outer, dims, is_a in ((a_expr, m_size, tile.bm, m_dims, True), (b_expr, n_size, tile.bn, n_dims, False)):
+        k_fastest = _k_fastest(ke, expr, dims)
+        staged.append(_Staged(expr, size, outer, k_fastest, is_a, _lanes(ke, k_fastest, dims)))
+    a, bb = staged
+    # Operands that are plain loads, 16 bytes a chunk, are copied straight into shared memory
+    # (cp.async) through a deeper pipeline in dynamic shared memory; others stage through registers.
+    pipelined = all(_copyable(s) for s in (a, bb))
+    if pipelined:
+        sizes = [STAGES * s.elements(tile.bk) for s in (a, bb)]
+        base = ke.dynamic_shared(2 * sum(sizes))
+        buffers = [base, b.gep(base, [c(sizes[0])], inbounds=True, source_etype=I16)]
+    else:
+        buffers = [ke.shared(I16, 2 * s.elements(tile.bk)) for s in (a, bb)]
+
+    batch, tile_m, tile_n = unflatten(b, ke.block_index(), [batches, tiles_m, tiles_n])
+    point = Coordinates(ke, m_dims, n_dims, batch_dims, batch).point
+    m0, n0 = b.mul(tile_m, c(tile.bm)), b.mul(tile_n, c(tile.bn))
+    tid = ke.thread_index()
+    lane, warp = b.urem(tid, c(WARP)), b.udiv(tid, c(WARP))
+    warp_m = b.mul(b.udiv(warp, c(tile.warps_n)), c(tile.bm // tile.warps_m))
+    warp_n = b.mul(b.urem(warp, c(tile.warps_n)), c(tile.bn // tile.warps_n))
+
+    def checked_points(outer: ir.Value, kk: ir.Value, s: _Staged) -> list[ir.Value]:
+        """The operand at the chunk's 8 points from (outer, kk) on, 0 outside the product."""
+        values = []
+        for e in range(CHUNK):
+            o, q = (outer, b.add(kk, c(e))) if s.k_fastest else (b.add(outer, c(e)), kk)
+            ok = b.and_(b.icmp_unsigned("<", o, c(s.size)), b.icmp_unsigned("<", q, c(depth)))
+            o, q = b.select(ok, o, c(0)), b.select(ok, q, c(0))
+            em = ke.emitter(point(o, None, q) if s.is_a else point(None, o, q))
+            values.append(b.select(ok, em.value(s.expr.args[0]), ir.Constant(F32, 0.0)))
+        return values
+
+    def chunks(k0: ir.Value, s: _Staged, stage: ir.Value):
+        """This thread's chunks of the operand's tile at K offset `k0`: for each, its first
+        point (outer, kk) in the product, whether it lies inside, and its slot in `stage`."""
+        per_row = (tile.bk if s.k_fastest else s.outer) // CHUNK
+        base = b.mul(stage, c(s.elements(tile.bk)))
+        for q in range(s.outer * tile.bk // CHUNK // tile.threads):
+            chunk = b.add(tid, c(q * tile.threads))
+            row, first = b.udiv(chunk, c(per_row)), b.mul(b.urem(chunk, c(per_row)), c(CHUNK))
+            slot = b.add(base, b.add(b.mul(row, c(s.row(tile.bk))), first))
+            outer, kk = (row, first) if s.k_fastest else (first, row)
+            outer, kk = b.add(m0 if s.is_a else n0, outer), b.add(k0, kk)
+            ok = b.and_(b.icmp_unsigned("<", outer, c(s.size)), b.icmp_unsigned("<", kk, c(depth)))
+            yield outer, kk, ok, slot
+
+    def first_point(s: _Staged, outer: ir.Value, kk: ir.Value, ok: ir.Value) -> list[ir.Value | None]:
+        """The domain point of a chunk's first element (the product's first, outside it)."""
+        outer, kk = b.select(ok, outer, c(0)), b.select(ok, kk, c(0))
+        return point(outer, None, kk) if s.is_a else point(None, outer, kk)
+
+    def load_step(k0: ir.Value, s: _Staged) -> list[tuple[ir.Value, ir.Value]]:
+        """This thread's chunks of the operand's tile at K offset `k0`: (<8 x i16>, slot)."""
+        inner = s.expr.args[0]
+        found = []
+        for outer, kk, ok, slot in chunks(k0, s, c(0)):
+            if s.lanes is not None:  # the chunk's 8 points in one group: 16-byte loads where they can be
+                group = LaneGroup(ke, s.lanes, first_point(s, outer, kk, ok))
+                group.preload([inner])
+                bits = [_sixteen_bits(b, v, inner, kind) for v in group.values(inner)]
+            else:  # point by point, each checked against the product's bounds
+                bits = [_sixteen_bits(b, v, inner, kind) for v in checked_points(outer, kk, s)]
+            packed = ir.Constant(ir.VectorType(I16, CHUNK), None)
+            for e, value in enumerate(bits):
+                packed = b.insert_element(packed, value, ir.Constant(I32, e))
+            if s.lanes is not None:
+                packed = b.select(ok, packed, ir.Constant(ir.VectorType(I16, CHUNK), [0] * CHUNK))
+            found.append((packed, slot))
+        return found
+
+    def store_step(values: list[tuple[ir.Value, ir.Value]], s: _Staged, buffer: ir.Value, stage: ir.Value) -> None:
+        base = b.mul(stage, c(s.elements(tile.bk)))
+        for packed, slot in values:
+            b.store(packed, ke.shared_at(buffer, b.add(base, slot), I16), align=16)
+
+    def copy_step(k0: ir.Value, s: _Staged, buffer: ir.Value, stage: ir.Value) -> None:
+        """Start copying the operand's tile at K offset `k0` into `stage` (cp.async, 16 bytes a
+        chunk; a chunk outside the product reads nothing and fills zeros)."""
+        load = s.expr.args[0]
+        for outer, kk, ok, slot in chunks(k0, s, stage):
+            first = ke.emitter(first_point(s, outer, kk, ok))
+            source = b.gep(ke.in_ptrs[load.input], [first.offset(load.index, ke.shapes[load.input])], inbounds=True,
+                           source_etype=I16)
+            _cp_async(ke, ke.shared_at(buffer, slot, I16), source, b.select(ok, ir.Constant(I32, 16), ir.Constant(I32, 0)))
+
+    quad = ir.LiteralStructType([I32] * 4)
+
+    def ldmatrix(address: ir.Value, trans: bool) -> list[ir.Value]:
+        name = f"llvm.nvvm.ldmatrix.sync.aligned.m8n8.x4{'.trans' if trans else ''}.b16.p3"
+        fn = ke.module.globals.get(name) or ir.Function(ke.module, ir.FunctionType(quad, [PTR3]), name)
+        got = b.call(fn, [address])
+        return [b.extract_value(got, i) for i in range(4)]
+
+    def fragments_a(buffer: ir.Value, base: ir.Value, ks: int) -> list[list[ir.Value]]:
+        """Per m16 fragment of this warp: a0..a3 at K offset `ks` of the staged step."""
+        r8, r16 = b.urem(lane, c(8)), b.urem(lane, c(16))
+        high, mid = b.udiv(lane, c(16)), b.urem(b.udiv(lane, c(8)), c(2))
+        found = []
+        for f in range(tile.frags_m):
+            m = b.add(warp_m, c(f * 16))
+            if a.k_fastest:  # lane l: row m + l % 16, columns from ks + 8 (l / 16)
+                slot = b.add(b.mul(b.add(m, r16), c(a.row(tile.bk))), b.add(c(ks), b.mul(high, c(8))))
+            else:            # stored [k][m]: rows ks + l % 8 + 8 (l / 16), from m + 8 ((l / 8) % 2)
+                kk = b.add(c(ks), b.add(r8, b.mul(high, c(8))))
+                slot = b.add(b.mul(kk, c(a.row(tile.bk))), b.add(m, b.mul(mid, c(8))))
+            found.append(ldmatrix(ke.shared_at(buffer, b.add(base, slot), I16), not a.k_fastest))
+        return found
+
+    def fragments_b(buffer: ir.Value, base: ir.Value, ks: int) -> list[list[ir.Value]]:
+        """Per n8 fragment of this warp: b0, b1 (two fragments per ldmatrix)."""
+        r8 = b.urem(lane, c(8))
+        high, mid = b.udiv(lane, c(16)), b.urem(b.udiv(lane, c(8)), c(2))
+        found = []
+        for f in range(0, tile.frags_n, 2):
+            n = b.add(warp_n, c(f * 8))
+            if bb.k_fastest:  # stored [n][k]: rows n + l % 8 + 8 (l / 16), from ks + 8 ((l / 8) % 2)
+                slot = b.add(b.mul(b.add(n, b.add(r8, b.mul(high, c(8)))), c(bb.row(tile.bk))),
+                             b.add(c(ks), b.mul(mid, c(8))))
+            else:             # stored [k][n]: rows ks + l % 8 + 8 ((l / 8) % 2), from n + 8 (l / 16)
+                kk = b.add(c(ks), b.add(r8, b.mul(mid, c(8))))
+                slot = b.add(b.mul(kk, c(bb.row(tile.bk))), b.add(n, b.mul(high, c(8))))
+            regs = ldmatrix(ke.shared_at(buffer, b.add(base, slot), I16), not bb.k_fastest)
+            found += [regs[0:2], regs[2:4]]
+        return found
+
+    if kind == dt.bfloat16:
+        operand = I32
+        mma_name = "llvm.nvvm.mma.m16n8k16.row.col.bf16"
+    else:
+        operand = ir.VectorType(F16, 2)
+        mma_name = "llvm.nvvm.mma.m16n8k16.row.col.f32.f32"
+    four = ir.LiteralStructType([F32] * 4)
+    mma_fn = ke.module.globals.get(mma_name) or ir.Function(
+        ke.module, ir.FunctionType(four, [operand] * 6 + [F32] * 4), mma_name)
+
+    def mma(a_regs: list[ir.Value], b_regs: list[ir.Value], acc: list[ir.Value]) -> list[ir.Value]:
+        regs = [r if operand == I32 else b.bitcast(r, operand) for r in a_regs + b_regs]
+        got = b.call(mma_fn, regs + acc)
+        return [b.extract_value(got, i) for i in range(4)]
+
+    def multiply(half: ir.Value, accs: list[ir.Value]) -> list[ir.Value]:
+        base_a, base_b = b.mul(half, c(a.elements(tile.bk))), b.mul(half, c(bb.elements(tile.bk)))
+        accs = list(accs)
+        for ks in range(0, tile.bk, 16):
+            frag_a = fragments_a(buffers[0], base_a, ks)
+            frag_b = fragments_b(buffers[1], base_b, ks)
+            for i in range(tile.frags_m):
+                for j in range(tile.frags_n):
+                    at = 4 * (i * tile.frags_n + j)
+                    accs[at:at + 4] = mma(frag_a[i], frag_b[j], accs[at:at + 4])
+        return accs
+
+    zero = ir.Constant(F32, 0.0)
+    ke.await_producers()
+    if pipelined:
+        for stage in range(STAGES - 1):
+            for s, buffer in zip((a, bb), buffers):
+                copy_step(c(stage * tile.bk), s, buffer, c(stage))
+            _async_call(ke, "llvm.nvvm.cp.async.commit.group")
+
+        def step(b: ir.IRBuilder, t: ir.Value, accs: list[ir.Value]) -> list[ir.Value]:
+            _async_call(ke, "llvm.nvvm.cp.async.wait.group", STAGES - 2)  # step t's copies landed ...
+            ke.barrier()  # ... everyone's, and everyone is done with the stage refilled next
+            ahead = b.add(t, c(STAGES - 1))
+            for s, buffer in zip((a, bb), buffers):
+                copy_step(b.mul(ahead, c(tile.bk)), s, buffer, b.urem(ahead, c(STAGES)))
+            _async_call(ke, "llvm.nvvm.cp.async.commit.group")
+            return multiply(b.urem(t, c(STAGES)), accs)
+    else:
+        for s, buffer in zip((a, bb), buffers):
+            store_step(load_step(c(0), s), s, buffer, c(0))
+        ke.barrier()
+
+        def step(b: ir.IRBuilder, t: ir.Value, accs: list[ir.Value]) -> list[ir.Value]:
+            following = b.mul(b.add(t, c(1)), c(tile.bk))
+            ahead = [load_step(following, s) for s in (a, bb)]  # loads in flight during the multiplies
+            half = b.urem(t, c(2))
+            accs = multiply(half, accs)
+            for values, s, buffer in zip(ahead, (a, bb), buffers):
+                store_step(values, s, buffer, b.sub(c(1), half))
+            ke.barrier()
+            return accs
+
+    accs = loop(b, 0, steps, step, [zero] * (4 * tile.frags_m * tile.frags_n), name="kstep", vectorize=False,
+                unroll=1)
+    if pipelined:
+        _async_call(ke, "llvm.nvvm.cp.async.wait.group", 0)  # the zero fills past the end land before exit
+
+    group, pair = b.udiv(lane, c(4)), b.mul(b.urem(lane, c(4)), c(2))
+    for i in range(tile.frags_m):
+        for j in range(tile.frags_n):
+            for r in range(4):  # c0, c1 at row group, columns pair, pair + 1; c2, c3 eight rows down
+                m = b.add(m0, b.add(warp_m, b.add(group, c(i * 16 + 8 * (r // 2)))))
+                n = b.add(n0, b.add(warp_n, b.add(pair, c(j * 8 + r % 2))))
+                ok = b.and_(b.icmp_unsigned("<", m, c(m_size)), b.icmp_unsigned("<", n, c(n_size)))
+                with b.if_then(ok):
+                    em = ke.emitter(point(m, n, None)[:len(k.parallel)] + [None] * len(k.reduce))
+                    em.rows = [accs[4 * (i * tile.frags_n + j) + r]]
+                    for store in k.stores:
+                        ke.store(em, store)
+    b.ret_void()
+    layouts = "".join("k" if s.k_fastest else "o" for s in (a, bb))
+    how = f"cp.async {STAGES} stages" if pipelined else "through registers"
+    return (batches * tiles_m * tiles_n, tile.threads,
+            f"mma {kind} {tile.bm}x{tile.bn}x{tile.bk} warps {tile.warps_m}x{tile.warps_n} staged {layouts} {how}")

@@ -1,0 +1,149 @@
+"""Tensor-core contractions (glue/backend_cuda/codegen/mma.py): which contractions take them,
+their results against the reference on the CPU emulator (which runs ldmatrix and mma.sync lane
+by lane) over random shapes, operand layouts, batches, 16-bit types and fused epilogues, with
+poisoned outputs; on a GPU, the same against the reference and beside the CUDA-core kernel."""
+import re
+
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import glue
+import glue.nn as nn
+import glue.numpy as gnp
+from glue.backend_cuda import CudaBackend
+from glue.backend_cuda.ptx import assemble, ptxas_available
+from glue.reference import run_graph
+from glue.reference.compare import mismatch, tolerance_dtypes
+from tests.backend_cuda import emulator
+
+BF16 = ml_dtypes.bfloat16
+needs_cc = pytest.mark.skipif(not emulator.available(), reason="the emulator needs a C compiler")
+
+# (function, operand shapes as functions of (m, k, n), dtype)
+FORMS = {
+    "NN": (lambda a, b: a @ b, lambda m, k, n: [(m, k), (k, n)]),
+    "NT": (lambda a, b: a @ b.T, lambda m, k, n: [(m, k), (n, k)]),
+    "TN": (lambda a, b: a.T @ b, lambda m, k, n: [(k, m), (k, n)]),
+    "TT": (lambda a, b: a.T @ b.T, lambda m, k, n: [(k, m), (n, k)]),
+    "batched": (lambda a, b: a @ b, lambda m, k, n: [(2, m, k), (2, k, n)]),
+    "bias gelu": (lambda a, b: nn.gelu(a @ b + 1.5), lambda m, k, n: [(m, k), (k, n)]),
+    "f32 out": (lambda a, b: glue.lax.dot_general(a, b, (((1,), (0,)), ((), ())), preferred_element_type=gnp.float32),
+                lambda m, k, n: [(m, k), (k, n)]),
+}
+
+
+def _lower(fn, args, **options):
+    closed = glue.make_ir(fn)(*args)
+    return closed, CudaBackend().lower(closed.graph, name="mma", **{"arch": "sm_90", "gemm": "codegen", **options})
+
+
+def _strategies(low) -> list[str]:
+    return [l.strategy for l in low["llvm"].launches if l.kind == "contraction"]
+
+
+def _check(closed, args, outs, label):
+    want = run_graph(closed.graph, args, float64=True)
+    for i, (got, w, d) in enumerate(zip(outs, want, tolerance_dtypes(closed.graph))):
+        problem = mismatch(got, w, d if d is not None else closed.graph.out_types[i].dtype, scale=4.0)
+        assert problem is None, f"{label}, output {i}: {problem}"
+
+
+def test_16_bit_products_take_tensor_cores_and_others_do_not():
+    x, w = np.ones((64, 32), BF16), np.ones((32, 48), BF16)
+    assert _strategies(_lower(lambda a, b: a @ b, [x, w])[1])[0].startswith("mma bf16")
+    h, g = x.astype(np.float16), w.astype(np.float16)
+    assert _strategies(_lower(lambda a, b: a @ b, [h, g])[1])[0].startswith("mma f16")
+    f, e = x.astype(np.float32), w.astype(np.float32)
+    assert _strategies(_lower(lambda a, b: a @ b, [f, e])[1])[0].startswith("tiled")        # float32
+    assert _strategies(_lower(lambda a, b: a @ b, [x, g])[1])[0].startswith("tiled")        # mixed 16-bit types
+    assert _strategies(_lower(lambda a, b: a @ b, [x, w], arch="sm_75")[1])[0].startswith("tiled")
+    with glue.config.override(cuda_tensor_cores=False):
+        assert _strategies(_lower(lambda a, b: a @ b, [x, w])[1])[0].startswith("tiled")
+
+
+def test_the_staged_layout_follows_each_operands_memory():
+    x = np.ones((64, 32), BF16)
+    assert _strategies(_lower(lambda a, b: a @ b, [x, x.T.copy()])[1])[0].endswith("staged ko cp.async 4 stages")
+    assert _strategies(_lower(lambda a, b: a @ b.T, [x, x])[1])[0].endswith("staged kk cp.async 4 stages")
+    assert _strategies(_lower(lambda a, b: a.T @ b, [x.T.copy(), x.T.copy()])[1])[0].endswith("staged oo cp.async 4 stages")
+
+
+@pytest.mark.skipif(not ptxas_available(), reason="needs ptxas")
+def test_a_fused_prologue_stages_through_registers_with_16_byte_loads():
+    x, w = np.ones((64, 32), np.float32), np.ones((32, 48), BF16)
+    closed, low = _lower(lambda a, b: a.astype(gnp.bfloat16) @ b, [x, w])
+    assert _strategies(low)[0].endswith("through registers")
+    assert "ld.global.nc.v4" in "".join(low["ptx"].modules.values())
+
+
+@pytest.mark.skipif(not ptxas_available(), reason="needs ptxas")
+def test_ptxas_accepts_every_tile_without_spilling():
+    for m, n in [(512, 512), (300, 130), (64, 64)]:  # the three tiles
+        x, w = np.ones((m, 64), BF16), np.ones((64, n), BF16)
+        closed, low = _lower(lambda a, b: nn.gelu(a @ b), [x, w])
+        for ptx in low["ptx"].modules.values():
+            assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in ptx and "ldmatrix" in ptx
+            assert "0 bytes spill stores" in assemble(ptx, "sm_90")
+
+
+@needs_cc
+@settings(deadline=None, max_examples=12)
+@given(form=st.sampled_from(sorted(FORMS)), m=st.integers(1, 150), k=st.integers(1, 80), n=st.integers(1, 140),
+       dtype=st.sampled_from([BF16, np.float16]), seed=st.integers(0, 2**31))
+def test_emulated_tensor_core_kernels_compute_the_reference(form, m, k, n, dtype, seed):
+    fn, shapes = FORMS[form]
+    rng = np.random.default_rng(seed)
+    args = [rng.standard_normal(s).astype(dtype) for s in shapes(m, k, n)]
+    closed, low = _lower(fn, args)
+    assert any(s.startswith("mma") for s in _strategies(low))
+    all_args = list(closed.consts) + args
+    _check(closed, all_args, emulator.run_program(low["llvm"], all_args, poison=0xFF), f"{form} {m}x{k}x{n}")
+
+
+@needs_cc
+@pytest.mark.parametrize("form", sorted(FORMS))
+@pytest.mark.parametrize("dtype", [BF16, np.float16], ids=["bf16", "f16"])
+def test_emulated_16_byte_staging_computes_the_reference(form, dtype):
+    """Extents that are multiples of 8 (but not of the tile) stage each chunk with 16-byte loads."""
+    fn, shapes = FORMS[form]
+    rng = np.random.default_rng(3)
+    args = [rng.standard_normal(s).astype(dtype) for s in shapes(136, 48, 72)]
+    closed, low = _lower(fn, args)
+    ptx = "".join(low["ptx"].modules.values())
+    assert "cp.async.cg.shared.global" in ptx and re.search(r"cp\.async\.wait_group\s+2;", ptx)
+    all_args = list(closed.consts) + args
+    _check(closed, all_args, emulator.run_program(low["llvm"], all_args, poison=0xFF), form)
+
+
+@needs_cc
+def test_emulated_adversarial_values_stay_the_references():
+    """Infinities and NaNs pass through the 16-bit staging as they are; zero-filled padding
+    never turns into NaN (0 * inf) where the shape is not a multiple of the tile."""
+    x = np.full((70, 40), 2.0, BF16)
+    w = np.ones((40, 50), BF16)
+    x[3, 5], x[9, 0], w[7, 2] = np.inf, np.nan, -np.inf
+    closed, low = _lower(lambda a, b: a @ b, [x, w])
+    _check(closed, [x, w], emulator.run_program(low["llvm"], [x, w], poison=0xFF), "adversarial")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("form", sorted(FORMS))
+@pytest.mark.parametrize("shape", [(1, 1, 1), (37, 45, 29), (256, 512, 384), (1000, 768, 3072)])
+def test_on_the_gpu_tensor_core_kernels_compute_the_reference(form, shape):
+    fn, shapes = FORMS[form]
+    rng = np.random.default_rng(7)
+    args = [rng.standard_normal(s).astype(BF16) for s in shapes(*shape)]
+    closed = glue.make_ir(fn)(*args)
+    with glue.config.override(cuda_poison=0xFF):
+        low = CudaBackend().lower(closed.graph, name="mma", gemm="codegen")
+        assert any(s.startswith("mma") for s in _strategies(low))
+        exe = low.compile()
+        all_args = list(closed.consts) + args
+        outs = [np.asarray(o) for o in exe(*all_args)]
+        again = [np.asarray(o) for o in exe(*all_args)]  # a graph replay gives the same bits
+    _check(closed, all_args, outs, f"{form} {shape}")
+    for a, b in zip(outs, again):
+        np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
