@@ -14,6 +14,7 @@ import glue
 import glue.nn as nn
 import glue.numpy as gnp
 from glue.backend_cuda import CudaBackend
+from glue.backend_cuda.codegen.mma import KNOWN_TILES
 from glue.backend_cuda.ptx import assemble, ptxas_available
 from glue.reference import run_graph
 from glue.reference.compare import mismatch, tolerance_dtypes
@@ -116,6 +117,24 @@ def test_emulated_16_byte_staging_computes_the_reference(form, dtype):
     assert "cp.async.cg.shared.global" in ptx and re.search(r"cp\.async\.wait_group\s+2;", ptx)
     all_args = list(closed.consts) + args
     _check(closed, all_args, emulator.run_program(low["llvm"], all_args, poison=0xFF), form)
+
+
+@needs_cc
+@pytest.mark.parametrize("tile", sorted(KNOWN_TILES))
+def test_emulated_every_tile_computes_the_reference(tile):
+    rng = np.random.default_rng(5)
+    args = [rng.standard_normal(s).astype(BF16) for s in [(72, 40), (40, 80)]]
+    with glue.config.override(cuda_mma_tile=tile):  # stages are made when first asked for
+        closed, low = _lower(lambda a, b: a @ b, args)
+        program = low["llvm"]
+    assert f"mma bf16 {tile.replace('/', ' warps ')}" in _strategies(low)[0]
+    _check(closed, args, emulator.run_program(program, args, poison=0xFF), tile)
+
+
+def test_an_unknown_tile_is_a_glue_error():
+    x = np.ones((8, 8), BF16)
+    with glue.config.override(cuda_mma_tile="7x7x7/1x1"), pytest.raises(glue.GlueError, match="cuda_mma_tile"):
+        _lower(lambda a, b: a @ b, [x, x])[1]["llvm"]
 
 
 @needs_cc

@@ -166,7 +166,7 @@ class CudaProgram:
 _EMIT = {"pointwise": emit_pointwise, "data": emit_data, "reduction": emit_rows}
 DISK = DiskCache("cuda-ptx")
 # Emitter settings (rows.py, contraction.py): part of every kernel's key.
-CODEGEN_SETTINGS = ("cuda_online_row_elements", "cuda_tensor_cores")
+CODEGEN_SETTINGS = ("cuda_online_row_elements", "cuda_tensor_cores", "cuda_mma_tile")
 _known: "weakref.WeakValueDictionary[bytes, DeviceKernel]" = weakref.WeakValueDictionary()
 
 
