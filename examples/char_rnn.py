@@ -76,8 +76,13 @@ def get_batch(key, data, batch_size, seq_len):
     return windows[:, :-1], windows[:, 1:]
 
 
+BATCH_SIZE = 8
+SEQ_LEN = 16
+LEARNING_RATE = 0.1
+
+
 @functools.partial(jax.jit, static_argnames=("batch_size", "seq_len"))
-def train_step(params, memory, key, data, batch_size=8, seq_len=16, learning_rate=0.1):
+def train_step(params, memory, key, data, batch_size=BATCH_SIZE, seq_len=SEQ_LEN, learning_rate=LEARNING_RATE):
     inputs, targets = get_batch(key, data, batch_size, seq_len)
     loss, grads = jax.value_and_grad(loss_fn)(params, inputs, targets)
     grads = jax.tree_util.tree_map(lambda g: jnp.clip(g, -5.0, 5.0), grads)

@@ -3,11 +3,13 @@
 In the style of the single-file JAX GPT training scripts (nanoGPT and minGPT ports): the params
 are a pytree of plain arrays from `jax.random`; the model is written out (token and position
 embeddings, pre-layernorm blocks of causal multi-head attention and a GELU MLP, an output
-projection tied to the token embedding); the optimizer is AdamW with bias correction, global-norm
-gradient clipping and decoupled weight decay on the weights only (picked by key path), over the
-pytree with `jax.tree_util`. The data are synthetic token sequences with a rule to learn, so the
-loss falls within a few steps. Only the imports name glue; `examples/check_against_jax.py` runs
-the same source under JAX.
+projection tied to the token embedding); the blocks' params are stacked along a layer axis
+(initialised by `jax.vmap` over the layers' keys) and run by `lax.scan`, as large JAX models do
+to compile one layer; the optimizer is AdamW with bias correction, global-norm gradient clipping
+and decoupled weight decay on the weights only (picked by key path), over the pytree with
+`jax.tree_util`. The data are synthetic token sequences with a rule to learn, so the loss falls
+within a few steps. Only the imports name glue; `examples/check_against_jax.py` runs the same
+source under JAX.
 
     python -m examples.gpt
 """
@@ -27,26 +29,28 @@ def init_params(key, vocab_size, block_size, n_layer, n_head, n_embd):
     def layernorm(size):
         return {"g": jnp.ones((size,)), "b": jnp.zeros((size,))}
 
-    key, k_tok, k_pos = random.split(key, 3)
-    params = {
-        "wte": 0.02 * random.normal(k_tok, (vocab_size, n_embd)),
-        "wpe": 0.01 * random.normal(k_pos, (block_size, n_embd)),
-        "ln_f": layernorm(n_embd),
-        "blocks": [],
-    }
     # GPT-2 scales the projections that write into the residual stream by 1/sqrt(2 * n_layer).
     proj_scale = 0.02 / jnp.sqrt(2.0 * n_layer)
-    for layer_key in random.split(key, n_layer):
-        k_qkv, k_attn_proj, k_fc, k_mlp_proj = random.split(layer_key, 4)
-        params["blocks"].append({
+
+    def init_block(key):
+        k_qkv, k_attn_proj, k_fc, k_mlp_proj = random.split(key, 4)
+        return {
             "ln_1": layernorm(n_embd),
             "attn": dense(k_qkv, n_embd, 3 * n_embd),
             "attn_proj": dense(k_attn_proj, n_embd, n_embd, proj_scale),
             "ln_2": layernorm(n_embd),
             "fc": dense(k_fc, n_embd, 4 * n_embd),
             "mlp_proj": dense(k_mlp_proj, 4 * n_embd, n_embd, proj_scale),
-        })
-    return params
+        }
+
+    key, k_tok, k_pos = random.split(key, 3)
+    return {
+        "wte": 0.02 * random.normal(k_tok, (vocab_size, n_embd)),
+        "wpe": 0.01 * random.normal(k_pos, (block_size, n_embd)),
+        "ln_f": layernorm(n_embd),
+        # Every block's params stacked along a leading layer axis, for lax.scan.
+        "blocks": jax.vmap(init_block)(random.split(key, n_layer)),
+    }
 
 
 def layer_norm(p, x, eps=1e-5):
@@ -76,12 +80,15 @@ def mlp(block, x):
     return linear(block["mlp_proj"], jax.nn.gelu(linear(block["fc"], x)))
 
 
+def transformer_block(x, block, n_head):
+    x = x + causal_self_attention(block, layer_norm(block["ln_1"], x), n_head)
+    return x + mlp(block, layer_norm(block["ln_2"], x))
+
+
 def gpt(params, idx, n_head):
     B, T = idx.shape
     x = params["wte"][idx] + params["wpe"][jnp.arange(T)]
-    for block in params["blocks"]:
-        x = x + causal_self_attention(block, layer_norm(block["ln_1"], x), n_head)
-        x = x + mlp(block, layer_norm(block["ln_2"], x))
+    x, _ = jax.lax.scan(lambda x, block: (transformer_block(x, block, n_head), None), x, params["blocks"])
     x = layer_norm(params["ln_f"], x)
     return x @ params["wte"].T  # the output projection shares the token embedding
 
@@ -132,25 +139,28 @@ def get_batch(key, batch_size, block_size, vocab_size):
     return seq[:, :-1], seq[:, 1:]
 
 
-def main(steps=20, seed=0, batch_size=8, learning_rate=3e-3):
-    config = CONFIG
+BATCH_SIZE = 8
+LEARNING_RATE = 3e-3
+
+
+@functools.partial(jax.jit, static_argnums=(4,))
+def train_step(params, opt_state, inputs, targets, n_head):
+    loss, grads = jax.value_and_grad(loss_fn)(params, inputs, targets, n_head)
+    params, opt_state = adamw_update(grads, opt_state, params, LEARNING_RATE)
+    return params, opt_state, loss
+
+
+def main(steps=20, seed=0):
     key = random.PRNGKey(seed)
     key, init_key = random.split(key)
-    params = init_params(init_key, **config)
+    params = init_params(init_key, **CONFIG)
     opt_state = adamw_init(params)
     print(f"number of parameters: {sum(p.size for p in jax.tree_util.tree_leaves(params)) / 1e3:.1f}K")
-
-    @functools.partial(jax.jit, static_argnums=(4,))
-    def train_step(params, opt_state, inputs, targets, n_head):
-        loss, grads = jax.value_and_grad(loss_fn)(params, inputs, targets, n_head)
-        params, opt_state = adamw_update(grads, opt_state, params, learning_rate)
-        return params, opt_state, loss
-
     losses = []
     for _ in range(steps):
         key, batch_key = random.split(key)
-        inputs, targets = get_batch(batch_key, batch_size, config["block_size"], config["vocab_size"])
-        params, opt_state, loss = train_step(params, opt_state, inputs, targets, config["n_head"])
+        inputs, targets = get_batch(batch_key, BATCH_SIZE, CONFIG["block_size"], CONFIG["vocab_size"])
+        params, opt_state, loss = train_step(params, opt_state, inputs, targets, CONFIG["n_head"])
         losses.append(float(loss))
     return losses
 
