@@ -93,16 +93,14 @@ def main(argv: list[str] | None = None) -> int:
     import jax
     import glue
 
-    jax.config.update("jax_default_matmul_precision", "highest")
-    glue.config.update("jax_default_matmul_precision", "highest")
-    if args.backend:
-        glue.config.update("backend", args.backend)
     print(f"jax {jax.__version__} on {jax.devices()[0].platform}; glue {glue.__version__} on "
           f"{args.backend or glue.default_backend_name()}")
     all_ok = True
     for name in args.examples or EXAMPLES:
-        glue_losses = losses_of(name, args.steps, args.seed)
-        jax_losses = losses_of(name, args.steps, args.seed, swap_imports)
+        with glue.config.override(backend=args.backend), glue.default_matmul_precision("highest"):
+            glue_losses = losses_of(name, args.steps, args.seed)
+        with jax.default_matmul_precision("highest"):
+            jax_losses = losses_of(name, args.steps, args.seed, swap_imports)
         table, ok = compare(glue_losses, jax_losses, args.rtol)
         all_ok &= ok
         print(f"\n{name}: {'agree' if ok else 'DIFFER'} (rtol {args.rtol})\n{table}")

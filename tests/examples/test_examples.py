@@ -172,7 +172,9 @@ def test_check_against_jax_runs_the_rewritten_programs(monkeypatch, capsys):
     # glue stands in for jax: the rewritten sources must import and train as the originals do.
     for name in ("jax", "jax.numpy", "jax.scipy", "jax.scipy.special"):
         monkeypatch.setitem(sys.modules, name, sys.modules[name.replace("jax", "glue", 1)])
-    with glue.config.override(backend="reference", default_matmul_precision="default"):
+    settings = glue.config.describe()
+    with glue.config.override(backend="reference"):  # glue's side is told; the stand-in jax is not
         assert check_against_jax.main(["--steps", "2", "--backend", "reference"]) == 0
+    assert glue.config.describe() == settings  # it changed no setting for good
     out = capsys.readouterr().out
     assert out.count(": agree (rtol 0.001)") == len(STORED), out
