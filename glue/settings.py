@@ -81,6 +81,9 @@ _FLAGS: tuple[Flag, ...] = (
     Flag("verify", False, _bool, "run the IR verifier after every scheduler pass"),
     Flag("cache_dir", os.path.join("~", ".cache", "glue"), _text,
          "root of the disk cache of compiled code; empty turns it off"),
+    Flag("compile_workers", None, _optional_int,
+         "processes that run LLVM side by side in a cold compile (default: the usable cores; 1: "
+         "in this process)"),
     # numerics
     Flag("enable_x64", False, _bool, "keep float64/int64 inputs wide (else they become 32-bit, as in JAX)",
          env="JAX_ENABLE_X64", traced=True),

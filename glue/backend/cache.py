@@ -8,6 +8,10 @@ truncated, corrupt, of an older format, or holding another key's code (a valid c
 enough: the key is verified too) reads as a miss, and the next store replaces it; a damaged entry
 never reaches the loader. Files are written under a temporary name and renamed into place, so
 readers never see half an entry. An unwritable directory only costs a rebuild.
+
+Keys that name code by what it is built from (a kernel's structure, not its generated text)
+include `code_version()`, a digest of glue's own source, so an entry never outlives the code
+generator that made it.
 """
 from __future__ import annotations
 
@@ -15,6 +19,8 @@ import hashlib
 import os
 import tempfile
 from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
 
 from glue.settings import config
 
@@ -30,6 +36,14 @@ def digest(*parts: str | bytes) -> bytes:
         h.update(len(data).to_bytes(8, "little"))
         h.update(data)
     return h.digest()
+
+
+@lru_cache(maxsize=None)
+def code_version() -> str:
+    """A digest of every Python source file of the glue package (read once per process)."""
+    root = Path(__file__).resolve().parent.parent
+    files = sorted(root.rglob("*.py"))
+    return digest(*(part for f in files for part in (str(f.relative_to(root)), f.read_bytes()))).hex()
 
 
 @dataclass
@@ -92,4 +106,4 @@ class DiskCache:
         self.counts["stores"] += 1
 
 
-__all__ = ["DiskCache", "digest"]
+__all__ = ["DiskCache", "code_version", "digest"]

@@ -4,8 +4,10 @@ A backend (`Backend`) fills a `Lowering`'s stage table, as Triton's backends fil
 `add_stages`: each stage builds one artifact from the artifacts of earlier stages (the scheduler's
 Plan, an LLVM module, PTX, object code) and, unless it is internal, has a text form. Artifacts
 are built on first use and kept, so printing a late stage builds exactly what it needs; the time
-each stage took is recorded for `compile_stats`. `Lowering.compile()` hands the finished table
-to the backend's `load`, which makes the `Executable`.
+each stage took is recorded for `compile_stats`, and so is, per distinct kernel, where its code
+came from (built, the disk cache, or this process's memory) and the seconds of each step of
+building it (`KernelStats`). `Lowering.compile()` hands the finished table to the backend's
+`load`, which makes the `Executable`.
 
 An Executable runs the program on *raw buffers*: host NumPy arrays, the backend's own device
 buffers, or Python/NumPy scalars and arrays it must upload. It returns raw buffers; the frontend
@@ -29,8 +31,12 @@ from glue import profiler
 from glue.codegen.analysis import CostAnalysis, MemoryAnalysis
 from glue.errors import GlueError
 from glue.ir import Graph
+from glue.scheduler.fusion import fuse
+from glue.scheduler.memory import plan_memory
+from glue.scheduler.passes import optimize
 from glue.scheduler.plan import STAGES as PLAN_STAGES
-from glue.scheduler.plan import Plan, schedule
+from glue.scheduler.plan import Plan
+from glue.scheduler.streams import plan_streams
 
 
 class Executable(Protocol):
@@ -70,6 +76,23 @@ class StageTime:
     cached: bool = False  # served from a cache (in memory or on disk) rather than built
 
 
+@dataclass
+class KernelStats:
+    """How one distinct kernel's code was made: `source` is "built", "disk" (the disk cache) or
+    "memory" (already compiled in this process); `seconds` per step ("llvm build", "llvm
+    optimise", "object emission", ...), steps run by compile workers counted in their time;
+    `uses` is how many kernels of the program run this code."""
+
+    symbol: str
+    kind: str
+    uses: int = 1
+    source: str = "built"
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def add(self, step: str, seconds: float) -> None:
+        self.seconds[step] = self.seconds.get(step, 0.0) + seconds
+
+
 class Lowering:
     """One program lowered for one backend with fixed options: its stage table and artifacts."""
 
@@ -83,6 +106,7 @@ class Lowering:
         self._table: dict[str, Stage] = {}
         self._artifacts: dict[str, Any] = {}
         self.timings: dict[str, StageTime] = {}
+        self.kernel_stats: dict[str, KernelStats] = {}
         self._cached: set[str] = set()
         self._nested = 0.0
         backend.add_stages(self)
@@ -118,6 +142,13 @@ class Lowering:
     def note_cached(self, name: str) -> None:
         """Mark stage `name` as served from a cache (its builder calls this)."""
         self._cached.add(name)
+
+    def kernel(self, symbol: str, kind: str) -> KernelStats:
+        """The stats of distinct kernel `symbol`, made on first use."""
+        stats = self.kernel_stats.get(symbol)
+        if stats is None:
+            stats = self.kernel_stats[symbol] = KernelStats(symbol, kind)
+        return stats
 
     @property
     def stages(self) -> tuple[str, ...]:
@@ -196,16 +227,26 @@ class Backend(ABC):
 
 
 def add_plan_stages(lowering: Lowering, max_streams: int = 1) -> None:
-    """The scheduler's stages, shared by the compiling backends: an internal "plan" (simplify,
-    fuse, streams, memory) and its printable views."""
-    lowering.add_stage("plan", lambda lw: schedule(lw.graph, lw.donated, max_streams), text=None)
+    """The scheduler's stages, shared by the compiling backends, each timed on its own: the
+    internal "passes" (the simplified Graph), "fuse" (kernels) and "plan" (streams and memory
+    too), and the Plan's printable views."""
+    lowering.add_stage("passes", lambda lw: optimize(lw.graph), text=None)
+    lowering.add_stage("fuse", lambda lw: fuse(lw["passes"]), text=None)
+    lowering.add_stage("plan", lambda lw: _plan(lw, max_streams), text=None)
     for stage in PLAN_STAGES:
         lowering.add_stage(stage, lambda lw: lw["plan"], text=_plan_text(stage))
+
+
+def _plan(lowering: Lowering, max_streams: int) -> Plan:
+    """`glue.scheduler.plan.schedule`, from the stages before it."""
+    graph, fusion = lowering["passes"], lowering["fuse"]
+    streams = plan_streams(fusion.kernels, max_streams)
+    return Plan(graph, fusion, streams, plan_memory(graph, fusion.kernels, lowering.donated, streams))
 
 
 def _plan_text(stage: str) -> Callable[[Plan], str]:
     return lambda plan: plan.as_text(stage)
 
 
-__all__ = ["Backend", "CostAnalysis", "Executable", "Lowering", "MemoryAnalysis", "Options", "Stage",
-           "StageTime", "add_plan_stages"]
+__all__ = ["Backend", "CostAnalysis", "Executable", "KernelStats", "Lowering", "MemoryAnalysis", "Options",
+           "Stage", "StageTime", "add_plan_stages"]

@@ -1,11 +1,12 @@
 """The `cpu` backend: the host CPU through LLVM (llvmlite).
 
-Stages (the backend contract's table, `glue.backend.contract`): the scheduler's ("plan" and its
-views: optimized, fusion, kernels, streams, memory, graph), "llvm" (one LLVM module for the
-program as generated: `program.py`, `kernels.py`, `matmul.py`), "asm" (the host assembly after
-the O3 pipeline) and the internal "object" (native object code, through the disk cache:
-`target.py`). Loading links the object into the process and gives an `Executable`
-(`runtime.py`).
+Stages (the backend contract's table, `glue.backend.contract`): the scheduler's ("passes",
+"fuse", "plan" and their views: optimized, fusion, kernels, streams, memory, graph),
+"program" (the distinct kernels and each plan kernel's use of one: `program.py`), "llvm" (one
+LLVM module per distinct kernel as generated: `kernels.py`, `matmul.py`), "asm" (the host
+assembly after the O3 pipeline) and the internal "object" (each distinct kernel's code, from
+memory, the disk cache or the compile workers: `code.py`). Loading links the new object files
+into the process and gives an `Executable` (`runtime.py`).
 """
 from __future__ import annotations
 
@@ -14,13 +15,13 @@ from functools import lru_cache
 
 from glue.backend.contract import Backend, Lowering, Options, add_plan_stages
 from glue.backend_cpu.calls import CallSite
+from glue.backend_cpu.code import kernel_code, link
 from glue.backend_cpu.program import Program, build_program
 from glue.backend_cpu.runtime import Executable
-from glue.backend_cpu.target import LoadedCode, assembly, host, object_code
+from glue.backend_cpu.target import assembly, host
 from glue.codegen.analysis import estimate_cost
 from glue.errors import BackendError
 from glue.ir import Graph
-
 
 @dataclass(frozen=True)
 class CpuOptions(Options):
@@ -45,16 +46,18 @@ class CpuBackend(Backend):
 
     def add_stages(self, lowering: Lowering) -> None:
         add_plan_stages(lowering)
-        lowering.add_stage("llvm", lambda lw: build_program(lw["plan"], lw.name), text=_llvm_text)
-        lowering.add_stage("asm", lambda lw: assembly(lw["llvm"].llvm_ir))
-        lowering.add_stage("object", _object, text=None)
+        lowering.add_stage("program", lambda lw: build_program(lw["plan"], lw.options.key, lw.options.opt_level),
+                           text=None)
+        lowering.add_stage("llvm", lambda lw: lw["program"].llvm_ir)
+        lowering.add_stage("asm", _assembly)
+        lowering.add_stage("object", _objects, text=None)
 
     def load(self, lowering: Lowering) -> Executable:
-        program: Program = lowering["llvm"]
-        code = LoadedCode(lowering["object"], [f.symbol for f in program.functions])
-        bodies = {k: [self.body(graph, lowering.options) for graph in step.plan.bodies]
-                  for k, step in enumerate(program.steps) if isinstance(step, CallSite)}
-        return Executable(program, code, estimate_cost(lowering["plan"]), bodies)
+        program: Program = lowering["program"]
+        loaded = link(lowering["object"], lowering)
+        bodies = {k: [self.body(graph, lowering.options) for graph in use.plan.bodies]
+                  for k, use in enumerate(program.uses) if isinstance(use, CallSite)}
+        return Executable(program, loaded, estimate_cost(lowering["plan"]), bodies)
 
     @lru_cache(maxsize=256)
     def body(self, graph: Graph, options: CpuOptions) -> Executable:
@@ -62,15 +65,17 @@ class CpuBackend(Backend):
         return Lowering(self, graph, (), "body", options).compile()
 
 
-def _llvm_text(program: Program) -> str:
-    return program.llvm_ir
+def _assembly(lowering: Lowering) -> str:
+    program: Program = lowering["program"]
+    modules = [program.module(key) for key in program.sources]
+    return "\n".join(assembly(module.text, module.pipeline) for module in modules)
 
 
-def _object(lowering: Lowering) -> bytes:
-    code, hit = object_code(lowering["llvm"].llvm_ir, lowering.options.key)
-    if hit:
+def _objects(lowering: Lowering) -> dict:
+    codes = kernel_code(lowering["program"], lowering)
+    if all(stats.source != "built" for stats in lowering.kernel_stats.values()):
         lowering.note_cached("object")
-    return code
+    return codes
 
 
 __all__ = ["CpuBackend", "CpuOptions", "Executable"]

@@ -13,14 +13,16 @@ from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
-from glue.backend_cpu.kernels import Operand
 from glue.ir import TensorType
 from glue.scheduler.calls import CallPlan, Ref, run_call
 from glue.scheduler.kernel_ir import Kernel
+
+if TYPE_CHECKING:  # program.py builds call sites, so it imports this module
+    from glue.backend_cpu.program import Operand
 
 
 @dataclass

@@ -1,11 +1,14 @@
 """Kernel IR -> one LLVM function per kernel, for the host CPU.
 
-Every kernel becomes `void name(ptr table, i64 start, i64 end, ptr scratch)`: it processes the
-units [start, end) of its work, so the runtime can split a kernel over threads, reading its
-buffers from the program's buffer table (arguments, outputs, arena; see `program.py`) and
-using `scratch` as per-thread working memory. The table entries are resolved in a small wrapper
-that calls the kernel body with one `noalias` pointer per distinct buffer (an output written
-in place over an input is one pointer), so LLVM knows no store clobbers another buffer.
+Every kernel becomes `void name(ptr table, ptr places, i64 start, i64 end, ptr scratch)`: it
+processes the units [start, end) of its work, so the runtime can split a kernel over threads,
+reading its buffers from the call's buffer table (arguments, outputs, arena; see `program.py`)
+and using `scratch` as per-thread working memory. Where each operand lives is not compiled in:
+`places` holds, per distinct operand location, an i64 pair (table entry, byte offset), so one
+compiled kernel serves every place a program (or another program) uses it. A small wrapper
+resolves the places and calls the kernel body with one `noalias` pointer per distinct location
+(an output written in place over an input is one pointer, which the code depends on: the
+operands' `aliases`), so LLVM knows no store clobbers another buffer.
 
 The loops a kernel becomes depend on its kind:
 - pointwise: units are the elements of the domain; one loop over rows (all dims but the last)
@@ -59,7 +62,7 @@ from glue.ir import primitive
 
 PTR = ir.PointerType()
 VOID = ir.VoidType()
-SIGNATURE = ir.FunctionType(VOID, [PTR, I64, I64, PTR])
+SIGNATURE = ir.FunctionType(VOID, [PTR, PTR, I64, I64, PTR])
 
 # Scratch kept per thread for values a later pass over a row reuses (bytes, all values together).
 STASH_LIMIT = 256 * 1024
@@ -80,14 +83,6 @@ SUM_BLOCK = 2048
 COLUMN_BLOCK = 1024
 COLUMN_CHUNK = 64
 MIN_COLUMNS = 8
-
-
-@dataclass(frozen=True)
-class Operand:
-    """Where a kernel operand lives: entry `slot` of the buffer table, plus `offset` bytes."""
-
-    slot: int
-    offset: int = 0
 
 
 @dataclass
@@ -128,24 +123,26 @@ def cost_per_point(kernel: Kernel) -> float:
     return max(total, 1.0)
 
 
-def define_wrapper(module: ir.Module, symbol: str, operands: Sequence[Operand]) -> tuple[ir.Function, list[int]]:
-    """The entry point `symbol` (resolving table entries) and the internal body it calls, whose
+def define_wrapper(module: ir.Module, symbol: str, operand_aliases: Sequence[int]) -> tuple[ir.Function, list[int]]:
+    """The entry point `symbol` (resolving places) and the internal body it calls, whose
     parameters are one noalias pointer per distinct operand location, then start, end and
-    scratch. Returns the body and, per operand, the index of its pointer parameter."""
-    places = list(dict.fromkeys(operands))
-    which = [places.index(o) for o in operands]
-    body = ir.Function(module, ir.FunctionType(VOID, [PTR] * len(places) + [I64, I64, PTR]), f"{symbol}.body")
+    scratch. `operand_aliases[i]` is the first operand at operand i's location. Returns the body
+    and, per operand, the index of its pointer parameter."""
+    distinct = list(dict.fromkeys(operand_aliases))
+    which = [distinct.index(a) for a in operand_aliases]
+    body = ir.Function(module, ir.FunctionType(VOID, [PTR] * len(distinct) + [I64, I64, PTR]), f"{symbol}.body")
     body.linkage = "internal"
-    for arg in list(body.args[:len(places)]) + [body.args[-1]]:
+    for arg in list(body.args[:len(distinct)]) + [body.args[-1]]:
         arg.add_attribute("noalias")
     entry = ir.Function(module, SIGNATURE, symbol)
     b = ir.IRBuilder(entry.append_basic_block("entry"))
-    table, start, end, scratch = entry.args
+    table, places, start, end, scratch = entry.args
     pointers = []
-    for place in places:
-        base = b.load(b.gep(table, [ir.Constant(I64, place.slot)], source_etype=PTR), typ=PTR)
-        pointers.append(b.gep(base, [ir.Constant(I64, place.offset)], source_etype=ir.IntType(8))
-                        if place.offset else base)
+    for j in range(len(distinct)):
+        slot = b.load(b.gep(places, [ir.Constant(I64, 2 * j)], source_etype=I64), typ=I64)
+        offset = b.load(b.gep(places, [ir.Constant(I64, 2 * j + 1)], source_etype=I64), typ=I64)
+        base = b.load(b.gep(table, [slot], source_etype=PTR), typ=PTR)
+        pointers.append(b.gep(base, [offset], source_etype=ir.IntType(8)))
     b.call(body, pointers + [start, end, scratch])
     b.ret_void()
     return body, which
@@ -162,14 +159,14 @@ class _Level:
 class KernelBuilder(BufferAccess):
     """Emits one kernel's function into a module."""
 
-    def __init__(self, module: ir.Module, kernel: Kernel, symbol: str, inputs: Sequence[Operand],
-                 outputs: Sequence[Operand]):
+    def __init__(self, module: ir.Module, kernel: Kernel, symbol: str, operand_aliases: Sequence[int]):
         self.kernel = kernel
         self.symbol = symbol
-        self.fn, which = define_wrapper(module, symbol, list(inputs) + list(outputs))
+        self.fn, which = define_wrapper(module, symbol, operand_aliases)
         params = self.fn.args
-        self.in_ptrs = [params[w] for w in which[:len(inputs)]]
-        self.out_ptrs = [params[w] for w in which[len(inputs):]]
+        n_in = len(kernel.inputs)
+        self.in_ptrs = [params[w] for w in which[:n_in]]
+        self.out_ptrs = [params[w] for w in which[n_in:]]
         self.start, self.end, self.scratch = params[-3:]
         self.b = ir.IRBuilder(self.fn.append_basic_block("entry"))
         self.shapes = [buf.type.shape for buf in kernel.inputs]

@@ -30,7 +30,7 @@ from typing import Sequence
 
 from llvmlite import ir
 
-from glue.backend_cpu.kernels import KernelBuilder, KernelFunction, Operand, interleave_for
+from glue.backend_cpu.kernels import KernelBuilder, KernelFunction, interleave_for
 from glue.backend_cpu.target import thread_count
 from glue.codegen.expr import ExprEmitter, convert, intrinsic
 from glue.codegen.loops import loop, unflatten
@@ -67,9 +67,9 @@ def _split(kernel: Kernel, analysis: Analysis) -> tuple[Expr, Expr, list[int], l
 class MatmulBuilder(KernelBuilder):
     """Emits a contraction kernel as packed, register-blocked loops (see the module doc)."""
 
-    def __init__(self, module: ir.Module, kernel: Kernel, symbol: str, inputs: Sequence[Operand],
-                 outputs: Sequence[Operand], parts, vector_bits: int):
-        super().__init__(module, kernel, symbol, inputs, outputs)
+    def __init__(self, module: ir.Module, kernel: Kernel, symbol: str, operand_aliases: Sequence[int], parts,
+                 vector_bits: int):
+        super().__init__(module, kernel, symbol, operand_aliases)
         self.left, self.right, self.batch, self.row_dims, self.col_dims = parts
         self.acc = kernel.reductions[0].dtype
         self.ty = register_type(self.acc)
@@ -311,8 +311,8 @@ def _min(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
     return b.select(b.icmp_signed("<", x, y), x, y)
 
 
-def blocked_contraction(module: ir.Module, kernel: Kernel, symbol: str, inputs: Sequence[Operand],
-                        outputs: Sequence[Operand], vector_bits: int) -> KernelFunction | None:
+def blocked_contraction(module: ir.Module, kernel: Kernel, symbol: str, operand_aliases: Sequence[int],
+                        vector_bits: int) -> KernelFunction | None:
     """The kernel's function through the blocked path, or None when it does not apply."""
     parts = _split(kernel, Analysis())
     if parts is None:
@@ -323,4 +323,4 @@ def blocked_contraction(module: ir.Module, kernel: Kernel, symbol: str, inputs: 
     lanes = vector_bits // (8 * kernel.reductions[0].dtype.itemsize)
     if work == 0 or work < config.cpu_matmul_min_work or n < lanes:
         return None
-    return MatmulBuilder(module, kernel, symbol, inputs, outputs, parts, vector_bits).build()
+    return MatmulBuilder(module, kernel, symbol, operand_aliases, parts, vector_bits).build()

@@ -1,40 +1,117 @@
-"""A scheduler Plan as one LLVM module, and the buffer table its kernels read their operands from.
+"""A scheduler Plan as the distinct kernels it runs, and where each use of one finds its buffers.
 
 The table a call fills has one entry per program argument, one per fresh output, then the
-arena: a value's memory-plan placement becomes a (table slot, byte offset) pair compiled into
-the kernels that touch it, so one call builds one small table and every kernel reads from it.
-A call kernel (control flow, a print) has no function: its step runs compiled bodies on the
-same table entries (`calls.py`).
-Each graph output is then either a fresh output buffer, a donated argument's buffer, a copy of an
-argument (an output that is an input), or a literal.
+arena: a value's memory-plan placement becomes a (table slot, byte offset) pair (`Operand`).
+Kernels do not compile those pairs in (see `kernels.py`): each plan kernel is a `KernelUse`
+of the code of its structural key (`glue.backend.kernel_key`), with its own operand places,
+so identical kernels (the layers of a model; the same layer in another program) are one
+`KernelSource`, built into one LLVM module and compiled once. A call kernel (control flow, a
+print) has no code of its own: it is a `CallSite`, whose step runs compiled bodies on the same
+table entries (`calls.py`). Each graph output is then either
+a fresh output buffer, a donated argument's buffer, a copy of an argument (an output that is an
+input), or a literal.
+
+The key holds everything the generated code depends on besides the kernel: glue's code version,
+the host target, the backend options, the thread count and the settings the kernel builders
+read (`CODEGEN_SETTINGS`).
 """
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from llvmlite import ir
 
+from glue.backend.cache import code_version
+from glue.backend.kernel_key import aliases, kernel_key
 from glue.backend_cpu.calls import CallSite
-from glue.backend_cpu.kernels import KernelBuilder, KernelFunction, Operand
+from glue.backend_cpu.kernels import KernelBuilder, KernelFunction
 from glue.backend_cpu.matmul import blocked_contraction
-from glue.backend_cpu.target import host
+from glue.backend_cpu.target import Pipeline, host, thread_count
 from glue.ir import TensorType
 from glue.scheduler.calls import call_plan
+from glue.scheduler.kernel_ir import Kernel
 from glue.scheduler.memory import Placement
 from glue.scheduler.plan import Plan, Result
+from glue.settings import config
+
+# Settings the kernel builders (kernels.py, matmul.py) read: part of every kernel's key.
+CODEGEN_SETTINGS = ("cpu_stream_bytes", "cpu_matmul_l1_bytes", "cpu_matmul_l2_bytes", "cpu_matmul_sums_bytes",
+                    "cpu_matmul_min_work")
+
+
+@dataclass(frozen=True)
+class Operand:
+    """Where a kernel operand lives: entry `slot` of the buffer table, plus `offset` bytes."""
+
+    slot: int
+    offset: int = 0
+
+
+@dataclass(frozen=True)
+class KernelSource:
+    """One distinct kernel's code as it is built: the first plan kernel with its key, the
+    aliasing of its operands, and the symbol its module defines."""
+
+    key: bytes
+    kernel: Kernel
+    aliases: tuple[int, ...]
+    symbol: str
+
+    def build(self, opt_level: int) -> KernelModule:
+        """The LLVM module defining `symbol`, what the function computes, and how to optimise
+        it (`pipeline`)."""
+        module = ir.Module(name=self.symbol)
+        module.triple, module.data_layout = host().triple, host().data_layout
+        built = None
+        if self.kernel.kind == "contraction":
+            built = blocked_contraction(module, self.kernel, self.symbol, self.aliases, host().vector_bits)
+        blocked = built is not None
+        if built is None:
+            built = KernelBuilder(module, self.kernel, self.symbol, self.aliases).build()
+        return KernelModule(str(module), built, pipeline(blocked, opt_level))
+
+
+def pipeline(blocked_matmul: bool, opt_level: int) -> Pipeline:
+    """How a kernel's module is optimised, by its class (measured per class with
+    `GLUE_CPU_THREADS=1` on the 2-core development machine). The register-blocked matmul keeps
+    the full pipeline: at O2 and without loop strength reduction its large products ran 7-17%
+    slower. Every other class (pointwise, rows, columns, scatter, small contractions) runs O2
+    without loop strength reduction: no loss within the noise, and half the LLVM time."""
+    if blocked_matmul:
+        return Pipeline(opt_level, strength_reduction=True)
+    return Pipeline(min(opt_level, 2), strength_reduction=False)
+
+
+@dataclass(frozen=True)
+class KernelModule:
+    """A distinct kernel's LLVM module (text), its function, and its optimisation pipeline."""
+
+    text: str
+    function: KernelFunction
+    pipeline: Pipeline
+
+
+@dataclass(frozen=True)
+class KernelUse:
+    """A plan kernel: the key of its code and its operands' distinct places, in the order of
+    the code's pointer parameters."""
+
+    key: bytes
+    kernel: Kernel
+    places: tuple[Operand, ...]
 
 
 @dataclass
 class Program:
-    """The module (`llvm_ir`, with one function per kernel of glue's own: `functions`) and the
-    program's steps in order: those functions, and call kernels (`CallSite`), which run
-    compiled bodies."""
+    """The distinct kernels of glue's own code (`sources`) and the program's steps in order
+    (`uses`): uses of those kernels, and call kernels (`CallSite`), which run compiled bodies."""
 
     plan: Plan
-    llvm_ir: str
-    functions: list[KernelFunction]
-    steps: list[KernelFunction | CallSite]
+    sources: dict[bytes, KernelSource]
+    uses: list[KernelUse | CallSite]
+    opt_level: int = 3
+    _modules: dict[bytes, KernelModule] = field(default_factory=dict, repr=False)
 
     @property
     def arg_types(self) -> list[TensorType]:
@@ -48,6 +125,29 @@ class Program:
     def results(self) -> list[Result]:
         return self.plan.results()
 
+    def module(self, key: bytes) -> KernelModule:
+        """The LLVM module of distinct kernel `key`, built once."""
+        if key not in self._modules:
+            self._modules[key] = self.sources[key].build(self.opt_level)
+        return self._modules[key]
+
+    def uses_by_key(self) -> dict[bytes, list[int]]:
+        """The positions of the plan kernels that run each distinct kernel."""
+        found: dict[bytes, list[int]] = {key: [] for key in self.sources}
+        for i, use in enumerate(self.uses):
+            if isinstance(use, KernelUse):
+                found[use.key].append(i)
+        return found
+
+    @property
+    def llvm_ir(self) -> str:
+        """Every distinct kernel's module, each headed by the plan kernels that run it."""
+        parts = []
+        for key, positions in self.uses_by_key().items():
+            users = ", ".join(f"{i}:{self.uses[i].kernel.name}" for i in positions)
+            parts.append(f"; kernel {self.sources[key].symbol}, run by plan kernels {users}\n{self.module(key).text}")
+        return "\n".join(parts)
+
 
 def _operand(p: Placement, n_args: int, arena_slot: int) -> Operand:
     if p.kind == "arena":
@@ -59,28 +159,37 @@ def _symbol(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_]", "_", name)
 
 
-def build_program(plan: Plan, name: str = "fn") -> Program:
-    """Generate the module for `plan`: one function per kernel (see `kernels.py`)."""
+def _label(kernel: Kernel) -> str:
+    """The readable part of a kernel's symbol: its first fused ops. The symbol is that and the
+    key, so it names the same code in every program and in the disk cache, and the label is
+    part of the key."""
+    return _symbol("_".join(kernel.ops[:5]))[:60]
+
+
+def codegen_context(options_key: str) -> tuple[str, ...]:
+    """What every kernel's code depends on besides the kernel itself."""
+    settings = ",".join(f"{name}={config.read(name)!r}" for name in CODEGEN_SETTINGS)
+    return ("cpu kernel", code_version(), host().fingerprint, options_key, f"threads={thread_count()}", settings)
+
+
+def build_program(plan: Plan, options_key: str = "", opt_level: int = 3) -> Program:
+    """The distinct kernels of `plan` and each plan kernel's use of one (no code is built yet)."""
     placements = plan.memory.placements
     n_args = len(plan.argument_types)
     arena_slot = n_args + len(plan.output_types)
-    module = ir.Module(name=_symbol(name))
-    module.triple, module.data_layout = host().triple, host().data_layout
-    functions = []
-    steps: list[KernelFunction | CallSite] = []
-    vector_bits = host().vector_bits
-    for i, kernel in enumerate(plan.kernels):
-        inputs = [_operand(placements[b.value_id], n_args, arena_slot) for b in kernel.inputs]
-        outs = [_operand(placements[b.value_id], n_args, arena_slot) for b in kernel.outputs]
+    context = codegen_context(options_key)
+    sources: dict[bytes, KernelSource] = {}
+    uses: list[KernelUse | CallSite] = []
+    for kernel in plan.kernels:
+        operands = [_operand(placements[b.value_id], n_args, arena_slot) for b in kernel.inputs + kernel.outputs]
         if kernel.call is not None:
-            steps.append(CallSite(kernel, call_plan(kernel), inputs, outs))
+            n_in = len(kernel.inputs)
+            uses.append(CallSite(kernel, call_plan(kernel), operands[:n_in], operands[n_in:]))
             continue
-        symbol = f"glue_{_symbol(name)}_{i}_{_symbol(kernel.name)}"[:120]
-        built = None
-        if kernel.kind == "contraction":
-            built = blocked_contraction(module, kernel, symbol, inputs, outs, vector_bits)
-        if built is None:
-            built = KernelBuilder(module, kernel, symbol, inputs, outs).build()
-        functions.append(built)
-        steps.append(built)
-    return Program(plan, str(module), functions, steps)
+        shared = aliases(operands)
+        label = _label(kernel)
+        key = kernel_key(kernel, shared, *context, label)
+        if key not in sources:
+            sources[key] = KernelSource(key, kernel, shared, f"glue_{label}_{key.hex()[:16]}")
+        uses.append(KernelUse(key, kernel, tuple(operands[i] for i in dict.fromkeys(shared))))
+    return Program(plan, sources, uses, opt_level)

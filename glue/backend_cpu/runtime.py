@@ -16,6 +16,7 @@ from __future__ import annotations
 import ctypes
 import threading
 import time
+from dataclasses import replace
 from typing import Any, Sequence
 
 import numpy as np
@@ -23,9 +24,10 @@ import numpy as np
 from glue import profiler
 from glue.backend.results import assemble
 from glue.backend_cpu.calls import CallSite, CallStep, array_at
+from glue.backend_cpu.code import LoadedKernel
 from glue.backend_cpu.kernels import KernelFunction
-from glue.backend_cpu.program import Program
-from glue.backend_cpu.target import LoadedCode, thread_count
+from glue.backend_cpu.program import Operand, Program
+from glue.backend_cpu.target import thread_count
 from glue.codegen.analysis import CostAnalysis, MemoryAnalysis
 from glue.errors import BackendError
 from glue.ir import TensorType
@@ -76,10 +78,11 @@ class _Pool:
         self._busy = threading.Lock()
         self._workers: list[_Worker] = []
 
-    def run(self, fn: Any, table: Any, chunks: Sequence[tuple[int, int]], scratch: int, stride: int) -> None:
+    def run(self, fn: Any, table: Any, places: int, chunks: Sequence[tuple[int, int]], scratch: int,
+            stride: int) -> None:
         if not self._busy.acquire(blocking=False):
             for c, (lo, hi) in enumerate(chunks):
-                fn(table, lo, hi, scratch + c * stride)
+                fn(table, places, lo, hi, scratch + c * stride)
             return
         try:
             while len(self._workers) < len(chunks) - 1:
@@ -87,9 +90,9 @@ class _Pool:
             helpers = self._workers[:len(chunks) - 1]
             for c, worker in enumerate(helpers, start=1):
                 lo, hi = chunks[c]
-                worker.start(fn, table, lo, hi, scratch + c * stride)
+                worker.start(fn, table, places, lo, hi, scratch + c * stride)
             try:
-                fn(table, chunks[0][0], chunks[0][1], scratch)
+                fn(table, places, chunks[0][0], chunks[0][1], scratch)
             finally:
                 for worker in helpers:
                     worker.wait()
@@ -158,25 +161,37 @@ class _HostMemory:
 _HOST = _HostMemory()
 
 
+class _Step:
+    """One kernel of a call: its shared code's entry point, the places of this use's operands
+    (the i64 pairs the code reads them from) and its chunks of work."""
+
+    __slots__ = ("entry", "places", "address", "chunks")
+
+    def __init__(self, code: LoadedKernel, places: Sequence[Operand], threads: int, function: KernelFunction):
+        self.entry = code.entry
+        self.places = (ctypes.c_int64 * max(2 * len(places), 1))(*(n for p in places for n in (p.slot, p.offset)))
+        self.address = ctypes.addressof(self.places)
+        self.chunks = split(function, threads)
+
+
 class Executable:
     """A compiled program: call it with the arguments (constvars' values, then invars').
     `bodies` holds, per call kernel (by step position), the executables of its bodies."""
 
-    def __init__(self, program: Program, code: LoadedCode, cost: CostAnalysis,
+    def __init__(self, program: Program, code: dict[bytes, LoadedKernel], cost: CostAnalysis,
                  bodies: dict[int, list["Executable"]] | None = None):
         self.program = program
-        self._code = code
+        self._code = code  # keeps each kernel's code linked while this program may run it
         self._cost = cost
-        self.kernels: list[KernelFunction | CallSite] = list(program.steps)
+        self.kernels: list[KernelFunction | CallSite] = [
+            use if isinstance(use, CallSite) else replace(code[use.key].function, kernel=use.kernel)
+            for use in program.uses]
         self.threads = thread_count()
-        self._steps: list[Any] = []
-        for k, f in enumerate(program.steps):
-            if isinstance(f, CallSite):
-                self._steps.append(CallStep(f, (bodies or {})[k]))
-            else:
-                self._steps.append((code.function(f.symbol, None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
-                                                  ctypes.c_void_p), split(f, self.threads)))
-        self._scratch = max((f.scratch_bytes for f in program.functions), default=0)
+        self._steps: list[_Step | CallStep] = [
+            CallStep(use, (bodies or {})[k]) if isinstance(use, CallSite)
+            else _Step(code[use.key], use.places, self.threads, f)
+            for k, (use, f) in enumerate(zip(program.uses, self.kernels))]
+        self._scratch = max((f.scratch_bytes for f in self.kernels if isinstance(f, KernelFunction)), default=0)
         self._free: list[_Workspace] = []
         self._dtypes = [t.dtype.numpy for t in program.arg_types]
         self._outputs = [(t.shape, t.dtype.numpy) for t in program.output_types]
@@ -228,16 +243,16 @@ class Executable:
                 start = time.perf_counter_ns() if prof is not None else 0
                 if isinstance(step, CallStep):
                     step.run(table)
-                    chunks: list = []
+                    threads, code = 1, None
                 else:
-                    fn, chunks = step
-                    if len(chunks) == 1:
-                        fn(table, chunks[0][0], chunks[0][1], space.scratch)
+                    chunks, threads, code = step.chunks, len(step.chunks), kernel.symbol
+                    if threads == 1:
+                        step.entry(table, step.address, chunks[0][0], chunks[0][1], space.scratch)
                     else:
-                        _pool.run(fn, table, chunks, space.scratch, space.stride)
+                        _pool.run(step.entry, table, step.address, chunks, space.scratch, space.stride)
                 if prof is not None:
-                    prof.add_host("kernel", getattr(kernel, "symbol", kernel.name), start, time.perf_counter_ns(),
-                                  {"kind": kernel.kind, "threads": max(len(chunks), 1)})
+                    prof.add_host("kernel", kernel.name, start, time.perf_counter_ns(),
+                                  {"kind": kernel.kind, "threads": threads, "code": code})
         finally:
             self._free.append(space)
 

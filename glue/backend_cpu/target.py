@@ -3,18 +3,16 @@
 Code is generated for the CPU this process runs on (its name and features, so that llvm.fma is
 an instruction and the vectoriser may use the widest vector unit) as position-independent
 code in the small code model (constants addressed relative to the instruction pointer rather
-than loaded through 64-bit addresses), optimised at O3 through the new pass manager with loop
-and SLP vectorisation, and linked into the process by ORC's JITLink from object code, the same
-way whether the object was just compiled or came from the disk cache (`glue.backend.cache`).
-LLVM's global state is not thread-safe, so every call into it holds `_lock`.
+than loaded through 64-bit addresses), optimised through the new pass manager with loop and SLP
+vectorisation by a `Pipeline` chosen per kernel class (`program.pipeline`), in this process or a
+compile worker (`glue.backend.llvm_jobs`), and linked into the process by ORC's JITLink from
+object code, the same way whether the objects were just compiled or came from the disk cache
+(`code.py`). LLVM's global state is not thread-safe, so every call into it here holds `_lock`.
 """
 from __future__ import annotations
 
-import ctypes
 import itertools
-import os
 import struct
-import threading
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Sequence
@@ -22,11 +20,13 @@ from typing import Sequence
 import llvmlite
 import llvmlite.binding as llvm
 
-from glue.backend.cache import DiskCache, digest
+from glue.backend import llvm_jobs
+from glue.backend.workers import usable_cores
 from glue.errors import BackendError
 from glue.settings import config
 
-_lock = threading.RLock()
+_lock = llvm_jobs.LOCK
+CODEGEN_LEVEL = 3  # the instruction selector's and register allocator's optimisation level
 
 
 @dataclass(frozen=True)
@@ -46,13 +46,11 @@ class HostTarget:
 
     @property
     def fingerprint(self) -> str:
-        return f"{self.triple}|{self.cpu}|{self.features}|llvmlite {llvmlite.__version__}|O3"
+        return f"{self.triple}|{self.cpu}|{self.features}|llvmlite {llvmlite.__version__}|codegen O{CODEGEN_LEVEL}"
 
     def machine(self) -> llvm.TargetMachine:
         """A fresh target machine (an MCJIT engine takes ownership of the one it is given)."""
-        target = llvm.Target.from_triple(self.triple)
-        return target.create_target_machine(cpu=self.cpu, features=self.features, opt=3,
-                                            codemodel="small", reloc="pic")
+        return llvm_jobs.host_machine(self.triple, self.cpu, self.features, CODEGEN_LEVEL)
 
 
 @lru_cache(maxsize=None)
@@ -70,52 +68,29 @@ def host() -> HostTarget:
     return target
 
 
-def _optimised(ir_text: str, machine: llvm.TargetMachine) -> llvm.ModuleRef:
+@dataclass(frozen=True)
+class Pipeline:
+    """How a module is optimised: the pass pipeline's speed level, and whether the code
+    generator runs loop strength reduction."""
+
+    speed_level: int = 3
+    strength_reduction: bool = True
+
+    def job(self, ir_text: str, assembly: bool = False) -> tuple[str, tuple]:
+        """The compile job (`glue.backend.workers.Jobs.submit`) making the module's object code
+        (or assembly)."""
+        h = host()
+        return "host_code", (ir_text, h.triple, h.cpu, h.features, self.speed_level, CODEGEN_LEVEL,
+                             self.strength_reduction, assembly)
+
+
+def assembly(ir_text: str, pipeline: Pipeline = Pipeline()) -> str:
+    """The host assembly of a module (optimised exactly as for execution)."""
+    name, args = pipeline.job(ir_text, assembly=True)
     try:
-        module = llvm.parse_assembly(ir_text)
-        module.verify()
+        return llvm_jobs.JOBS[name](*args)[0]
     except RuntimeError as exc:
         raise BackendError(f"cpu: the generated LLVM IR is invalid: {exc}") from None
-    module.triple = machine.triple
-    module.data_layout = str(machine.target_data)
-    tuning = llvm.create_pipeline_tuning_options(speed_level=3)
-    tuning.loop_vectorization = True
-    tuning.slp_vectorization = True
-    tuning.loop_interleaving = True
-    tuning.loop_unrolling = True
-    passes = llvm.create_pass_builder(machine, tuning)
-    passes.getModulePassManager().run(module, passes)
-    return module
-
-
-def optimised_ir(ir_text: str) -> str:
-    """The module after the O3 pipeline, as text."""
-    with _lock:
-        return str(_optimised(ir_text, host().machine()))
-
-
-def assembly(ir_text: str) -> str:
-    """The host assembly of a module (optimised exactly as for execution)."""
-    with _lock:
-        machine = host().machine()
-        return machine.emit_assembly(_optimised(ir_text, machine))
-
-
-DISK = DiskCache("cpu")
-
-
-def object_code(ir_text: str, options: str = "") -> tuple[bytes, bool]:
-    """Native object code for a module, from the disk cache when it holds it; and whether it did.
-    `options` is the backend options' cache key."""
-    key = digest("cpu object", host().fingerprint, options, ir_text)
-    cached = DISK.load(key)
-    if cached is not None:
-        return cached, True
-    with _lock:
-        machine = host().machine()
-        code = machine.emit_object(_optimised(ir_text, machine))
-    DISK.store(key, code)
-    return code, False
 
 
 def undefined_symbols(code: bytes) -> list[str]:
@@ -147,34 +122,32 @@ _libraries = itertools.count()
 
 
 class LoadedCode:
-    """Machine code linked into this process (against the process's own symbols, for the few
-    library calls LLVM emits: memcpy, fmod); unloaded when this object is collected."""
+    """Object files linked into this process as one library (against the process's own symbols,
+    for the few library calls LLVM emits: memcpy, fmod); unloaded when this object is collected."""
 
-    def __init__(self, code: bytes, symbols: Sequence[str]):
-        builder = llvm.JITLibraryBuilder().add_object_img(code).add_current_process()
+    def __init__(self, objects: Sequence[bytes], symbols: Sequence[str]):
+        builder = llvm.JITLibraryBuilder().add_current_process()
+        for code in objects:
+            builder.add_object_img(code)
         for name in symbols:
             builder.export_symbol(name)
         with _lock:
             try:
                 self._library = builder.link(_jit(), f"glue{next(_libraries)}")
             except RuntimeError as exc:
+                needs = sorted({name for code in objects for name in undefined_symbols(code)} - set(symbols))
                 raise BackendError(f"cpu: the compiled code could not be linked into this process "
-                                   f"(needs {', '.join(undefined_symbols(code)) or 'nothing'}): {exc}") from None
+                                   f"(needs {', '.join(needs) or 'nothing'}): {exc}") from None
 
-    def function(self, name: str, restype, *argtypes) -> ctypes._CFuncPtr:
+    def address(self, name: str) -> int:
         address = self._library[name]
         if not address:
             raise BackendError(f"cpu: compiled code lacks the function {name!r}")
-        return ctypes.CFUNCTYPE(restype, *argtypes)(address)
+        return address
 
 
 def thread_count() -> int:
     """Threads a kernel is split over: `config.cpu_threads` (GLUE_CPU_THREADS), else the cores
     this process may use."""
     chosen = config.cpu_threads
-    if chosen is not None:
-        return max(1, chosen)
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
+    return max(1, chosen) if chosen else usable_cores()

@@ -1,11 +1,13 @@
 """The `cuda` backend: NVIDIA GPUs through LLVM's NVPTX target and the CUDA driver API.
 
-Stages (the backend contract's table, `glue.backend.contract`): the scheduler's, "llvm" (one
-LLVM module for the program: `codegen/`) and "ptx" (that module optimised and emitted for the
-options' arch by `ptx.py`). None of them needs a GPU: the arch is the GPU's when a driver
-reports one (read without creating a context) and `sm_90` otherwise, or whatever
-`arch=` / `glue.config.arch` names. Loading (`compile()`) needs a GPU: it JIT-links the PTX
-(or takes the cubin from the disk cache) and gives a `CudaExecutable` (`executor.py`).
+Stages (the backend contract's table, `glue.backend.contract`): the scheduler's, "llvm" (the
+program's launches and one LLVM module per distinct kernel: `codegen/`; kernels the caches hold
+are not emitted) and "ptx" (each missing module optimised and emitted for the options' arch by
+`ptx.py`, side by side in the compile workers). None of them needs a GPU: the arch is the GPU's
+when a driver reports one (read without creating a context) and `sm_90` otherwise, or whatever
+`arch=` / `glue.config.arch` names. Loading (`compile()`) needs a GPU: the internal stage
+"cubin" JIT-links each kernel's PTX (or takes its cubin from the disk cache) and loads it
+(`runtime/module.py`), and `load` gives a `CudaExecutable` (`executor.py`).
 `runtime/` holds what runs programs (contexts, modules, launches, allocator, streams,
 transfers, device buffers).
 """
@@ -16,8 +18,8 @@ from functools import lru_cache
 from typing import Any
 
 from glue.backend.contract import Backend, Lowering, Options, add_plan_stages
-from glue.backend_cuda.codegen import CudaProgram, build_program
-from glue.backend_cuda.ptx import DEFAULT_ARCH, PTX_FEATURES, ptx_for_module
+from glue.backend_cuda.codegen import CudaProgram, build_program, compile_ptx
+from glue.backend_cuda.ptx import DEFAULT_ARCH, PTX_FEATURES, ProgramPtx
 from glue.backend_cuda.runtime import driver
 from glue.codegen.analysis import estimate_cost
 from glue.errors import GlueError
@@ -82,10 +84,12 @@ class CudaBackend(Backend):
         add_plan_stages(lowering, lowering.options.streams)
         lowering.add_stage("llvm", _program, text=_llvm_text)
         lowering.add_stage("ptx", _ptx)
+        lowering.add_stage("cubin", _cubin, text=None)
 
     def load(self, lowering: Lowering) -> Any:
         from glue.backend_cuda.executor import CudaExecutable
 
+        lowering["cubin"]  # every kernel's module loaded, timed as a stage of its own
         return CudaExecutable(lowering["llvm"], lowering["ptx"], estimate_cost(lowering["plan"]),
                               lowering.name)
 
@@ -113,19 +117,26 @@ class CudaBackend(Backend):
 
 def _program(lowering: Lowering) -> CudaProgram:
     options = lowering.options
-    return build_program(lowering["plan"], lowering.name, options.arch, options.gemm,
-                         lambda graph: lowering.backend.body(graph, options))
+    return build_program(lowering["plan"], lowering.name, options.arch, options.gemm, options.opt_level,
+                         lowering.kernel_stats, lambda graph: lowering.backend.body(graph, options))
 
 
 def _llvm_text(program: CudaProgram) -> str:
     return program.llvm_ir
 
 
-def _ptx(lowering: Lowering) -> str:
-    program: CudaProgram = lowering["llvm"]
-    if not any(launch.grid for launch in program.launches):  # only copies or library calls, or nothing
-        return "// this program runs no kernels of glue's own\n"
-    return ptx_for_module(program.llvm_ir, lowering.options.arch, lowering.options.opt_level)
+def _ptx(lowering: Lowering) -> ProgramPtx:
+    ptx = compile_ptx(lowering["llvm"], lowering.options.opt_level, lowering.kernel_stats)
+    if all(stats.source != "built" for stats in lowering.kernel_stats.values()):
+        lowering.note_cached("ptx")
+    return ptx
+
+
+def _cubin(lowering: Lowering) -> Any:
+    """Each kernel's module loaded on the GPU (the executor finds them in the module cache)."""
+    from glue.backend_cuda.runtime import get_context
+
+    return get_context().modules.load(lowering["ptx"], lowering.name, lowering.kernel_stats)
 
 
 __all__ = ["CudaBackend", "CudaOptions", "default_arch"]

@@ -14,60 +14,65 @@ import os
 import shutil
 import subprocess
 import tempfile
-import threading
-from functools import lru_cache
+from dataclasses import dataclass, field
 
-import llvmlite.binding as llvm
-
+from glue.backend import llvm_jobs
 from glue.errors import BackendError
 
-TRIPLE = "nvptx64-nvidia-cuda"
+TRIPLE = llvm_jobs.NVPTX_TRIPLE
 DEFAULT_ARCH = "sm_90"
 PTX_FEATURES = {"sm_75": "+ptx63", "sm_80": "+ptx70", "sm_86": "+ptx71", "sm_89": "+ptx78",
                 "sm_90": "+ptx80", "sm_90a": "+ptx80"}
 
-# LLVM's per-target state is not safe to use from several threads at once.
-_lock = threading.Lock()
 
-
-@lru_cache(maxsize=None)
-def _target_machine(arch: str, opt_level: int) -> llvm.TargetMachine:
+def ptx_job(llvm_ir: str, arch: str, opt_level: int) -> tuple[str, tuple]:
+    """The compile job (`glue.backend.workers.Jobs.submit`) that makes a module's PTX."""
     if arch not in PTX_FEATURES:
         raise BackendError(f"cuda: no PTX target for {arch!r}; glue knows {sorted(PTX_FEATURES)}")
-    llvm.initialize_all_targets()
-    llvm.initialize_all_asmprinters()
-    target = llvm.Target.from_triple(TRIPLE)
-    return target.create_target_machine(cpu=arch, features=PTX_FEATURES[arch], opt=opt_level)
+    return "nvptx", (llvm_ir, arch, PTX_FEATURES[arch], opt_level)
 
 
-def ptx_for_module(llvm_ir: str, arch: str = DEFAULT_ARCH, opt_level: int = 3) -> str:
-    """Optimise an LLVM module (text) at `opt_level` and emit PTX for `arch`."""
-    with _lock:
-        tm = _target_machine(arch, opt_level)
-        try:
-            module = llvm.parse_assembly(llvm_ir)
-            module.verify()
-        except RuntimeError as exc:
-            raise BackendError(f"cuda: invalid LLVM IR for the NVPTX target: {exc}") from None
-        module.triple = TRIPLE
-        module.data_layout = str(tm.target_data)
-        if opt_level:
-            builder = llvm.create_pass_builder(tm, llvm.create_pipeline_tuning_options(opt_level))
-            builder.getModulePassManager().run(module, builder)
-        ptx = tm.emit_assembly(module)
+def checked(ptx: str) -> str:
+    """`ptx`, which must define a kernel."""
     if ".entry" not in ptx:
         raise BackendError("cuda: the LLVM module defines no kernel; declare kernels as "
                            "`define ptx_kernel void @name(...)`")
     return ptx
 
 
+def ptx_for_module(llvm_ir: str, arch: str = DEFAULT_ARCH, opt_level: int = 3) -> str:
+    """Optimise an LLVM module (text) at `opt_level` and emit PTX for `arch`, in this process."""
+    name, args = ptx_job(llvm_ir, arch, opt_level)
+    try:
+        ptx, _ = llvm_jobs.JOBS[name](*args)
+    except RuntimeError as exc:
+        raise BackendError(f"cuda: invalid LLVM IR for the NVPTX target: {exc}") from None
+    return checked(ptx)
+
+
+@dataclass
+class ProgramPtx:
+    """A program's device code: one PTX module per distinct kernel, by symbol. Its text is the
+    modules one after another; `modules` are what the driver loads (`runtime/module.py`)."""
+
+    modules: dict[str, str] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        if not self.modules:
+            return "// this program runs no kernels of glue's own\n"
+        return "\n".join(f"// kernel {symbol}\n{ptx}" for symbol, ptx in self.modules.items())
+
+
 def ptxas_available() -> bool:
     return shutil.which("ptxas") is not None
 
 
-def assemble(ptx: str, arch: str = DEFAULT_ARCH) -> str:
-    """Run `ptxas -v` on PTX (a check that needs no GPU); returns its resource report
-    (registers, spills, shared memory per kernel). Raises BackendError with ptxas's messages."""
+def assemble(ptx: "str | ProgramPtx", arch: str = DEFAULT_ARCH) -> str:
+    """Run `ptxas -v` on PTX, or on each module of a program's PTX (a check that needs no
+    GPU); returns its resource report (registers, spills, shared memory per kernel). Raises
+    BackendError with ptxas's messages."""
+    if isinstance(ptx, ProgramPtx):
+        return "".join(assemble(module, arch) for module in ptx.modules.values())
     if not ptxas_available():
         raise BackendError("cuda: ptxas is not on the PATH")
     with tempfile.TemporaryDirectory() as tmp:

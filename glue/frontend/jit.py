@@ -20,6 +20,7 @@ import logging
 import os
 import shutil
 import subprocess
+import time
 from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
@@ -194,6 +195,7 @@ class Lowered:
         # bodies are compiled inline, fused with what surrounds them.
         self.lowering: Lowering = backend.lower(inline(closed.graph), donated=donated, name=name,
                                                 **(options or {}))
+        self.trace_seconds = 0.0  # how long tracing took (set by the jitted function that traced it)
 
     @property
     def stages(self) -> tuple[str, ...]:
@@ -255,8 +257,10 @@ def _log_compiled(compiled: "Compiled") -> None:
     stage's text; 3: the generated code too."""
     lowered, level = compiled.lowered, compiled.debug
     out = _debug_log()
+    report = compiled.compile_stats()
     stats = ", ".join(f"{k} {v['seconds'] * 1e3:.1f} ms{' (cached)' if v['cached'] else ''}"
-                      for k, v in compiled.compile_stats().items())
+                      for k, v in report["stages"].items())
+    stats += "; code of " + ", ".join(f"{n} kernels {source}" for source, n in report["cache"].items() if n)
     kernels = "\n".join(f"  {getattr(k, 'name', k)} ({getattr(k, 'kind', '')})" for k in compiled.kernels)
     out.debug("compiled %s for %s: %d kernels; %s\n%s", lowered.name, lowered.backend.name,
               len(compiled.kernels), stats, kernels)
@@ -307,9 +311,32 @@ class Compiled:
         return self.executable.cost_analysis()
 
     def compile_stats(self) -> dict[str, Any]:
-        """Seconds per stage of this program's lowering and compilation (and which came from
-        a cache)."""
-        return {name: {"seconds": t.seconds, "cached": t.cached} for name, t in self.lowered.lowering.timings.items()}
+        """Where this program's compile time went.
+
+        - "stages": seconds of each stage (trace, then the backend's: passes, fuse, plan,
+          program, object or ptx, load, ...), each stage's own time without the stages it
+          built on the way, and whether a cache served it;
+        - "steps": seconds of each step of making the kernels' code, over all kernels ("llvm
+          build", "llvm optimise", "object emission", "disk cache", "link", ...); steps that ran
+          in compile workers overlap, so they may add up to more than their stage's time;
+        - "kernels": per distinct kernel, its symbol, kind, how many plan kernels use it, where
+          its code came from ("built", "disk", "memory") and its steps' seconds;
+        - "cache": how many distinct kernels came from each source;
+        - "seconds": the stages' total.
+        """
+        lowering = self.lowered.lowering
+        stages = {"trace": {"seconds": self.lowered.trace_seconds, "cached": False}}
+        stages.update({name: {"seconds": t.seconds, "cached": t.cached} for name, t in lowering.timings.items()})
+        kernels = list(lowering.kernel_stats.values())
+        steps: dict[str, float] = {}
+        for k in kernels:
+            for step, seconds in k.seconds.items():
+                steps[step] = steps.get(step, 0.0) + seconds
+        cache = {source: sum(k.source == source for k in kernels) for source in ("built", "disk", "memory")}
+        return {"stages": stages, "steps": steps, "cache": cache,
+                "kernels": [{"symbol": k.symbol, "kind": k.kind, "uses": k.uses, "source": k.source,
+                             "seconds": dict(k.seconds)} for k in kernels],
+                "seconds": sum(s["seconds"] for s in stages.values())}
 
     def as_text(self, stage: str = "ir") -> str:
         return self.lowered.as_text(stage)
@@ -347,8 +374,6 @@ class Compiled:
 
     def _timed_call(self, leaves: Sequence[Any]) -> list[Array]:
         """A call under GLUE_DEBUG: its host time, and its time to the results being ready."""
-        import time
-
         start = time.perf_counter()
         self.debug, debug = 0, self.debug
         try:
@@ -411,6 +436,7 @@ class Jitted:
             raise GlueError(f"glue.jit({self.name}): argument {min(both)} is in both static_argnums and "
                             f"donate_argnums {describe_location(user_frame_location())}")
         self._traced: dict[Signature, tuple[ClosedGraph, PyTreeDef]] = {}
+        self._trace_seconds: dict[Signature, float] = {}
         self._compiled: dict[Signature, Compiled] = {}
         # The last call's signature and program, and where its arguments were glue.Arrays or flat
         # lists or tuples of them, their layout and types (`_array_layout`): a call passing Arrays
@@ -428,8 +454,10 @@ class Jitted:
             if self._last is not None and current_trace() is None:
                 log.info("glue.jit: retracing %s because %s", self.name, sig.explain_difference(self._last))
             flat = self.spec.flat_fn(sig)
+            start = time.perf_counter()
             with profiler.span("compile", f"trace {self.name}"):
                 closed = trace_flat(flat, sig.types, self.name)
+            self._trace_seconds[sig] = time.perf_counter() - start
             self._traced[sig] = (closed, flat.out_tree[-1])
         if current_trace() is None:
             self._last = sig
@@ -438,8 +466,10 @@ class Jitted:
 
     def lower(self, *args: Any, **kwargs: Any) -> Lowered:
         closed, out_tree, sig, _ = self.trace(*args, **kwargs)
-        return Lowered(self.name, closed, out_tree, sig, get_backend(self.backend_name),
-                       self._donated_leaves(sig, args), self.spec, self.backend_options)
+        lowered = Lowered(self.name, closed, out_tree, sig, get_backend(self.backend_name),
+                          self._donated_leaves(sig, args), self.spec, self.backend_options)
+        lowered.trace_seconds = self._trace_seconds.get(sig, 0.0)
+        return lowered
 
     def _donated_leaves(self, sig: Signature, args: tuple) -> tuple[int, ...]:
         """Positions among the graph's invars of the leaves of donated positional arguments."""

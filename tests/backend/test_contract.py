@@ -116,8 +116,25 @@ def test_an_unwritable_dump_directory_is_a_glue_error(tmp_path):
             glue.jit(lambda x: x + 1, backend="cpu")(np.ones(3, np.float32))
 
 
-def test_compile_stats_time_every_stage():
-    compiled = glue.jit(lambda x: gnp.exp(x) * 2, backend="cpu").lower(np.ones(16, np.float32)).compile()
+def test_compile_stats_time_every_stage_and_kernel():
+    def f(x):
+        return gnp.exp(x) * 2, (x * x).sum()
+
+    x = np.ones((5, 29), np.float32)  # a shape no other test compiles: every kernel is built
+    with config.override(cache_dir=""):
+        compiled = glue.jit(f, backend="cpu").lower(x).compile()
+        again = glue.jit(f, backend="cpu").lower(x).compile()
     stats = compiled.compile_stats()
-    assert {"plan", "llvm", "object", "load"} <= set(stats)
-    assert all(s["seconds"] >= 0 for s in stats.values())
+    assert ["trace", "passes", "fuse", "plan", "program", "object", "load"] == [
+        s for s in stats["stages"] if s in ("trace", "passes", "fuse", "plan", "program", "object", "load")]
+    assert all(s["seconds"] >= 0 for s in stats["stages"].values())
+    assert stats["seconds"] == pytest.approx(sum(s["seconds"] for s in stats["stages"].values()))
+    kernels = stats["kernels"]
+    assert len(kernels) == len(compiled.kernels) == 2 and stats["cache"] == {"built": 2, "disk": 0, "memory": 0}
+    for k in kernels:
+        assert k["source"] == "built" and k["uses"] == 1
+        assert {"llvm build", "llvm optimise", "object emission", "link"} <= set(k["seconds"])
+    assert set(stats["steps"]) >= {"llvm build", "llvm optimise", "object emission", "link"}
+    # the same kernels again, while the first program lives: this process's memory serves them
+    assert again.compile_stats()["cache"] == {"built": 0, "disk": 0, "memory": 2}
+    assert again.compile_stats()["stages"]["object"]["cached"]

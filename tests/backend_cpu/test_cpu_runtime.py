@@ -12,6 +12,7 @@ import glue.nn as nn
 import glue.numpy as gnp
 from glue.backend_cpu import CpuBackend, runtime, target
 from glue.backend import default_backend_name
+from glue.backend.workers import Jobs
 from glue.errors import GlueError
 
 RNG = np.random.default_rng(7)
@@ -46,8 +47,8 @@ def test_results_are_identical_on_one_thread_and_on_all(name, monkeypatch):
     with config.override(cpu_parallel_threshold=0):
         one = _compile(fn, *args, threads=1, monkeypatch=monkeypatch)
         many = _compile(fn, *args, threads=2, monkeypatch=monkeypatch)
-    assert all(len(chunks) == 1 for _, chunks in one._steps)
-    assert any(len(chunks) == 2 for _, chunks in many._steps), "the big kernel was not split"
+    assert all(len(step.chunks) == 1 for step in one._steps)
+    assert any(len(step.chunks) == 2 for step in many._steps), "the big kernel was not split"
     np.testing.assert_array_equal(np.asarray(one(*args)[0]), np.asarray(many(*args)[0]))
 
 
@@ -81,13 +82,15 @@ def test_hot_loops_use_packed_vector_instructions(fn, shapes):
         assert len(_packed_float_ops(asm, kernel.symbol)) >= 8, kernel.name
 
 
-def test_llvm_stage_is_the_module_and_asm_is_optimised_code():
+def test_llvm_stage_is_the_modules_and_asm_is_optimised_code():
     lowered = glue.jit(nn.softmax, backend="cpu").lower(np.ones((4, 8), np.float32))
     assert {"llvm", "asm", "kernels", "memory", "fusion", "optimized", "graph"} <= set(lowered.stages)
     llvm_ir = lowered.as_text("llvm")
-    assert re.search(r'define void @"?glue_softmax_0', llvm_ir) and "noalias" in llvm_ir
-    assert target.host().triple in llvm_ir
-    assert "glue_softmax_0" in lowered.as_text("asm")
+    symbols = [source.symbol for source in lowered.lowering["program"].sources.values()]
+    for symbol in symbols:
+        assert re.search(rf'define void @"?{symbol}"?\(', llvm_ir)
+        assert symbol in lowered.as_text("asm")
+    assert "noalias" in llvm_ir and target.host().triple in llvm_ir
 
 
 def test_memory_and_cost_analysis():
@@ -162,10 +165,10 @@ def test_code_calling_a_missing_function_is_refused_not_run():
     ir_text = (f'target triple = "{target.host().triple}"\n'
                "declare void @glue_no_such_function()\n"
                "define void @f() {\n  call void @glue_no_such_function()\n  ret void\n}\n")
-    code, _ = target.object_code(ir_text)
+    code, _ = Jobs(1).submit(*target.Pipeline().job(ir_text)).result()
     assert target.undefined_symbols(code) == ["glue_no_such_function"]
     with pytest.raises(GlueError, match="glue_no_such_function"):
-        target.LoadedCode(code, ["f"])
+        target.LoadedCode([code], ["f"])
 
 
 def _scale_shift(x, w):
@@ -185,3 +188,14 @@ def test_large_outputs_are_written_with_non_temporal_stores(fn, shape, monkeypat
     got = np.asarray(lowered.compile()(*args))
     want = np.asarray(glue.jit(fn, backend="reference")(*args))
     np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-6)
+
+
+def test_each_kernel_class_gets_its_optimisation_pipeline():
+    from glue.backend_cpu.target import Pipeline
+
+    x, w = np.ones((64, 64), np.float32), np.ones((64, 64), np.float32)
+    for opt_level, full, cheap in ((3, Pipeline(3, True), Pipeline(2, False)), (1, Pipeline(1, True), Pipeline(1, False))):
+        program = glue.jit(lambda x, w: nn.softmax(x @ w), backend="cpu",
+                           backend_options={"opt_level": opt_level}).lower(x, w).lowering["program"]
+        pipelines = {program.sources[k].kernel.kind: program.module(k).pipeline for k in program.sources}
+        assert pipelines == {"contraction": full, "reduction": cheap}

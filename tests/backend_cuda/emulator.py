@@ -162,11 +162,13 @@ def host_ir(nvptx_ir: str) -> str:
 
 
 class _Engine:
-    def __init__(self, nvptx_ir: str):
+    def __init__(self, nvptx_modules: list[str]):
         llvm.initialize_native_target()
         llvm.initialize_native_asmprinter()
         _runtime()
-        module = llvm.parse_assembly(host_ir(nvptx_ir))
+        module = llvm.parse_assembly("")
+        for text in nvptx_modules:  # one module per distinct kernel, linked into one
+            module.link_in(llvm.parse_assembly(host_ir(text)))
         module.verify()
         # The host's own features: F16C converts half precision without libcalls.
         target = llvm.Target.from_default_triple().create_target_machine(
@@ -234,7 +236,7 @@ class _Machine:
 
     def engine(self, program: CudaProgram) -> _Engine:
         if id(program) not in self.engines:
-            self.engines[id(program)] = _Engine(program.llvm_ir)
+            self.engines[id(program)] = _Engine(list(program.llvm_modules().values()))
         return self.engines[id(program)]
 
     def address(self, source: tuple[int, int]) -> int:

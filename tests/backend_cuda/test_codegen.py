@@ -52,9 +52,9 @@ def test_workload_ptx_names_bounds_and_vectors(name):
     _, low = _lowered(fn, args)
     ptx = low.as_text("ptx")
     entries = re.findall(r"\.entry (\w+)\(", ptx)
-    assert len(entries) == len(low["plan"].kernels)
-    for entry, kernel in zip(entries, low["plan"].kernels):
-        assert kernel.ops[0] in entry
+    assert len(entries) == len({launch.symbol for launch in low["llvm"].launches})
+    for launch in low["llvm"].launches:
+        assert launch.kernel.ops[0] in launch.symbol
     assert len(re.findall(r"^\.maxntid \d+", ptx, re.M)) == len(entries)
     kinds = {"pointwise", "reduction", "contraction", "data"}
     assert all(launch.kind in kinds and launch.name in entries for launch in low["llvm"].launches)
@@ -71,7 +71,7 @@ def test_workload_ptx_names_bounds_and_vectors(name):
 def test_workload_ptx_assembles_without_spills(name, arch):
     fn, specs = WORKLOADS[name]
     closed = glue.make_ir(fn)(*rng_arrays(0, *specs))
-    report = assemble(CudaBackend().lower(closed.graph, arch=arch, gemm="codegen").as_text("ptx"), arch)
+    report = assemble(CudaBackend().lower(closed.graph, arch=arch, gemm="codegen")["ptx"], arch)
     assert "bytes spill" in report
     assert not re.search(r"[1-9]\d* bytes spill", report), report
 
@@ -87,7 +87,7 @@ def test_model_shapes_keep_rows_in_registers_without_spills():
         closed = glue.make_ir(fn)(*zeros(specs))
         low = CudaBackend().lower(closed.graph, arch="sm_90", gemm="codegen")
         assert low["llvm"].launches[0].strategy.startswith("rows registers"), low["llvm"].launches[0].strategy
-        report = assemble(low.as_text("ptx"))
+        report = assemble(low["ptx"])
         assert not re.search(r"[1-9]\d* bytes spill", report), report
 
 
@@ -101,9 +101,9 @@ def test_kernels_await_their_producers_before_touching_memory_on_sm90(name):
     closed = glue.make_ir(fn)(*rng_arrays(0, *specs))
     for arch, dependent in (("sm_90", True), ("sm_80", False)):
         low = CudaBackend().lower(closed.graph, arch=arch, gemm="codegen")
-        bodies = re.split(r"\.entry ", low.as_text("ptx"))[1:]
-        assert len(bodies) == len(low["llvm"].launches)
-        for body, launch in zip(bodies, low["llvm"].launches):
+        bodies = {symbol: ptx[ptx.index(".entry "):] for symbol, ptx in low["ptx"].modules.items()}
+        for launch in low["llvm"].launches:
+            body = bodies[launch.symbol]
             assert launch.dependent is dependent
             wait = body.find("griddepcontrol.wait")
             assert (wait >= 0) is dependent
@@ -195,7 +195,8 @@ def test_random_programs_match_the_reference(data):
 def test_random_programs_assemble(graph):
     plan = schedule(graph)
     for arch in ARCHS + ["sm_75"]:
-        assemble(ptx_for_module(build_program(plan, "random", arch).llvm_ir, arch), arch)
+        for module in build_program(plan, "random", arch).llvm_modules().values():
+            assemble(ptx_for_module(module, arch), arch)
 
 
 @needs_cc
@@ -227,5 +228,6 @@ def test_full_range_integers_match_the_reference(group, dtype):
         for i, (got, want) in enumerate(zip(emulator.run_program(program, args), run_graph(graph, args))):
             assert integer_cases.same(got, want), f"output {i} of\n{graph}\ninputs {args}\ngot {got!r}\nwant {want!r}"
         if ptxas_available():
-            assemble(ptx_for_module(program.llvm_ir, "sm_90"), "sm_90")
+            for module in program.llvm_modules().values():
+                assemble(ptx_for_module(module, "sm_90"), "sm_90")
     check()

@@ -77,7 +77,7 @@ def test_the_library_variant_writes_out_only_what_it_cannot_read_in_place():
     def launches(fn, shapes, dtype):
         closed = glue.make_ir(fn)(*_args(shapes, dtype))
         program = CudaBackend().lower(closed.graph, gemm="library")["llvm"]
-        return [l.symbol.split("_")[-1] if l.library is None else "gemm" for l in program.launches]
+        return [l.kernel.name.split("_")[0] if l.library is None else "gemm" for l in program.launches]
 
     assert launches(*CASES["NT bf16"]) == ["gemm"]
     assert launches(*CASES["bias gelu"]) == ["gemm", "epilogue"]

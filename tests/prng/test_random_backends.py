@@ -70,7 +70,8 @@ def test_every_backend_gives_the_same_numbers(name, partitionable):
         for i, (got, w, d) in enumerate(zip(emulator.run_program(program, args), want, dtypes)):
             _same(got, w, exact, d, f"{name}: cuda output {i}")
         if ptxas_available():
-            assemble(ptx_for_module(program.llvm_ir, "sm_90"), "sm_90")
+            for module in program.llvm_modules().values():
+                assemble(ptx_for_module(module, "sm_90"), "sm_90")
 
 
 def test_eager_calls_and_jit_agree():

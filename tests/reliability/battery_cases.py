@@ -368,7 +368,7 @@ case("argnums_negative_counts_from_the_end", """
 
 _CACHE_SETUP = """
     import glob, hashlib, tempfile
-    from glue.backend_cpu.target import DISK
+    from glue.backend_cpu.code import DISK
     os.environ["GLUE_CACHE_DIR"] = tempfile.mkdtemp()
     entries = lambda: set(glob.glob(os.path.join(DISK.directory(), "*", "*")))
     plus_one = lambda x: x + 1.0

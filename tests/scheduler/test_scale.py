@@ -104,8 +104,10 @@ def test_the_cpu_backend_compiles_and_matches_the_reference(program):
 def test_ptx_for_sm_90(program):
     graph = program[3]
     plan = schedule(graph, (), MAX_STREAMS)
-    ptx = ptx_for_module(build_program(plan, "long", "sm_90").llvm_ir, "sm_90")
-    assert ptx.count(".entry") == len(plan.kernels)
+    program = build_program(plan, "long", "sm_90")
+    ptx = [ptx_for_module(module, "sm_90") for module in program.llvm_modules().values()]
+    assert all(text.count(".entry") == 1 for text in ptx)
+    assert len(ptx) == len(program.kernels) == len({launch.symbol for launch in program.launches})
 
 
 def test_fusion_work_grows_linearly_with_the_program(monkeypatch):

@@ -1,23 +1,42 @@
-"""Kernel IR -> LLVM IR for the NVPTX target: one module per program, one kernel per Kernel.
+"""Kernel IR -> LLVM IR for the NVPTX target: one module per distinct kernel of a program.
 
 `build_program(plan)` maps each kernel onto the GPU by its class (`pointwise.py`, `rows.py`,
 `contraction.py`, `data.py`; `common.py` holds what they share) and records how to launch it:
 grid, block, and the memory place of each pointer parameter. A contraction may also, or
 instead, be served by cuBLASLt (`library.py`): its launches then form the variant "library" of
 that plan kernel beside the variant "codegen", and the executor runs one (`glue.config.gemm`
-forces either; "auto" races them). Kernel symbols carry the program
-name, the kernel's position and the ops it fuses; each kernel declares its block size as its
-launch bound (`.maxntid`), which lets ptxas budget registers for exactly that many threads.
+forces either; "auto" races them). Each kernel declares its block size as its launch bound
+(`.maxntid`), which lets ptxas budget registers for exactly that many threads. A column
+reduction split over blocks (`columns.py`) claims working memory: its stream's scratch region
+and zeroed counters of its own, passed as parameters after its operands. A call kernel (control
+flow, a print) is a launch without a grid holding its plan; its bodies are lowered as programs
+of their own (see steps.py).
+
+Kernels are code by their structural key (`glue.backend.kernel_key`: the kernel IR up to names,
+the aliasing of its operands, which inputs are constant arguments, the arch and the settings
+the emitters read): the launches of identical kernels (a model's layers) share one
+`DeviceKernel`, its symbol made of its first fused ops and its key. A kernel's code is found in
+this process's memory, in the disk cache (its PTX and how it launches, so a warm start emits no
+LLVM at all), or else emitted here into a module of its own; `ptx.py` compiles the missing
+modules side by side.
 """
 from __future__ import annotations
 
+import json
 import logging
 import re
-from dataclasses import dataclass, field, replace
+import time
+import weakref
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import llvmlite
 from llvmlite import ir
 
+from glue.backend.cache import DiskCache, code_version, digest
+from glue.backend.contract import KernelStats
+from glue.backend.kernel_key import aliases, kernel_key
+from glue.backend.workers import Jobs
 from glue.backend_cuda import cublaslt
 from glue.backend_cuda.codegen.columns import ColumnPlan, columns_fit, emit_columns
 from glue.backend_cuda.codegen.common import KernelEmitter, Launch, Place
@@ -26,25 +45,88 @@ from glue.backend_cuda.codegen.data import emit_data
 from glue.backend_cuda.codegen.library import library_launches
 from glue.backend_cuda.codegen.pointwise import emit_pointwise
 from glue.backend_cuda.codegen.rows import emit_rows
-from glue.backend_cuda.ptx import DEFAULT_ARCH
+from glue.backend_cuda.ptx import DEFAULT_ARCH, ProgramPtx, checked, ptx_job
 from glue.codegen.scope import Analysis
+from glue.errors import BackendError
 from glue.ir import Graph, TensorType
 from glue.scheduler.calls import call_plan
 from glue.scheduler.gemm import GemmSpec, gemm_spec
 from glue.scheduler.kernel_ir import Kernel
 from glue.scheduler.memory import Placement
 from glue.scheduler.plan import Plan, Result
+from glue.settings import config
 
 log = logging.getLogger("glue")
+
+
+@dataclass(frozen=True)
+class KernelShape:
+    """How a distinct kernel launches, as its emitter decided: a 1-d grid of `grid` blocks of
+    `block` threads; `dependent`: it waits for its producers itself (may launch early);
+    `min_blocks`: blocks that must fit on a multiprocessor (0: no floor)."""
+
+    grid: int
+    block: int
+    strategy: str
+    dependent: bool = False
+    min_blocks: int = 0
+
+
+@dataclass(frozen=True)
+class _Recipe:
+    """What a kernel's module is emitted from: the first launch of its code."""
+
+    kernel: Kernel
+    symbol: str
+    inputs: tuple[Place, ...]
+    outputs: tuple[Place, ...]
+    arch: str
+    written: frozenset[Place]
+    columns: bool = False              # a reduction over columns (columns.py), not rows
+    extra: tuple[Place, ...] = ()      # its working memory, when split over blocks
+
+    def emit(self) -> tuple[str, KernelShape]:
+        module = ir.Module(name=self.symbol)
+        ke = KernelEmitter(module, self.kernel, self.symbol, list(self.inputs), list(self.outputs), self.arch,
+                           self.written, list(self.extra))
+        if self.columns:
+            shape = emit_columns(ke, ColumnPlan(self.kernel, ke.analysis))
+        else:
+            shape = emit_contraction(ke) if self.kernel.kind == "contraction" else None
+            if shape is None:
+                shape = _EMIT.get(self.kernel.kind, emit_rows)(ke)
+        facts = KernelShape(*shape, ke.awaited, ke.min_blocks)
+        return _launch_bounds(str(module), self.symbol, facts), facts
+
+
+@dataclass(eq=False)
+class DeviceKernel:
+    """One distinct kernel's device code: its symbol, how it launches, its PTX once compiled
+    (from the disk cache, or by `ptx.py`), and how to emit its LLVM module."""
+
+    key: bytes
+    symbol: str
+    kind: str
+    shape: KernelShape
+    recipe: _Recipe
+    ptx: str | None = None
+    _llvm_ir: str | None = field(default=None, repr=False)
+
+    @property
+    def llvm_ir(self) -> str:
+        """Its LLVM module (emitted again when the code came from a cache)."""
+        if self._llvm_ir is None:
+            self._llvm_ir = self.recipe.emit()[0]
+        return self._llvm_ir
 
 
 @dataclass
 class CudaProgram:
     plan: Plan
-    llvm_ir: str
     launches: list[Launch]
     arch: str = DEFAULT_ARCH
     scratch: tuple[int, ...] = ()  # bytes of each stream's scratch region (library operands, partials)
+    kernels: dict[str, DeviceKernel] = field(default_factory=dict)  # by symbol, each distinct kernel once
     counters: int = 0              # bytes of zeroed counters (column reductions' last-block counts)
     bodies: dict[int, list[Any]] = field(default_factory=dict)  # call kernel -> its bodies' lowerings
 
@@ -64,8 +146,26 @@ class CudaProgram:
     def results(self) -> list[Result]:
         return self.plan.results()
 
+    def llvm_modules(self) -> dict[str, str]:
+        """Each distinct kernel's LLVM module, by symbol."""
+        return {symbol: k.llvm_ir for symbol, k in self.kernels.items()}
+
+    @property
+    def llvm_ir(self) -> str:
+        """Every distinct kernel's module, each headed by the launches that run it."""
+        users: dict[str, list[str]] = {symbol: [] for symbol in self.kernels}
+        for launch in self.launches:
+            if launch.symbol in users:
+                users[launch.symbol].append(f"{launch.group}:{launch.kernel.name}")
+        return "\n".join(f"; kernel {symbol}, launched for plan kernels {', '.join(users[symbol])}\n{k.llvm_ir}"
+                         for symbol, k in self.kernels.items())
+
 
 _EMIT = {"pointwise": emit_pointwise, "data": emit_data, "reduction": emit_rows}
+DISK = DiskCache("cuda-ptx")
+# Emitter settings (rows.py): part of every kernel's key.
+CODEGEN_SETTINGS = ("cuda_online_row_elements",)
+_known: "weakref.WeakValueDictionary[bytes, DeviceKernel]" = weakref.WeakValueDictionary()
 
 
 def _place(p: Placement) -> Place:
@@ -78,19 +178,62 @@ def _symbol(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_]", "_", text)
 
 
-def _launch_bounds(llvm_ir: str, launches: list[Launch]) -> str:
-    """Declare each kernel's block size (`.maxntid`) and the blocks that must fit on a
+def _launch_bounds(llvm_ir: str, symbol: str, shape: KernelShape) -> str:
+    """Declare the kernel's block size (`.maxntid`) and the blocks that must fit on a
     multiprocessor where its emitter asks (`.minnctapersm`); llvmlite cannot attach string
     attributes."""
-    for launch in launches:
-        if launch.library is not None or launch.call is not None:
-            continue
-        bounds = f'"nvvm.maxntid"="{launch.block}"'
-        if launch.min_blocks:
-            bounds += f' "nvvm.minctasm"="{launch.min_blocks}"'
-        header = re.compile(rf'^(define ptx_kernel void @"{launch.symbol}"\(.*\))$', re.M)
-        llvm_ir = header.sub(lambda m: f'{m.group(1)} {bounds}', llvm_ir, count=1)
-    return llvm_ir
+    bounds = f'"nvvm.maxntid"="{shape.block}"'
+    if shape.min_blocks:
+        bounds += f' "nvvm.minctasm"="{shape.min_blocks}"'
+    header = re.compile(rf'^(define ptx_kernel void @"{symbol}"\(.*\))$', re.M)
+    return header.sub(lambda m: f'{m.group(1)} {bounds}', llvm_ir, count=1)
+
+
+def _disk_key(key: bytes) -> bytes:
+    return digest("cuda kernel ptx", key)
+
+
+def _stored(key: bytes, recipe: _Recipe) -> DeviceKernel | None:
+    """The kernel's PTX and launch shape from the disk cache, or None."""
+    payload = DISK.load(_disk_key(key))
+    if payload is None:
+        return None
+    head, _, ptx = payload.partition(b"\n")
+    try:
+        facts = json.loads(head)
+        shape = KernelShape(**facts["shape"])
+        return DeviceKernel(key, facts["symbol"], recipe.kernel.kind, shape, recipe, ptx.decode())
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _store(kernel: DeviceKernel) -> None:
+    """Put a compiled kernel (its PTX) in the disk cache and in this process's memory."""
+    facts = {"symbol": kernel.symbol, "shape": vars(kernel.shape)}
+    DISK.store(_disk_key(kernel.key), json.dumps(facts).encode() + b"\n" + kernel.ptx.encode())
+    _known[kernel.key] = kernel
+
+
+def compile_ptx(program: CudaProgram, opt_level: int, stats: dict[str, KernelStats]) -> ProgramPtx:
+    """The PTX of every distinct kernel of `program`: what the caches held, and the rest
+    compiled side by side (the compile workers) and stored."""
+    missing = [k for k in program.kernels.values() if k.ptx is None]
+    jobs = Jobs(len(missing))
+    futures = [(k, jobs.submit(*ptx_job(k.llvm_ir, program.arch, opt_level), label=k.symbol)) for k in missing]
+    for kernel, future in futures:
+        try:
+            ptx, seconds = future.result()
+        except RuntimeError as exc:
+            raise BackendError(f"cuda: invalid LLVM IR for the NVPTX target in {kernel.symbol}: {exc}") from None
+        kernel.ptx = checked(ptx)
+        for step, spent in seconds.items():
+            stats[kernel.symbol].add(step, spent)
+        start = time.perf_counter()
+        _store(kernel)
+        stats[kernel.symbol].add("disk cache", time.perf_counter() - start)
+    for kernel in program.kernels.values():
+        _known[kernel.key] = kernel
+    return ProgramPtx({symbol: k.ptx for symbol, k in program.kernels.items()})
 
 
 class _Memory:
@@ -115,27 +258,62 @@ class _Memory:
         return tuple(self.scratch.get(s, 0) for s in range(max(self.scratch, default=-1) + 1))
 
 
-def _emit(module: ir.Module, kernel: Kernel, symbol: str, inputs: list[Place], outputs: list[Place],
-          arch: str, written: frozenset[Place], memory: _Memory | None = None, stream: int = 0) -> Launch:
-    """One of glue's own kernels, emitted by its class (a column reduction claims working
-    memory from `memory`, on `stream`)."""
-    analysis = Analysis()
-    if kernel.kind == "reduction" and memory is not None and columns_fit(kernel, analysis):
-        plan = ColumnPlan(kernel, analysis)
-        extra = [memory.claim_scratch(stream, plan.scratch_bytes), memory.claim_counters(plan.counter_bytes)] \
-            if plan.splits > 1 else []
-        ke = KernelEmitter(module, kernel, symbol, inputs, outputs, arch, written, extra)
-        shape = emit_columns(ke, plan)
-    else:
-        ke = KernelEmitter(module, kernel, symbol, inputs, outputs, arch, written)
-        shape = emit_contraction(ke) if kernel.kind == "contraction" else None
-        if shape is None:
-            shape = _EMIT.get(kernel.kind, emit_rows)(ke)
-    grid, block, strategy = shape
-    copy = None
-    if kernel.init is not None and inputs[kernel.init] != outputs[0]:
-        copy = (outputs[0], inputs[kernel.init], kernel.outputs[0].type.nbytes)
-    return Launch(symbol, kernel, grid, block, ke.places, strategy, copy, ke.awaited, ke.min_blocks)
+class _Builder:
+    """Finds or emits the code of each launch of one program."""
+
+    def __init__(self, arch: str, opt_level: int, written: frozenset[Place], stats: dict[str, KernelStats]):
+        self.arch = arch
+        self.written = written
+        self.stats = stats
+        settings = ",".join(f"{name}={config.read(name)!r}" for name in CODEGEN_SETTINGS)
+        self.context = ("cuda kernel", code_version(), arch, f"opt_level={opt_level}",
+                        f"llvmlite {llvmlite.__version__}", settings)
+        self.kernels: dict[str, DeviceKernel] = {}
+        self._by_key: dict[bytes, DeviceKernel] = {}
+
+    def code(self, kernel: Kernel, inputs: list[Place], outputs: list[Place], columns: bool = False,
+             extra: tuple[Place, ...] = ()) -> DeviceKernel:
+        constant = sorted(i for i, p in enumerate(inputs) if p.kind == "argument" and p not in self.written)
+        label = _symbol("_".join(kernel.ops[:5]))[:60]
+        key = kernel_key(kernel, aliases(inputs + outputs + list(extra)), *self.context, f"constant inputs {constant}",
+                         f"columns={columns} working memory {len(extra)}", label)
+        found = self._by_key.get(key)
+        if found is not None:
+            return found
+        recipe = _Recipe(kernel, f"glue_{label}_{key.hex()[:16]}", tuple(inputs), tuple(outputs), self.arch,
+                         self.written, columns, extra)
+        start = time.perf_counter()
+        found, source = _known.get(key), "memory"
+        if found is None:
+            found, source = _stored(key, recipe), "disk"
+        cached = time.perf_counter()
+        if found is None:
+            text, shape = recipe.emit()
+            found, source = DeviceKernel(key, recipe.symbol, kernel.kind, shape, recipe, None, text), "built"
+        stats = self.stats.setdefault(found.symbol, KernelStats(found.symbol, kernel.kind, 0, source))
+        stats.add("disk cache" if source == "disk" else "memory cache", cached - start)
+        if source == "built":
+            stats.add("llvm build", time.perf_counter() - cached)
+        self._by_key[key] = self.kernels[found.symbol] = found
+        return found
+
+    def launch(self, kernel: Kernel, inputs: list[Place], outputs: list[Place], group: int,
+               memory: _Memory | None = None, stream: int = 0) -> Launch:
+        """A launch of glue's own kernel over these places (a column reduction claims working
+        memory from `memory`, on `stream`; without it, it reduces by rows)."""
+        columns, extra = False, ()
+        if kernel.kind == "reduction" and memory is not None and columns_fit(kernel, Analysis()):
+            columns, plan = True, ColumnPlan(kernel, Analysis())
+            if plan.splits > 1:
+                extra = (memory.claim_scratch(stream, plan.scratch_bytes), memory.claim_counters(plan.counter_bytes))
+        code = self.code(kernel, inputs, outputs, columns, extra)
+        self.stats[code.symbol].uses += 1
+        copy = None
+        if kernel.init is not None and inputs[kernel.init] != outputs[0]:
+            copy = (outputs[0], inputs[kernel.init], kernel.outputs[0].type.nbytes)
+        shape = code.shape
+        return Launch(code.symbol, kernel, shape.grid, shape.block, tuple(dict.fromkeys(inputs + outputs + list(extra))),
+                      shape.strategy, copy, shape.dependent, shape.min_blocks, group)
 
 
 def gemm_variants(spec: GemmSpec | None, choice: str = "auto") -> tuple[str, ...]:
@@ -165,17 +343,17 @@ def _note_once(message: str) -> None:
 
 
 def build_program(plan: Plan, name: str = "fn", arch: str = DEFAULT_ARCH, gemm: str = "auto",
+                  opt_level: int = 3, stats: dict[str, KernelStats] | None = None,
                   lower_body: Callable[[Graph], Any] | None = None) -> CudaProgram:
-    """One LLVM module with a kernel per plan kernel for `arch` (and the launches of each
-    contraction's library variant), and how to launch each. A call kernel (control flow, a
-    print) is a launch without a grid holding its plan; `lower_body` lowers each of its bodies
-    as a program of its own (see steps.py)."""
+    """The launches of `plan`'s kernels for `arch` (and of each contraction's library variant),
+    each distinct kernel's code found or emitted once; `stats` receives each distinct kernel's
+    source and timings. `lower_body` lowers each body of a call kernel as a program of its own."""
     placements = plan.memory.placements
-    module = ir.Module(name=_symbol(name))
     launches: list[Launch] = []
     memory = _Memory()
     bodies: dict[int, list[Any]] = {}
     written = frozenset(_place(placements[b.value_id]) for kernel in plan.kernels for b in kernel.outputs)
+    builder = _Builder(arch, opt_level, written, {} if stats is None else stats)
     for i, kernel in enumerate(plan.kernels):
         inputs = [_place(placements[b.value_id]) for b in kernel.inputs]
         outputs = [_place(placements[b.value_id]) for b in kernel.outputs]
@@ -191,17 +369,16 @@ def build_program(plan: Plan, name: str = "fn", arch: str = DEFAULT_ARCH, gemm: 
         variants = gemm_variants(spec, gemm)
         stream = plan.streams.streams[i]
         if "codegen" in variants:
-            launches.append(replace(_emit(module, kernel, symbol, inputs, outputs, arch, written, memory, stream),
-                                    group=i))
+            launches.append(builder.launch(kernel, inputs, outputs, i, memory, stream))
         if "library" in variants:
-            def emit(k: Kernel, ins: list[Place], outs: list[Place], sym: str) -> Launch:
-                return _emit(module, k, sym, ins, outs, arch, written)
+            def emit(k: Kernel, ins: list[Place], outs: list[Place], _symbol: str) -> Launch:
+                return builder.launch(k, ins, outs, i)
 
             served, need = library_launches(spec, i, symbol, inputs, outputs, stream, emit)
             launches += served
             memory.claim_scratch(stream, need)
-    return CudaProgram(plan, _launch_bounds(str(module), launches), launches, arch, memory.regions(),
-                       memory.counters, bodies)
+    return CudaProgram(plan, launches, arch, memory.regions(), builder.kernels, memory.counters, bodies)
 
 
-__all__ = ["CudaProgram", "Launch", "Place", "Result", "build_program", "gemm_variants"]
+__all__ = ["CudaProgram", "DeviceKernel", "KernelShape", "Launch", "Place", "Result", "build_program",
+           "compile_ptx", "gemm_variants"]

@@ -3,7 +3,11 @@
 `ModuleCache.load(ptx)` compiles PTX to a cubin with the driver's JIT linker (errors come back
 with ptxas's log), keeps the loaded module in memory and the cubin in the disk cache
 (`glue.backend.cache`, namespace "cuda"), keyed by the PTX, the device's arch and the driver
-version, so a later process skips the JIT.
+version, so a later process skips the JIT. A program's PTX (`ptx.ProgramPtx`) is one module per
+distinct kernel: each is cached on its own, so programs share their identical kernels and a
+changed program JIT-compiles only its new ones, several at a time on host threads (the driver's
+JIT runs outside the GIL); `load` then returns a `ProgramModule` that finds each kernel in its
+module.
 
 Each kernel's parameter list is read from its PTX `.entry`, so a launch checks the argument count
 and packs the values with one precompiled `struct` call into a parameter block whose pointer
@@ -16,10 +20,16 @@ import ctypes
 import re
 import struct
 import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
+from glue import profiler
 from glue.backend.cache import DiskCache, digest
+from glue.backend.contract import KernelStats
+from glue.backend.workers import worker_count
+from glue.backend_cuda.ptx import ProgramPtx
 from glue.backend_cuda.runtime import driver as drv
 from glue.settings import config
 
@@ -243,37 +253,89 @@ class Module:
         return kernel
 
 
+class ProgramModule:
+    """A program's kernels, each in the module of its own PTX."""
+
+    def __init__(self, modules: dict[str, Module]):
+        self._modules = modules
+
+    @property
+    def kernel_names(self) -> list[str]:
+        return list(self._modules)
+
+    def get_function(self, name: str) -> Kernel:
+        module = self._modules.get(name)
+        if module is None:
+            raise drv.CudaUsageError(f"cuda: no kernel {name!r} in this program; it has {self.kernel_names}")
+        return module.get_function(name)
+
+
 class ModuleCache:
     """Loaded modules of one context, by PTX; compiled cubins on disk."""
 
     def __init__(self, ctx: Context):
         self.ctx = ctx
-        self._modules: dict[str, Module] = {}
+        self._modules: dict[bytes, Module] = {}
         self._lock = threading.Lock()
         self.counts = {"memory_hits": 0, "disk_hits": 0, "compiles": 0, "loads": 0}
 
     def key(self, ptx: str) -> bytes:
         return digest("cuda cubin", self.ctx.device.arch, str(drv.version()), ptx)
 
-    def load(self, ptx: str, name: str = "glue") -> Module:
-        """The module for `ptx`, compiling and loading it only the first time."""
-        key = self.key(ptx)
+    def load(self, ptx: str | ProgramPtx, name: str = "glue",
+             stats: dict[str, KernelStats] | None = None) -> Module | ProgramModule:
+        """The module for `ptx` (for a program's PTX, one per kernel), compiling and loading
+        each only the first time; `stats` receives each kernel's cache and JIT seconds."""
+        if isinstance(ptx, str):
+            return self._load_all({name: ptx}, {})[name]
+        return ProgramModule(self._load_all(ptx.modules, {} if stats is None else stats))
+
+    def _load_all(self, sources: dict[str, str], stats: dict[str, KernelStats]) -> dict[str, Module]:
+        def note(symbol: str, step: str, seconds: float) -> None:
+            if symbol in stats:
+                stats[symbol].add(step, seconds)
+
         with self._lock:
-            module = self._modules.get(key)
-            if module is not None:
-                self.counts["memory_hits"] += 1
-                return module
-            cubin = DISK.load(key)
-            if cubin is None:
-                cubin = self._compile(ptx, name)
-                DISK.store(key, cubin)
-            else:
-                self.counts["disk_hits"] += 1
+            modules, cubins = {}, {}
+            keys = {symbol: self.key(ptx) for symbol, ptx in sources.items()}
+            for symbol, key in keys.items():
+                modules[symbol] = self._modules.get(key)
+                if modules[symbol] is not None:
+                    self.counts["memory_hits"] += 1
+                    continue
+                start = time.perf_counter()
+                cubins[symbol] = DISK.load(key)
+                note(symbol, "cubin cache", time.perf_counter() - start)
+                self.counts["disk_hits"] += cubins[symbol] is not None
+            missing = [symbol for symbol, cubin in cubins.items() if cubin is None]
+            self.counts["compiles"] += len(missing)
+            for symbol, (cubin, seconds) in zip(missing, self._compile_all([(sources[s], s) for s in missing])):
+                cubins[symbol] = cubin
+                note(symbol, "driver jit", seconds)
+                DISK.store(keys[symbol], cubin)
             self.ctx.make_current()
-            handle = drv.call(drv.load().cuModuleLoadData, cubin, kernel=name)
-            self.counts["loads"] += 1
-            module = self._modules[key] = Module(self.ctx, int(handle), ptx, key)
-            return module
+            for symbol, cubin in cubins.items():
+                start = time.perf_counter()
+                handle = drv.call(drv.load().cuModuleLoadData, cubin, kernel=symbol)
+                self.counts["loads"] += 1
+                modules[symbol] = self._modules[keys[symbol]] = Module(self.ctx, int(handle), sources[symbol],
+                                                                       keys[symbol])
+                note(symbol, "module load", time.perf_counter() - start)
+            return modules
+
+    def _compile_all(self, jobs: list[tuple[str, str]]) -> list[tuple[bytes, float]]:
+        """Cubins of (ptx, name) pairs, several JIT links at a time when there are several."""
+        threads = min(len(jobs), worker_count())
+        if threads <= 1:
+            return [self._timed_compile(ptx, name) for ptx, name in jobs]
+        with ThreadPoolExecutor(threads, thread_name_prefix="glue-jit") as pool:
+            return list(pool.map(lambda job: self._timed_compile(*job), jobs))
+
+    def _timed_compile(self, ptx: str, name: str) -> tuple[bytes, float]:
+        start = time.perf_counter()
+        with profiler.span("compile", f"driver jit {name}"):
+            cubin = self._compile(ptx, name)
+        return cubin, time.perf_counter() - start
 
     def _compile(self, ptx: str, name: str) -> bytes:
         """PTX -> cubin with the driver's JIT linker; a failure carries ptxas's error log."""
@@ -294,7 +356,6 @@ class ModuleCache:
             if result[0]:
                 log = bytes(errors).split(b"\0", 1)[0].decode(errors="replace").strip()
                 raise drv.error_for(call, result[0], name, f"JIT log:\n{log}" if log else "")
-            self.counts["compiles"] += 1
             return ctypes.string_at(int(result[1]), result[2])
         finally:
             driver.cuLinkDestroy(state)

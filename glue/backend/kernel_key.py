@@ -1,0 +1,102 @@
+"""Structural keys of kernels: what makes two kernels the same compiled code.
+
+Two plan kernels get the same key when a backend would generate the same code for both: the same
+kernel IR up to the Graph values its buffers hold (inputs and outputs are numbered by position,
+expressions by their place in a walk of the kernel), the same shapes and dtypes, the same
+pattern of operands sharing memory (`aliases`: an output written in place over an input is one
+pointer, which codegen depends on), and whatever the backend adds (target, options, settings its
+codegen reads). Names (the kernel's, its fused ops, the user's source lines) are left out, so
+the layers of a model, or the same layer in two programs, share one compiled kernel.
+
+The walk is iterative (kernels of 10,000-op chains are deep DAGs) and numbers each shared node
+once, so a key costs time linear in the kernel's size.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import fields, is_dataclass
+from operator import attrgetter
+from typing import Any, Callable, Hashable, Sequence
+
+from glue.ir import TensorType
+from glue.ir.dtypes import DType
+from glue.scheduler.kernel_ir import Kernel
+
+# Atoms print as their repr; everything else that is a dataclass or a tuple is walked.
+_ATOMS = (DType, TensorType, str, int, float, bool, type(None))
+_WALKED: dict[type, bool] = {}
+_GETTERS: dict[type, Callable[[Any], tuple]] = {}
+
+
+def _walked(value: Any) -> bool:
+    cls = type(value)
+    walked = _WALKED.get(cls)
+    if walked is None:
+        walked = _WALKED[cls] = not issubclass(cls, _ATOMS) and (issubclass(cls, tuple) or is_dataclass(cls))
+    return walked
+
+
+def _parts(value: Any) -> tuple:
+    if isinstance(value, tuple):
+        return value
+    get = _GETTERS.get(type(value))
+    if get is None:
+        names = [f.name for f in fields(value)]
+        get = _GETTERS[type(value)] = attrgetter(*names) if len(names) > 1 else \
+            (lambda node, name=names[0]: (getattr(node, name),))
+    return get(value)
+
+
+def _label(value: Any) -> str:
+    return "tuple" if isinstance(value, tuple) else type(value).__name__
+
+
+def structure_text(roots: Sequence[Any]) -> list[str]:
+    """`roots` as lines, one per distinct node (dataclass or tuple) in post-order: its type and
+    its parts, a node part written `#n` (the n-th line), an atom as its repr."""
+    number: dict[int, int] = {}
+    lines: list[str] = []
+    stack: list[tuple[Any, tuple | None]] = [(r, None) for r in reversed(roots) if _walked(r)]
+    while stack:
+        node, parts = stack.pop()
+        if id(node) in number:
+            continue
+        if parts is None:
+            parts = _parts(node)
+            stack.append((node, parts))
+            stack.extend((p, None) for p in reversed(parts) if _walked(p) and id(p) not in number)
+            continue
+        refs = [f"#{number[id(p)]}" if _walked(p) else repr(p) for p in parts]
+        number[id(node)] = len(lines)
+        lines.append(f"{_label(node)}({','.join(refs)})")
+    return lines
+
+
+def kernel_structure(kernel: Kernel) -> list[str]:
+    """The kernel as text without its names: kind, domain, operand types, reductions, stores."""
+    head = [f"{kernel.kind} parallel={kernel.parallel} reduce={kernel.reduce} init={kernel.init} "
+            f"precision={kernel.precision}",
+            "in " + " ".join(str(b.type) for b in kernel.inputs),
+            "out " + " ".join(str(b.type) for b in kernel.outputs)]
+    return head + structure_text([kernel.reductions, kernel.stores])
+
+
+def aliases(places: Sequence[Hashable]) -> tuple[int, ...]:
+    """Per operand (inputs then outputs), the position of the first operand at the same place:
+    the memory-sharing pattern codegen sees, without the places themselves."""
+    first: dict[Hashable, int] = {}
+    return tuple(first.setdefault(p, i) for i, p in enumerate(places))
+
+
+def kernel_key(kernel: Kernel, operand_aliases: Sequence[int], *context: str) -> bytes:
+    """The SHA-256 key of a kernel's code: its structure, its aliasing, and `context` (what the
+    backend's code also depends on)."""
+    h = hashlib.sha256()
+    for part in (*context, repr(tuple(operand_aliases)), *kernel_structure(kernel)):
+        data = part.encode()
+        h.update(len(data).to_bytes(8, "little"))
+        h.update(data)
+    return h.digest()
+
+
+__all__ = ["aliases", "kernel_key", "kernel_structure", "structure_text"]

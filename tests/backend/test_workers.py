@@ -1,0 +1,92 @@
+"""Compile workers: LLVM jobs in other processes give what the same job gives here; failures
+come back as errors; a worker that dies is replaced."""
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+import glue
+import glue.numpy as gnp
+from glue.backend import workers
+from glue.backend_cpu import target
+from glue.errors import BackendError
+from glue.settings import config
+
+
+def _module(n: int) -> str:
+    return (f'target triple = "{target.host().triple}"\n'
+            f"define void @f{n}(ptr %x) {{\n  store i64 {n}, ptr %x\n  ret void\n}}\n")
+
+
+def test_workers_make_the_same_object_code_as_this_process():
+    with config.override(compile_workers=2):
+        jobs = workers.Jobs(3)
+        assert jobs.parallel
+        futures = [jobs.submit(*target.Pipeline().job(_module(n)), label=f"f{n}") for n in range(3)]
+        remote = [f.result() for f in futures]
+    with config.override(compile_workers=1):
+        here = workers.Jobs(3)
+        assert not here.parallel
+        local = [here.submit(*target.Pipeline().job(_module(n))).result() for n in range(3)]
+    assert [code for code, _ in remote] == [code for code, _ in local]
+    assert all(set(seconds) == {"llvm optimise", "object emission", "llvm cpu"} for _, seconds in remote)
+
+
+def test_a_lone_job_runs_here_until_workers_have_started(monkeypatch):
+    monkeypatch.setattr(workers, "_pool", None)
+    with config.override(compile_workers=2):
+        assert not workers.Jobs(1).parallel
+        assert workers.Jobs(2).parallel
+        assert workers.Jobs(1).parallel is False  # the pool exists but no worker has run yet
+
+
+def test_an_llvm_error_in_a_worker_comes_back_as_its_message():
+    with config.override(compile_workers=2):
+        future = workers.Jobs(2).submit(*target.Pipeline().job("define void @f( {"))
+        with pytest.raises(RuntimeError, match="parsing error"):
+            future.result()
+
+
+def test_a_worker_that_dies_fails_its_job_and_is_replaced():
+    with config.override(compile_workers=2):
+        jobs = workers.Jobs(2)
+        jobs.submit(*target.Pipeline().job(_module(1))).result()
+        pool = workers._pool
+        for worker in pool._all:
+            worker._process.kill()
+            worker._process.wait()
+        outcomes = []
+        for n in range(4):
+            try:
+                outcomes.append(jobs.submit(*target.Pipeline().job(_module(n))).result()[0])
+            except RuntimeError as exc:
+                assert "exited" in str(exc)
+                outcomes.append(None)
+        assert outcomes[-1] is not None
+
+
+def test_a_cold_compile_of_many_kernels_in_workers_runs_correctly():
+    def f(x):  # rows of different lengths: one kernel each
+        return [gnp.tanh(x[:, :n]).sum(axis=1) for n in (31, 30, 29, 28)]
+
+    x = np.linspace(-1, 1, 31 * 3, dtype=np.float32).reshape(3, 31)
+    with config.override(compile_workers=2, cache_dir=""):
+        compiled = glue.jit(f, backend="cpu").lower(x).compile()
+    assert compiled.compile_stats()["cache"]["built"] == len(compiled.kernels) == 4
+    for n, got in zip((31, 30, 29, 28), compiled(x)):
+        np.testing.assert_allclose(np.asarray(got), np.tanh(x[:, :n]).sum(axis=1), rtol=1e-5, atol=1e-5)
+
+
+def test_the_backend_reports_a_kernel_llvm_rejects(monkeypatch):
+    from glue.backend_cpu import program
+
+    x = np.ones((2, 37), np.float32)
+    original = program.Program.module
+
+    def broken(self, key):
+        return replace(original(self, key), text="define void @broken( {")
+
+    monkeypatch.setattr(program.Program, "module", broken)
+    with config.override(cache_dir=""):
+        with pytest.raises(BackendError, match="LLVM could not compile kernel"):
+            glue.jit(lambda x: gnp.exp(x) + 1, backend="cpu").lower(x).compile()
