@@ -90,9 +90,12 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"no example {', '.join(unknown)}; there are {', '.join(EXAMPLES)}")
 
+    # Imported here: rewriting the sources (and the tests of it) needs neither.
     import jax
     import glue
 
+    if not jax.config.jax_threefry_partitionable:  # JAX before 0.5; glue draws the bits later JAX draws
+        jax.config.update("jax_threefry_partitionable", True)
     print(f"jax {jax.__version__} on {jax.devices()[0].platform}; glue {glue.__version__} on "
           f"{args.backend or glue.default_backend_name()}")
     all_ok = True
