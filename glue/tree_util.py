@@ -10,9 +10,9 @@ import dataclasses
 import functools
 from typing import Any, Callable, Hashable, Iterable, Sequence, TypeVar
 
-from glue.frontend.pytree import (PyTreeDef, TreeStructureError, flatten_up_to, register_node,
-                                  tree_flatten, tree_leaves, tree_map, tree_structure,
-                                  tree_unflatten)
+from glue.frontend.pytree import (DictKey, FlattenedIndexKey, GetAttrKey, PathKey, PyTreeDef, SequenceKey,
+                                  TreeStructureError, flatten_up_to, leaf_key_paths, register_node,
+                                  tree_flatten, tree_leaves, tree_map, tree_structure, tree_unflatten)
 
 T = TypeVar("T", bound=type)
 _NO_INITIAL = object()
@@ -92,7 +92,51 @@ def treedef_is_leaf(treedef: PyTreeDef) -> bool:
     return treedef.kind == "leaf"
 
 
-__all__ = ["PyTreeDef", "Partial", "TreeStructureError", "flatten_up_to", "register_dataclass",
-           "register_pytree_node", "register_pytree_node_class", "tree_all", "tree_flatten",
-           "tree_leaves", "tree_map", "tree_reduce", "tree_structure", "tree_unflatten",
-           "treedef_is_leaf"]
+KeyPath = tuple[PathKey, ...]
+
+
+def tree_flatten_with_path(tree: Any, is_leaf: Callable[[Any], bool] | None = None
+                           ) -> tuple[list[tuple[KeyPath, Any]], PyTreeDef]:
+    """`tree_flatten`, each leaf paired with its key path: the DictKey / SequenceKey /
+    GetAttrKey / FlattenedIndexKey of every step from the root down to it."""
+    leaves, treedef = tree_flatten(tree, is_leaf)
+    return list(zip(leaf_key_paths(treedef), leaves)), treedef
+
+
+def tree_leaves_with_path(tree: Any, is_leaf: Callable[[Any], bool] | None = None) -> list[tuple[KeyPath, Any]]:
+    """The (key path, leaf) pairs of `tree`, in flattening order."""
+    return tree_flatten_with_path(tree, is_leaf)[0]
+
+
+def tree_map_with_path(fn: Callable[..., Any], tree: Any, *rest: Any,
+                       is_leaf: Callable[[Any], bool] | None = None) -> Any:
+    """`tree_map` whose `fn` also gets each leaf's key path first: fn(path, leaf, *others)."""
+    with_paths, treedef = tree_flatten_with_path(tree, is_leaf)
+    others = [flatten_up_to(treedef, other, f"tree_map_with_path: tree {i} does not have the structure of tree 0")
+              for i, other in enumerate(rest, start=1)]
+    return tree_unflatten(treedef, [fn(path, leaf, *xs) for (path, leaf), *xs in zip(with_paths, *others)])
+
+
+def _simple(key: PathKey) -> str:
+    if isinstance(key, DictKey):
+        return str(key.key)
+    if isinstance(key, SequenceKey):
+        return str(key.idx)
+    if isinstance(key, GetAttrKey):
+        return key.name
+    return str(key.key)
+
+
+def keystr(keys: KeyPath, *, simple: bool = False, separator: str = "/") -> str:
+    """A key path as text: `['blocks'][0]['w']`, or with simple=True the bare keys joined by
+    `separator` (`blocks/0/w`)."""
+    if simple:
+        return separator.join(map(_simple, keys))
+    return "".join(map(str, keys))
+
+
+__all__ = ["DictKey", "FlattenedIndexKey", "GetAttrKey", "KeyPath", "PyTreeDef", "Partial", "SequenceKey",
+           "TreeStructureError", "flatten_up_to", "keystr", "register_dataclass", "register_pytree_node",
+           "register_pytree_node_class", "tree_all", "tree_flatten", "tree_flatten_with_path", "tree_leaves",
+           "tree_leaves_with_path", "tree_map", "tree_map_with_path", "tree_reduce", "tree_structure",
+           "tree_unflatten", "treedef_is_leaf"]

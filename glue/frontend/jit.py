@@ -81,15 +81,16 @@ def _types(values: Sequence[Any], treedef: PyTreeDef | None = None) -> tuple[Ten
         raise
 
 
-def _positional_params(fn: Callable) -> tuple[list[str], bool] | None:
-    """The names of `fn`'s positional parameters and whether it takes *args; None when Python
-    cannot tell (a builtin)."""
+def _positional_params(fn: Callable) -> tuple[list[str], bool, set[int]] | None:
+    """The names of `fn`'s positional parameters, whether it takes *args, and the positions
+    that have defaults; None when Python cannot tell (a builtin)."""
     try:
         params = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):
         return None
-    names = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    return names, any(p.kind == p.VAR_POSITIONAL for p in params)
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return ([p.name for p in positional], any(p.kind == p.VAR_POSITIONAL for p in params),
+            {i for i, p in enumerate(positional) if p.default is not p.empty})
 
 
 def _argnums(fn: Callable, what: str, nums: Sequence[int]) -> set[int]:
@@ -122,7 +123,7 @@ class _ArgSpec:
     def __init__(self, fn: Callable, static_argnums: Sequence[int], static_argnames: Sequence[str]):
         self.fn = fn
         known = _positional_params(fn)
-        names = known[0] if known else []
+        names, self._defaulted = (known[0], known[2]) if known else ([], set())
         for n in static_argnames:
             if not isinstance(n, str):
                 raise GlueError(f"glue.jit: static_argnames must be strings, got {n!r}")
@@ -135,11 +136,13 @@ class _ArgSpec:
         if not kwargs and not self.static_nums:  # the common calls, kept lean
             leaves, treedef = flatten_call(args)
             return Signature(treedef, _types(leaves, treedef), (), config.trace_context()), leaves
-        missing = [i for i in self.static_nums if i >= len(args)
+        # As in JAX, a static parameter left out of a call takes its default (in the traced call).
+        missing = [i for i in sorted(self.static_nums) if i >= len(args) and i not in self._defaulted
                    and not (i < len(self._names) and self._names[i] in kwargs)]
         if missing:
             raise GlueError(f"{self.fn.__name__} was called with {len(args)} positional arguments, but "
-                            f"static_argnums names position {missing[0]}")
+                            f"static_argnums names position {missing[0]} "
+                            f"{describe_location(user_frame_location())}")
         dyn_args = tuple(a for i, a in enumerate(args) if i not in self.static_nums)
         dyn_kwargs = {k: v for k, v in kwargs.items() if k not in self.static_names}
         statics = tuple((i, a) for i, a in enumerate(args) if i in self.static_nums) + \

@@ -327,24 +327,79 @@ def tree_map(fn: Callable[..., Any], tree: Any, *rest: Any, is_leaf: IsLeaf = No
     return tree_unflatten(treedef, [fn(*xs) for xs in zip(leaves, *others)])
 
 
-def _steps(treedef: PyTreeDef) -> list[str]:
-    """The path step to each child of a node."""
+@dataclass(frozen=True)
+class DictKey:
+    """The step to a dict's (OrderedDict's, defaultdict's) child: its key."""
+
+    key: Hashable
+
+    def __str__(self) -> str:
+        return f"[{self.key!r}]"
+
+
+@dataclass(frozen=True)
+class SequenceKey:
+    """The step to a tuple's or list's child: its index."""
+
+    idx: int
+
+    def __str__(self) -> str:
+        return f"[{self.idx}]"
+
+
+@dataclass(frozen=True)
+class GetAttrKey:
+    """The step to a namedtuple's or a registered dataclass's child: the field's name."""
+
+    name: str
+
+    def __str__(self) -> str:
+        return f".{self.name}"
+
+
+@dataclass(frozen=True)
+class FlattenedIndexKey:
+    """The step to a child of a registered node whose children have no names: its position."""
+
+    key: int
+
+    def __str__(self) -> str:
+        return f"[{self.key}]"
+
+
+PathKey = DictKey | SequenceKey | GetAttrKey | FlattenedIndexKey
+
+
+def _path_keys(treedef: PyTreeDef) -> list[PathKey]:
+    """The key of the step to each child of a node (JAX's key classes for its kind)."""
     if treedef.kind == "namedtuple":
-        return [f".{name}" for name in treedef.keys[0]._fields]
+        return [GetAttrKey(name) for name in treedef.keys[0]._fields]
     if treedef.kind == "custom":
         names = _REGISTERED[treedef.keys[0]].names
         if names is not None:
-            return [f".{name}" for name in names]
+            return [GetAttrKey(name) for name in names]
+        return [FlattenedIndexKey(i) for i in range(len(treedef.children))]
     if treedef.kind in ("dict", "odict"):
-        return [f"[{k!r}]" for k in treedef.keys]
+        return [DictKey(k) for k in treedef.keys]
     if treedef.kind == "defaultdict":
-        return [f"[{k!r}]" for k in treedef.keys[1]]
-    return [f"[{i}]" for i in range(len(treedef.children))]
+        return [DictKey(k) for k in treedef.keys[1]]
+    return [SequenceKey(i) for i in range(len(treedef.children))]
+
+
+def _steps(treedef: PyTreeDef) -> list[str]:
+    """The path step to each child of a node, as text."""
+    return [str(k) for k in _path_keys(treedef)]
+
+
+def leaf_key_paths(treedef: PyTreeDef, prefix: tuple[PathKey, ...] = ()) -> list[tuple[PathKey, ...]]:
+    """The key path (a tuple of DictKey, SequenceKey, ... from the root) to each leaf, in
+    flattening order."""
+    if treedef.kind == "leaf":
+        return [prefix]
+    return [p for key, c in zip(_path_keys(treedef), treedef.children) for p in leaf_key_paths(c, prefix + (key,))]
 
 
 def leaf_paths(treedef: PyTreeDef, prefix: str = "") -> list[str]:
     """A readable path (`[0]['w']`, `.w` for a namedtuple field or a dataclass field) for each
     leaf, in flattening order."""
-    if treedef.kind == "leaf":
-        return [prefix]
-    return [p for step, c in zip(_steps(treedef), treedef.children) for p in leaf_paths(c, prefix + step)]
+    return [prefix + "".join(map(str, path)) for path in leaf_key_paths(treedef)]

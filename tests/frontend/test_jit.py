@@ -123,6 +123,21 @@ def test_static_argnames_and_keyword_arguments():
     np.testing.assert_array_equal(f(X, y=X, mode="mul"), X * X)
 
 
+def test_a_static_parameter_left_out_takes_its_default():
+    # As in JAX: `@partial(jax.jit, static_argnames="n")` on `def f(x, n=2)`, called as f(x).
+    def scale(x, n=2, *, mode="mul"):
+        return x * n if mode == "mul" else x + n
+
+    for f in (glue.jit(scale, backend="reference", static_argnames=("n", "mode")),
+              glue.jit(scale, backend="reference", static_argnums=1)):
+        np.testing.assert_array_equal(f(X), X * 2)
+        np.testing.assert_array_equal(f(X, 3), X * 3)
+        np.testing.assert_array_equal(f(X, n=4), X * 4)
+    np.testing.assert_array_equal(glue.jit(scale, backend="reference", static_argnames="mode")(X, mode="add"), X + 2)
+    with pytest.raises(GlueError, match=r"static_argnums names position 1 .*test_jit.py"):
+        glue.jit(lambda x, n: x * n, backend="reference", static_argnums=1)(X)
+
+
 def test_unhashable_static_argument_is_a_glue_error():
     f = glue.jit(lambda x, shape: x, backend="reference", static_argnums=1)
     with pytest.raises(GlueError, match=r"static arguments of <lambda> must be hashable; got \['list'\]"):

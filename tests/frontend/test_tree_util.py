@@ -205,3 +205,36 @@ def test_tree_aliases():
     flat, treedef = tree.flatten(t)
     assert tree.unflatten(treedef, flat) == t and tree.structure(t) == treedef
     assert tree.reduce(max, t) == 3 and tree.all(t)
+
+
+@api("jax.tree_util.tree_flatten_with_path", "jax.tree_util.tree_leaves_with_path", "jax.tree_util.keystr",
+     "jax.tree.flatten_with_path", "jax.tree.leaves_with_path")
+def test_key_paths_name_every_step_with_jax_key_classes():
+    t = {"blocks": [{"w": 1}], "pair": Pair(2, (3, None)), "od": OrderedDict(z=4), "lin": Linear(5, 6),
+         "point": Point(7, 8)}
+    with_paths, treedef = tree_util.tree_flatten_with_path(t)
+    assert treedef == tree_util.tree_structure(t) and [v for _, v in with_paths] == tree_util.tree_leaves(t)
+    paths = {v: p for p, v in with_paths}
+    DictKey, SequenceKey, GetAttrKey = tree_util.DictKey, tree_util.SequenceKey, tree_util.GetAttrKey
+    assert paths[1] == (DictKey("blocks"), SequenceKey(0), DictKey("w"))
+    assert paths[3] == (DictKey("pair"), GetAttrKey("second"), SequenceKey(0))
+    assert paths[4] == (DictKey("od"), DictKey("z")) and paths[6] == (DictKey("lin"), GetAttrKey("b"))
+    assert paths[8] == (DictKey("point"), tree_util.FlattenedIndexKey(1))
+    assert tree_util.keystr(paths[1]) == "['blocks'][0]['w']" and tree_util.keystr(paths[3]) == "['pair'].second[0]"
+    assert tree_util.keystr(paths[1], simple=True) == "blocks/0/w"
+    assert tree_util.keystr(paths[3], simple=True, separator=".") == "pair.second.0"
+    assert repr(paths[8][1]) == "FlattenedIndexKey(key=1)" and paths[1][0].key == "blocks"
+    assert tree.leaves_with_path([5]) == tree_util.tree_leaves_with_path([5]) == [((SequenceKey(0),), 5)]
+    assert tree.flatten_with_path(t) == (with_paths, treedef)
+
+
+@api("jax.tree_util.tree_map_with_path", "jax.tree.map_with_path")
+def test_tree_map_with_path_passes_the_path_first_and_checks_the_other_trees():
+    params = {"layer": {"w": 1.0, "b": 2.0}, "scale": 3.0}
+    decayed = tree_util.tree_map_with_path(lambda path, _: path[-1].key == "w", params)
+    assert decayed == {"layer": {"w": True, "b": False}, "scale": False}
+    named = tree.map_with_path(lambda path, a, b: (tree_util.keystr(path), a + b), params, params)
+    assert named == {"layer": {"w": ("['layer']['w']", 2.0), "b": ("['layer']['b']", 4.0)}, "scale": ("['scale']", 6.0)}
+    assert tree_util.tree_map_with_path(lambda path, t: len(path), [(1, 2)], is_leaf=lambda x: isinstance(x, tuple)) == [1]
+    with pytest.raises(TreeStructureError, match=r"tree_map_with_path: tree 1 .* at \['layer'\]"):
+        tree_util.tree_map_with_path(lambda path, a, b: a, params, {"layer": {"w": 1}, "scale": 3})

@@ -1,0 +1,1 @@
+"""JAX programs that run on glue by their imports alone (see README.md, "Examples")."""
