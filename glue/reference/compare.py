@@ -49,7 +49,9 @@ def tolerance_dtypes(graph: Graph, tf32: bool = False) -> list[dt.DType]:
     float dtype among the values it is computed from (rounding there bounds its accuracy);
     integer and bool outputs compare exactly. With `tf32` (a backend that runs float32
     contractions of precision "default" or "high" on TF32 tensor cores), such a contraction
-    counts as float16: TF32 keeps float16's 10 mantissa bits."""
+    counts as bfloat16: TF32 keeps float16's 10 mantissa bits, but it rounds the *operands*, so
+    each product is off by up to 2^-10 of itself and a sum of them may cancel to a result far
+    smaller than its terms (where float16 inputs multiply exactly)."""
     dtypes: dict[int, set[dt.DType]] = {v.id: {v.type.dtype} for v in graph.constvars + graph.invars}
 
     def of(atom: Any) -> set[dt.DType]:
@@ -59,7 +61,7 @@ def tolerance_dtypes(graph: Graph, tf32: bool = False) -> list[dt.DType]:
         found = {v.type.dtype for v in eqn.outvars}.union(*map(of, eqn.inputs))
         if tf32 and eqn.primitive == "dot_general" and eqn.param_dict.get("precision") != "highest" \
                 and eqn.inputs[0].type.dtype == dt.float32:
-            found.add(dt.float16)
+            found.add(dt.bfloat16)
         for v in eqn.outvars:
             dtypes[v.id] = found
     return [least_precise(*of(a)) if a.type.dtype.is_float else a.type.dtype for a in graph.outvars]

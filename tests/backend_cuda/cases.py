@@ -9,6 +9,7 @@ import numpy as np
 import glue
 import glue.nn as nn
 import glue.numpy as gnp
+from glue.backend_cuda import CudaBackend
 from glue.frontend.tracing import bind
 from glue.reference import run_graph
 from glue.reference.compare import mismatch
@@ -210,6 +211,6 @@ def assert_matches_reference(graph, inputs, outs, label):
     """Each output within the reference's tolerance of the float64 reference result."""
     want = run_graph(graph, [np.asarray(a) for a in inputs], float64=True)
     assert len(outs) == len(want)
-    for i, (got, w, d) in enumerate(zip(outs, want, tolerance_dtypes(graph))):
+    for i, (got, w, d) in enumerate(zip(outs, want, tolerance_dtypes(graph, tf32=CudaBackend.rounds_to_tf32))):
         problem = mismatch(np.asarray(got), w, d)
         assert problem is None, f"{label}: output {i}: {problem}\n{graph}"

@@ -40,7 +40,7 @@ def _lowered(fn, args):
 
 def _check(graph, args, got, label):
     want = run_graph(graph, [np.asarray(a) for a in args], float64=True)
-    for i, (g, w, d) in enumerate(zip(got, want, tolerance_dtypes(graph))):
+    for i, (g, w, d) in enumerate(zip(got, want, tolerance_dtypes(graph, tf32=CudaBackend.rounds_to_tf32))):
         problem = mismatch(np.asarray(g), w, d)
         assert problem is None, f"{label}: output {i}: {problem}\n{graph}"
 

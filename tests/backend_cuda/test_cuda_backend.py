@@ -52,7 +52,7 @@ def test_workloads(name):
     exe = CudaBackend().lower(closed.graph, name=name).compile()
     inputs = list(closed.consts) + args
     want = run_graph(closed.graph, inputs, float64=True)
-    for got, w, d in zip(exe(*inputs), want, tolerance_dtypes(closed.graph)):
+    for got, w, d in zip(exe(*inputs), want, tolerance_dtypes(closed.graph, tf32=CudaBackend.rounds_to_tf32)):
         assert mismatch(np.asarray(got), w, d) is None
 
 

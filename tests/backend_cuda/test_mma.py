@@ -47,7 +47,7 @@ def _strategies(low) -> list[str]:
 
 def _check(closed, args, outs, label):
     want = run_graph(closed.graph, args, float64=True)
-    for i, (got, w, d) in enumerate(zip(outs, want, tolerance_dtypes(closed.graph))):
+    for i, (got, w, d) in enumerate(zip(outs, want, tolerance_dtypes(closed.graph, tf32=True))):
         problem = mismatch(got, w, d if d is not None else closed.graph.out_types[i].dtype, scale=4.0)
         assert problem is None, f"{label}, output {i}: {problem}"
 
@@ -58,8 +58,10 @@ def test_16_bit_products_take_tensor_cores_and_others_do_not():
     h, g = x.astype(np.float16), w.astype(np.float16)
     assert _strategies(_lower(lambda a, b: a @ b, [h, g])[1])[0].startswith("mma f16")
     f, e = x.astype(np.float32), w.astype(np.float32)
-    assert _strategies(_lower(lambda a, b: a @ b, [f, e])[1])[0].startswith("tiled")        # float32
-    assert _strategies(_lower(lambda a, b: a @ b, [x, g])[1])[0].startswith("tiled")        # mixed 16-bit types
+    assert _strategies(_lower(lambda a, b: a @ b, [f, e])[1])[0].startswith("mma tf32")     # float32, default
+    highest = lambda a, b: gnp.matmul(a, b, precision="highest")  # noqa: E731
+    assert _strategies(_lower(highest, [f, e])[1])[0].startswith("tiled")                   # full float32
+    assert _strategies(_lower(lambda a, b: a @ b, [x, g])[1])[0].startswith("mma tf32")     # mixed 16-bit types
     assert _strategies(_lower(lambda a, b: a @ b, [x, w], arch="sm_75")[1])[0].startswith("tiled")
     with glue.config.override(cuda_tensor_cores=False):
         assert _strategies(_lower(lambda a, b: a @ b, [x, w])[1])[0].startswith("tiled")
@@ -93,7 +95,7 @@ def test_ptxas_accepts_every_tile_without_spilling():
 @needs_cc
 @settings(deadline=None, max_examples=12)
 @given(form=st.sampled_from(sorted(FORMS)), m=st.integers(1, 150), k=st.integers(1, 80), n=st.integers(1, 140),
-       dtype=st.sampled_from([BF16, np.float16]), seed=st.integers(0, 2**31))
+       dtype=st.sampled_from([BF16, np.float16, np.float32]), seed=st.integers(0, 2**31))
 def test_emulated_tensor_core_kernels_compute_the_reference(form, m, k, n, dtype, seed):
     fn, shapes = FORMS[form]
     rng = np.random.default_rng(seed)
@@ -106,7 +108,7 @@ def test_emulated_tensor_core_kernels_compute_the_reference(form, m, k, n, dtype
 
 @needs_cc
 @pytest.mark.parametrize("form", sorted(FORMS))
-@pytest.mark.parametrize("dtype", [BF16, np.float16], ids=["bf16", "f16"])
+@pytest.mark.parametrize("dtype", [BF16, np.float16, np.float32], ids=["bf16", "f16", "tf32"])
 def test_emulated_16_byte_staging_computes_the_reference(form, dtype):
     """Extents that are multiples of 8 (but not of the tile) stage each chunk with 16-byte loads."""
     fn, shapes = FORMS[form]
@@ -151,10 +153,11 @@ def test_emulated_adversarial_values_stay_the_references():
 @pytest.mark.cuda
 @pytest.mark.parametrize("form", sorted(FORMS))
 @pytest.mark.parametrize("shape", [(1, 1, 1), (37, 45, 29), (256, 512, 384), (1000, 768, 3072)])
-def test_on_the_gpu_tensor_core_kernels_compute_the_reference(form, shape):
+@pytest.mark.parametrize("dtype", [BF16, np.float32], ids=["bf16", "tf32"])
+def test_on_the_gpu_tensor_core_kernels_compute_the_reference(form, shape, dtype):
     fn, shapes = FORMS[form]
     rng = np.random.default_rng(7)
-    args = [rng.standard_normal(s).astype(BF16) for s in shapes(*shape)]
+    args = [rng.standard_normal(s).astype(dtype) for s in shapes(*shape)]
     closed = glue.make_ir(fn)(*args)
     with glue.config.override(cuda_poison=0xFF):
         low = CudaBackend().lower(closed.graph, name="mma", gemm="codegen")

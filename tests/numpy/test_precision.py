@@ -80,9 +80,9 @@ def test_the_cpu_computes_full_float32_whatever_the_precision():
         np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
 
 
-def test_tf32_backends_compare_default_precision_at_float16_tolerance():
+def test_tf32_backends_compare_default_precision_at_bfloat16_tolerance():
     default = glue.make_ir(lambda a, b: gnp.tanh(a @ b))(A, B).graph
     highest = glue.make_ir(lambda a, b: gnp.tanh(gnp.matmul(a, b, precision="highest")))(A, B).graph
-    assert tolerance_dtypes(default, tf32=True) == [dt.float16]
+    assert tolerance_dtypes(default, tf32=True) == [dt.bfloat16]
     assert tolerance_dtypes(default, tf32=False) == [dt.float32]
     assert tolerance_dtypes(highest, tf32=True) == [dt.float32]

@@ -34,14 +34,13 @@ from llvmlite import ir
 from glue.backend_cuda.codegen.common import (PTR3, WARP, Coordinates, KernelEmitter, LaneGroup, Vectorization,
                                               flat_index, moves_with)
 from glue.codegen.loops import loop, unflatten
-from glue.codegen.types import F16, F32, I16, I32, I64, round_to_bf16_bits
+from glue.codegen.types import F16, F32, I16, I32, I64, memory_type, round_to_bf16_bits
 from glue.errors import GlueError
 from glue.ir import dtypes as dt
-from glue.scheduler.kernel_ir import Expr, Load, Op, loads_under
+from glue.scheduler.kernel_ir import Expr, Kernel, Load, Op, loads_under
 from glue.settings import config
 
-CHUNK = 8   # 16-bit values a thread stages at once: one 16-byte shared store
-PAD = 8     # elements each staged row is padded by (16 bytes: conflict-free ldmatrix)
+CHUNK_BYTES = 16  # what a thread stages at once: one 16-byte shared store (or cp.async)
 MIN_BLOCKS = 132  # about one block per multiprocessor of an H100/H200
 STAGES = 4  # shared-memory stages of the cp.async pipeline: three steps of K in flight
 
@@ -84,6 +83,45 @@ KNOWN_TILES = {str(t): t for t in TILES + (MmaTile(128, 128, 32, 2, 4), MmaTile(
                                             MmaTile(256, 128, 32, 4, 2), MmaTile(128, 128, 64, 2, 2))}
 
 
+@dataclass(frozen=True)
+class Format:
+    """How operands reach the tensor cores: their staged width, the mma shape's depth and the
+    intrinsic (bf16 and f16: m16n8k16 on 16-bit pairs; tf32: m16n8k8 on float32 words rounded
+    to TF32's 10 mantissa bits when their fragments load)."""
+
+    name: str
+    element: ir.Type     # a staged element
+    depth: int           # the mma's K
+    intrinsic: str
+    operand: ir.Type     # an A or B register of the intrinsic
+
+    @property
+    def chunk(self) -> int:
+        """Elements a thread stages at once (16 bytes), and the padding of a staged row."""
+        return CHUNK_BYTES // (self.element.width // 8)
+
+
+FORMATS = {
+    "bf16": Format("bf16", I16, 16, "llvm.nvvm.mma.m16n8k16.row.col.bf16", I32),
+    "f16": Format("f16", I16, 16, "llvm.nvvm.mma.m16n8k16.row.col.f32.f32", ir.VectorType(F16, 2)),
+    "tf32": Format("tf32", I32, 8, "llvm.nvvm.mma.m16n8k8.row.col.tf32", I32),
+}
+
+
+def operand_format(k: Kernel, a_expr: Expr, b_expr: Expr) -> Format | None:
+    """The tensor-core format of a float32-accumulated product: both operands widened from the
+    same 16-bit type, or float32 operands where the precision lets them round to TF32 (as
+    jax.jit on the GPU: every precision but "highest"); None otherwise."""
+    if k.reductions[0].dtype != dt.float32:
+        return None
+    a16, b16 = sixteen_bit_operand(a_expr), sixteen_bit_operand(b_expr)
+    if a16 is not None and a16 == b16:
+        return FORMATS["bf16" if a16 == dt.bfloat16 else "f16"]
+    if a_expr.dtype == b_expr.dtype == dt.float32 and k.precision != "highest":
+        return FORMATS["tf32"]
+    return None
+
+
 def sixteen_bit_operand(expr: Expr) -> dt.DType | None:
     """The 16-bit float type `expr` widens to float32 from, or None."""
     if isinstance(expr, Op) and expr.primitive == "convert_element_type" and expr.dtype == dt.float32:
@@ -95,20 +133,23 @@ def sixteen_bit_operand(expr: Expr) -> dt.DType | None:
 
 @dataclass
 class _Staged:
-    """One operand's staged tile: its expression, its extent (M or N), the tile's outer size
-    (BM or BN), whether K is the fastest dim in shared memory, and, where a chunk of 8 staged
-    values is 8 consecutive points of one domain dim, how that dim vectorises its loads."""
+    """One operand's staged tile: the value staged, its extent (M or N), the tile's outer size
+    (BM or BN), whether K is the fastest dim in shared memory, the elements of a chunk and,
+    where a chunk is that many consecutive points of one domain dim, how that dim vectorises
+    its loads."""
 
-    expr: Expr
+    value: Expr  # what is staged: the 16-bit value a widening cast reads, or the float32 operand
     size: int
     outer: int
     k_fastest: bool
     is_a: bool
+    chunk: int
     lanes: Vectorization | None = None
 
     def row(self, bk: int) -> int:
-        """Elements from one staged row to the next."""
-        return (bk if self.k_fastest else self.outer) + PAD
+        """Elements from one staged row to the next (padded by 16 bytes: ldmatrix's eight rows,
+        and the 32 lanes' fragment words, fall in distinct banks)."""
+        return (bk if self.k_fastest else self.outer) + self.chunk
 
     def elements(self, bk: int) -> int:
         return (self.outer if self.k_fastest else bk) * self.row(bk)
@@ -125,23 +166,27 @@ def _k_fastest(ke: KernelEmitter, expr: Expr, outer_dims: list[int]) -> bool:
     return not (outer_dims and any(moves_with(f, outer_dims[-1], ke.analysis) for f in flats))
 
 
-def _lanes(ke: KernelEmitter, k_fastest: bool, outer_dims: list[int]) -> Vectorization | None:
+def _lanes(ke: KernelEmitter, k_fastest: bool, outer_dims: list[int], chunk: int) -> Vectorization | None:
     """How the chunks of an operand load 16 bytes at once: where the staged fastest dim is a
-    domain dim whose extent is a multiple of 8 (so a chunk never straddles two of its rows, and
-    lies wholly inside or outside the product), 8 lanes along it; else None (point by point)."""
+    domain dim whose extent is a multiple of the chunk (so a chunk never straddles two of its
+    rows, and lies wholly inside or outside the product), a lane per element along it; else
+    None (point by point)."""
     k = ke.kernel
     v = k.rank - 1 if k_fastest else (outer_dims[-1] if outer_dims else None)
     extent = k.reduce[-1] if k_fastest else (k.parallel[v] if v is not None else 0)
-    if v is None or extent % CHUNK:
+    if v is None or extent % chunk:
         return None
     lanes = Vectorization(k, ke.analysis, v, extent)
-    return lanes if lanes.width == CHUNK else None
+    return lanes if lanes.width == chunk else None
 
 
-def _sixteen_bits(b: ir.IRBuilder, value: ir.Value, expr: Expr, kind: dt.DType) -> ir.Value:
-    """A float32 register holding a `kind` value of `expr` as its 16 bits: a loaded value is
-    exact (its low bits are zero), anything computed rounds to nearest even."""
-    if kind == dt.float16:
+def _staged_bits(b: ir.IRBuilder, value: ir.Value, expr: Expr, fmt: Format) -> ir.Value:
+    """A float32 register holding a value of `expr` as the bits staged for `fmt`: float32's
+    own (rounded to TF32 as fragments load); a 16-bit type's, where a loaded value is exact (its
+    low bits are zero) and anything computed rounds to nearest even."""
+    if fmt.name == "tf32":
+        return b.bitcast(value, I32)
+    if fmt.name == "f16":
         return b.bitcast(b.fptrunc(value, F16), I16)
     if isinstance(expr, Load):
         return b.trunc(b.lshr(b.bitcast(value, I32), ir.Constant(I32, 16)), I16)
@@ -149,8 +194,8 @@ def _sixteen_bits(b: ir.IRBuilder, value: ir.Value, expr: Expr, kind: dt.DType) 
 
 
 def _copyable(s: _Staged) -> bool:
-    """Whether the operand is one 16-bit load whose chunks are 16 aligned consecutive bytes."""
-    load = s.expr.args[0]
+    """Whether the operand is one load whose chunks are 16 aligned consecutive bytes."""
+    load = s.value
     return isinstance(load, Load) and not load.mask and s.lanes is not None and load in s.lanes.loads
 
 
@@ -184,10 +229,10 @@ def emit_mma(ke: KernelEmitter, a_expr: Expr, b_expr: Expr, m_dims: list[int], n
              batch_dims: list[int]) -> tuple[int, int, str] | None:
     """Emit the tensor-core kernel; None where it does not apply (operand types, target)."""
     k = ke.kernel
-    kind = sixteen_bit_operand(a_expr)
-    reduction = k.reductions[0]
-    if ke.sm < 80 or kind is None or sixteen_bit_operand(b_expr) != kind or reduction.dtype != dt.float32:
+    fmt = operand_format(k, a_expr, b_expr)
+    if ke.sm < 80 or fmt is None or not k.reduce:  # (no contracting dim: an outer product)
         return None
+    chunk, element = fmt.chunk, fmt.element
     extent = lambda dims: math.prod(k.parallel[d] for d in dims)  # noqa: E731
     m_size, n_size, batches, depth = extent(m_dims), extent(n_dims), extent(batch_dims), math.prod(k.reduce)
     tile = _tile(batches, m_size, n_size)
@@ -198,17 +243,17 @@ def emit_mma(ke: KernelEmitter, a_expr: Expr, b_expr: Expr, m_dims: list[int], n
     staged = []
     for expr, size, outer, dims, is_a in ((a_expr, m_size, tile.bm, m_dims, True), (b_expr, n_size, tile.bn, n_dims, False)):
         k_fastest = _k_fastest(ke, expr, dims)
-        staged.append(_Staged(expr, size, outer, k_fastest, is_a, _lanes(ke, k_fastest, dims)))
+        value = expr.args[0] if element == I16 else expr
+        staged.append(_Staged(value, size, outer, k_fastest, is_a, chunk, _lanes(ke, k_fastest, dims, chunk)))
     a, bb = staged
     # Operands that are plain loads, 16 bytes a chunk, are copied straight into shared memory
-    # (cp.async) through a deeper pipeline in dynamic shared memory; others stage through registers.
+    # (cp.async) through STAGES stages; others stage through registers into two.
     pipelined = all(_copyable(s) for s in (a, bb))
-    if pipelined:
-        sizes = [STAGES * s.elements(tile.bk) for s in (a, bb)]
-        base = ke.dynamic_shared(2 * sum(sizes))
-        buffers = [base, b.gep(base, [c(sizes[0])], inbounds=True, source_etype=I16)]
-    else:
-        buffers = [ke.shared(I16, 2 * s.elements(tile.bk)) for s in (a, bb)]
+    if fmt.name == "tf32" and not pipelined and ke.sm < 90:
+        return None  # ptxas for sm_80 spills the register-staged TF32 kernel (12 bytes at 40 registers)
+    sizes = [(STAGES if pipelined else 2) * s.elements(tile.bk) for s in (a, bb)]
+    base = ke.dynamic_shared(element.width // 8 * sum(sizes))
+    buffers = [base, b.gep(base, [c(sizes[0])], inbounds=True, source_etype=element)]
 
     batch, tile_m, tile_n = unflatten(b, ke.block_index(), [batches, tiles_m, tiles_n])
     point = Coordinates(ke, m_dims, n_dims, batch_dims, batch).point
@@ -221,22 +266,22 @@ def emit_mma(ke: KernelEmitter, a_expr: Expr, b_expr: Expr, m_dims: list[int], n
     def checked_points(outer: ir.Value, kk: ir.Value, s: _Staged) -> list[ir.Value]:
         """The operand at the chunk's 8 points from (outer, kk) on, 0 outside the product."""
         values = []
-        for e in range(CHUNK):
+        for e in range(chunk):
             o, q = (outer, b.add(kk, c(e))) if s.k_fastest else (b.add(outer, c(e)), kk)
             ok = b.and_(b.icmp_unsigned("<", o, c(s.size)), b.icmp_unsigned("<", q, c(depth)))
             o, q = b.select(ok, o, c(0)), b.select(ok, q, c(0))
             em = ke.emitter(point(o, None, q) if s.is_a else point(None, o, q))
-            values.append(b.select(ok, em.value(s.expr.args[0]), ir.Constant(F32, 0.0)))
+            values.append(b.select(ok, em.value(s.value), ir.Constant(F32, 0.0)))
         return values
 
     def chunks(k0: ir.Value, s: _Staged, stage: ir.Value):
         """This thread's chunks of the operand's tile at K offset `k0`: for each, its first
         point (outer, kk) in the product, whether it lies inside, and its slot in `stage`."""
-        per_row = (tile.bk if s.k_fastest else s.outer) // CHUNK
+        per_row = (tile.bk if s.k_fastest else s.outer) // chunk
         base = b.mul(stage, c(s.elements(tile.bk)))
-        for q in range(s.outer * tile.bk // CHUNK // tile.threads):
-            chunk = b.add(tid, c(q * tile.threads))
-            row, first = b.udiv(chunk, c(per_row)), b.mul(b.urem(chunk, c(per_row)), c(CHUNK))
+        for q in range(s.outer * tile.bk // chunk // tile.threads):
+            at = b.add(tid, c(q * tile.threads))
+            row, first = b.udiv(at, c(per_row)), b.mul(b.urem(at, c(per_row)), c(chunk))
             slot = b.add(base, b.add(b.mul(row, c(s.row(tile.bk))), first))
             outer, kk = (row, first) if s.k_fastest else (first, row)
             outer, kk = b.add(m0 if s.is_a else n0, outer), b.add(k0, kk)
@@ -250,37 +295,37 @@ def emit_mma(ke: KernelEmitter, a_expr: Expr, b_expr: Expr, m_dims: list[int], n
 
     def load_step(k0: ir.Value, s: _Staged) -> list[tuple[ir.Value, ir.Value]]:
         """This thread's chunks of the operand's tile at K offset `k0`: (<8 x i16>, slot)."""
-        inner = s.expr.args[0]
+        inner = s.value
         found = []
         for outer, kk, ok, slot in chunks(k0, s, c(0)):
             if s.lanes is not None:  # the chunk's 8 points in one group: 16-byte loads where they can be
                 group = LaneGroup(ke, s.lanes, first_point(s, outer, kk, ok))
                 group.preload([inner])
-                bits = [_sixteen_bits(b, v, inner, kind) for v in group.values(inner)]
+                bits = [_staged_bits(b, v, inner, fmt) for v in group.values(inner)]
             else:  # point by point, each checked against the product's bounds
-                bits = [_sixteen_bits(b, v, inner, kind) for v in checked_points(outer, kk, s)]
-            packed = ir.Constant(ir.VectorType(I16, CHUNK), None)
+                bits = [_staged_bits(b, v, inner, fmt) for v in checked_points(outer, kk, s)]
+            packed = ir.Constant(ir.VectorType(element, chunk), None)
             for e, value in enumerate(bits):
                 packed = b.insert_element(packed, value, ir.Constant(I32, e))
             if s.lanes is not None:
-                packed = b.select(ok, packed, ir.Constant(ir.VectorType(I16, CHUNK), [0] * CHUNK))
+                packed = b.select(ok, packed, ir.Constant(ir.VectorType(element, chunk), [0] * chunk))
             found.append((packed, slot))
         return found
 
     def store_step(values: list[tuple[ir.Value, ir.Value]], s: _Staged, buffer: ir.Value, stage: ir.Value) -> None:
         base = b.mul(stage, c(s.elements(tile.bk)))
         for packed, slot in values:
-            b.store(packed, ke.shared_at(buffer, b.add(base, slot), I16), align=16)
+            b.store(packed, ke.shared_at(buffer, b.add(base, slot), element), align=16)
 
     def copy_step(k0: ir.Value, s: _Staged, buffer: ir.Value, stage: ir.Value) -> None:
         """Start copying the operand's tile at K offset `k0` into `stage` (cp.async, 16 bytes a
         chunk; a chunk outside the product reads nothing and fills zeros)."""
-        load = s.expr.args[0]
+        load = s.value
         for outer, kk, ok, slot in chunks(k0, s, stage):
             first = ke.emitter(first_point(s, outer, kk, ok))
             source = b.gep(ke.in_ptrs[load.input], [first.offset(load.index, ke.shapes[load.input])], inbounds=True,
-                           source_etype=I16)
-            _cp_async(ke, ke.shared_at(buffer, slot, I16), source, b.select(ok, ir.Constant(I32, 16), ir.Constant(I32, 0)))
+                           source_etype=memory_type(load.dtype))
+            _cp_async(ke, ke.shared_at(buffer, slot, element), source, b.select(ok, ir.Constant(I32, 16), ir.Constant(I32, 0)))
 
     quad = ir.LiteralStructType([I32] * 4)
 
@@ -289,6 +334,34 @@ def emit_mma(ke: KernelEmitter, a_expr: Expr, b_expr: Expr, m_dims: list[int], n
         fn = ke.module.globals.get(name) or ir.Function(ke.module, ir.FunctionType(quad, [PTR3]), name)
         got = b.call(fn, [address])
         return [b.extract_value(got, i) for i in range(4)]
+
+    group, pair = b.udiv(lane, c(4)), b.mul(b.urem(lane, c(4)), c(2))
+    quarter = b.urem(lane, c(4))
+
+    def word(buffer: ir.Value, base: ir.Value, s: _Staged, outer: ir.Value, kk: ir.Value) -> ir.Value:
+        """The staged float32 at (outer, kk), rounded to TF32 (to nearest, ties away)."""
+        slot = b.mul(outer, c(s.row(tile.bk))) if s.k_fastest else b.mul(kk, c(s.row(tile.bk)))
+        slot = b.add(slot, kk if s.k_fastest else outer)
+        value = b.load(ke.shared_at(buffer, b.add(base, slot), I32), typ=I32)
+        name = "llvm.nvvm.f2tf32.rna"
+        fn = ke.module.globals.get(name) or ir.Function(ke.module, ir.FunctionType(I32, [F32]), name)
+        return b.call(fn, [b.bitcast(value, F32)])
+
+    def words_a(buffer: ir.Value, base: ir.Value, ks: int) -> list[list[ir.Value]]:
+        """TF32 fragments of A (m16 x k8): a0 (group, quarter), a1 eight rows down, a2 and a3
+        four columns on; one 32-bit shared load each (the 32 lanes hit 32 banks)."""
+        found = []
+        for f in range(tile.frags_m):
+            m = b.add(warp_m, b.add(group, c(f * 16)))
+            kk = b.add(c(ks), quarter)
+            found.append([word(buffer, base, a, b.add(m, c(8 * (r % 2))), b.add(kk, c(4 * (r // 2))))
+                          for r in range(4)])
+        return found
+
+    def words_b(buffer: ir.Value, base: ir.Value, ks: int) -> list[list[ir.Value]]:
+        """TF32 fragments of B (k8 x n8): b0 (quarter, group), b1 four rows on."""
+        return [[word(buffer, base, bb, b.add(warp_n, b.add(group, c(f * 8))), b.add(c(ks), b.add(quarter, c(4 * r))))
+                 for r in range(2)] for f in range(tile.frags_n)]
 
     def fragments_a(buffer: ir.Value, base: ir.Value, ks: int) -> list[list[ir.Value]]:
         """Per m16 fragment of this warp: a0..a3 at K offset `ks` of the staged step."""
@@ -302,7 +375,7 @@ def emit_mma(ke: KernelEmitter, a_expr: Expr, b_expr: Expr, m_dims: list[int], n
             else:            # stored [k][m]: rows ks + l % 8 + 8 (l / 16), from m + 8 ((l / 8) % 2)
                 kk = b.add(c(ks), b.add(r8, b.mul(high, c(8))))
                 slot = b.add(b.mul(kk, c(a.row(tile.bk))), b.add(m, b.mul(mid, c(8))))
-            found.append(ldmatrix(ke.shared_at(buffer, b.add(base, slot), I16), not a.k_fastest))
+            found.append(ldmatrix(ke.shared_at(buffer, b.add(base, slot), element), not a.k_fastest))
         return found
 
     def fragments_b(buffer: ir.Value, base: ir.Value, ks: int) -> list[list[ir.Value]]:
@@ -318,31 +391,27 @@ def emit_mma(ke: KernelEmitter, a_expr: Expr, b_expr: Expr, m_dims: list[int], n
             else:             # stored [k][n]: rows ks + l % 8 + 8 ((l / 8) % 2), from n + 8 (l / 16)
                 kk = b.add(c(ks), b.add(r8, b.mul(mid, c(8))))
                 slot = b.add(b.mul(kk, c(bb.row(tile.bk))), b.add(n, b.mul(high, c(8))))
-            regs = ldmatrix(ke.shared_at(buffer, b.add(base, slot), I16), not bb.k_fastest)
+            regs = ldmatrix(ke.shared_at(buffer, b.add(base, slot), element), not bb.k_fastest)
             found += [regs[0:2], regs[2:4]]
         return found
 
-    if kind == dt.bfloat16:
-        operand = I32
-        mma_name = "llvm.nvvm.mma.m16n8k16.row.col.bf16"
-    else:
-        operand = ir.VectorType(F16, 2)
-        mma_name = "llvm.nvvm.mma.m16n8k16.row.col.f32.f32"
     four = ir.LiteralStructType([F32] * 4)
-    mma_fn = ke.module.globals.get(mma_name) or ir.Function(
-        ke.module, ir.FunctionType(four, [operand] * 6 + [F32] * 4), mma_name)
+    mma_fn = ke.module.globals.get(fmt.intrinsic) or ir.Function(
+        ke.module, ir.FunctionType(four, [fmt.operand] * 6 + [F32] * 4), fmt.intrinsic)
+    # ldmatrix moves 16-bit elements; TF32 fragments load word by word
+    load_a, load_b = (words_a, words_b) if fmt.name == "tf32" else (fragments_a, fragments_b)
 
     def mma(a_regs: list[ir.Value], b_regs: list[ir.Value], acc: list[ir.Value]) -> list[ir.Value]:
-        regs = [r if operand == I32 else b.bitcast(r, operand) for r in a_regs + b_regs]
+        regs = [r if fmt.operand == I32 else b.bitcast(r, fmt.operand) for r in a_regs + b_regs]
         got = b.call(mma_fn, regs + acc)
         return [b.extract_value(got, i) for i in range(4)]
 
     def multiply(half: ir.Value, accs: list[ir.Value]) -> list[ir.Value]:
         base_a, base_b = b.mul(half, c(a.elements(tile.bk))), b.mul(half, c(bb.elements(tile.bk)))
         accs = list(accs)
-        for ks in range(0, tile.bk, 16):
-            frag_a = fragments_a(buffers[0], base_a, ks)
-            frag_b = fragments_b(buffers[1], base_b, ks)
+        for ks in range(0, tile.bk, fmt.depth):
+            frag_a = load_a(buffers[0], base_a, ks)
+            frag_b = load_b(buffers[1], base_b, ks)
             for i in range(tile.frags_m):
                 for j in range(tile.frags_n):
                     at = 4 * (i * tile.frags_n + j)
@@ -385,7 +454,6 @@ def emit_mma(ke: KernelEmitter, a_expr: Expr, b_expr: Expr, m_dims: list[int], n
     if pipelined:
         _async_call(ke, "llvm.nvvm.cp.async.wait.group", 0)  # the zero fills past the end land before exit
 
-    group, pair = b.udiv(lane, c(4)), b.mul(b.urem(lane, c(4)), c(2))
     for i in range(tile.frags_m):
         for j in range(tile.frags_n):
             for r in range(4):  # c0, c1 at row group, columns pair, pair + 1; c2, c3 eight rows down
@@ -401,4 +469,4 @@ def emit_mma(ke: KernelEmitter, a_expr: Expr, b_expr: Expr, m_dims: list[int], n
     layouts = "".join("k" if s.k_fastest else "o" for s in (a, bb))
     how = f"cp.async {STAGES} stages" if pipelined else "through registers"
     return (batches * tiles_m * tiles_n, tile.threads,
-            f"mma {kind} {tile.bm}x{tile.bn}x{tile.bk} warps {tile.warps_m}x{tile.warps_n} staged {layouts} {how}")
+            f"mma {fmt.name} {tile.bm}x{tile.bn}x{tile.bk} warps {tile.warps_m}x{tile.warps_n} staged {layouts} {how}")
