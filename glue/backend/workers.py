@@ -11,6 +11,11 @@ any number of jobs. Each pool thread owns one worker at a time and talks to it o
 error, and is replaced on the next job. `config.compile_workers` bounds the pool (default: the
 cores this process may use); with one worker, or for a lone job while no worker runs yet,
 jobs run in this process instead, where they cost no start-up.
+
+LLVM's pass pipelines keep some memory for good (about 80 KiB per optimised module, which no
+closing of llvmlite objects returns), so a process that compiles many programs one kernel at a
+time would grow without bound: after IN_PROCESS_JOBS lone jobs here, later ones go to a worker
+too, and a worker retires after WORKER_JOBS jobs, taking what LLVM kept with it.
 """
 from __future__ import annotations
 
@@ -31,6 +36,8 @@ from glue.backend import llvm_jobs
 from glue.settings import config
 
 _SCRIPT = llvm_jobs.__file__
+IN_PROCESS_JOBS = 8
+WORKER_JOBS = 512
 # Where the worker finds llvmlite: the same directory this process imported it from.
 _LLVMLITE_HOME = os.path.dirname(os.path.dirname(os.path.abspath(llvmlite.__file__)))
 
@@ -55,8 +62,10 @@ class _Worker:
     def __init__(self) -> None:
         self._process = subprocess.Popen([sys.executable, "-P", _SCRIPT, _LLVMLITE_HOME],
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        self.jobs = 0
 
     def call(self, name: str, args: tuple) -> Any:
+        self.jobs += 1
         try:
             llvm_jobs.write_frame(self._process.stdin, pickle.dumps((name, args), protocol=pickle.HIGHEST_PROTOCOL))
             frame = llvm_jobs.read_frame(self._process.stdout)
@@ -117,9 +126,10 @@ class _Pool:
             try:
                 return worker.call(name, args)
             finally:
-                if worker.alive:
+                if worker.alive and worker.jobs < WORKER_JOBS:
                     self._idle.put(worker)
                 else:
+                    worker.close()
                     with self._lock:
                         self._all.remove(worker)
 
@@ -145,7 +155,12 @@ def _the_pool(size: int) -> _Pool:
         return _pool
 
 
+_ran_here = 0  # lone jobs this process has run itself
+
+
 def _run_here(name: str, args: tuple, label: str) -> Future:
+    global _ran_here
+    _ran_here += 1
     done: Future = Future()
     with profiler.span("compile", f"{name} {label}"):
         try:
@@ -160,7 +175,8 @@ class Jobs:
 
     def __init__(self, expected: int):
         size = worker_count()
-        self._pool = _the_pool(size) if size > 1 and (expected > 1 or started()) else None
+        lone_here = expected <= 1 and not started() and _ran_here < IN_PROCESS_JOBS
+        self._pool = _the_pool(size) if size > 1 and not lone_here else None
 
     @property
     def parallel(self) -> bool:

@@ -413,7 +413,7 @@ case("memory_per_compile_is_returned", """
     gc.collect()
     grown = resident() - before
     assert grown < 30 * 0.025 * 2**20, f"{grown / 2**20:.1f} MiB kept by 30 dropped programs"
-""", None, lead="item 9 (memory per compile)")
+""", None)
 case("cuda_back_to_back_calls_with_live_outputs", """
     import time
     x = glue.device_put(np.ones((4096, 4096), np.float32), "cuda")
