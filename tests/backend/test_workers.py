@@ -34,10 +34,32 @@ def test_workers_make_the_same_object_code_as_this_process():
 
 def test_a_lone_job_runs_here_until_workers_have_started(monkeypatch):
     monkeypatch.setattr(workers, "_pool", None)
+    monkeypatch.setattr(workers, "_ran_here", 0)
     with config.override(compile_workers=2):
         assert not workers.Jobs(1).parallel
         assert workers.Jobs(2).parallel
         assert workers.Jobs(1).parallel is False  # the pool exists but no worker has run yet
+
+
+def test_after_a_few_lone_jobs_here_they_go_to_a_worker(monkeypatch):
+    """LLVM keeps memory per optimised module: a process compiling program after program moves
+    that into workers, which retire after a while."""
+    monkeypatch.setattr(workers, "_pool", None)
+    monkeypatch.setattr(workers, "_ran_here", 0)
+    monkeypatch.setattr(workers, "WORKER_JOBS", 3)
+    with config.override(compile_workers=2):
+        for n in range(workers.IN_PROCESS_JOBS):
+            jobs = workers.Jobs(1)
+            assert not jobs.parallel
+            jobs.submit(*target.Pipeline().job(_module(n))).result()
+        codes = []
+        for n in range(7):  # through a worker, replaced every three jobs
+            jobs = workers.Jobs(1)
+            assert jobs.parallel
+            codes.append(jobs.submit(*target.Pipeline().job(_module(n))).result()[0])
+        assert workers.started() <= 2
+    here = [workers._run_here(*target.Pipeline().job(_module(n)), "").result()[0] for n in range(7)]
+    assert codes == here
 
 
 def test_an_llvm_error_in_a_worker_comes_back_as_its_message():
