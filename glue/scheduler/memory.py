@@ -47,6 +47,22 @@ class MemoryPlan:
     def peak_bytes(self) -> int:
         return self.argument_bytes + self.arena_bytes + self.output_bytes
 
+    def live_bytes(self) -> list[int]:
+        """Per kernel position, the bytes of arena values live there (produced at or before it,
+        read at or after it): what packing must fit, before fragmentation."""
+        ends = max((last for _, last in self.lifetimes.values()), default=-1) + 2
+        delta = [0] * ends
+        for vid, p in self.placements.items():
+            if p.kind == "arena":
+                first, last = self.lifetimes[vid]
+                delta[first] += p.type.nbytes
+                delta[last + 1] -= p.type.nbytes
+        live, total = [], 0
+        for d in delta[:-1]:
+            total += d
+            live.append(total)
+        return live
+
     def analysis(self) -> dict[str, int]:
         return {"peak_bytes": self.peak_bytes, "naive_bytes": self.naive_bytes,
                 "arena_bytes": self.arena_bytes, "argument_bytes": self.argument_bytes,
