@@ -475,12 +475,16 @@ class _Fuser:
             push(a, b)
         tried: set[tuple[int, int, int, int]] = set()
         while queue:
-            _, _, _, a, b, va, vb = heapq.heappop(queue)
+            score, _, _, a, b, va, vb = heapq.heappop(queue)
             a, b = find(a), find(b)
             if a == b:
                 continue
             if (va, vb) != (version[a], version[b]):
                 push(a, b)  # one of them merged since: score it again
+                continue
+            if score >= 0:
+                self.refuse(self.groups[b].last, self.groups[a], "not profitable: the later kernel's outputs "
+                            "would be written before the kernels between the two and stay alive across them")
                 continue
             if (a, b, va, vb) in tried or (b, a, vb, va) in tried:
                 continue
@@ -532,7 +536,17 @@ class _Fuser:
                 var = self.vars[vid]
                 still = var.id in self.external or bool(self.readers(var, (a.gid, b.gid)))
                 passed += self.nbytes(vid) * (1 if still else 2)
-        return LAUNCH_BYTES + shared + passed
+        return LAUNCH_BYTES + shared + passed - self._moved_bytes(a, b)
+
+    def _moved_bytes(self, a: _Group, b: _Group) -> int:
+        """What a merge costs in memory: the merged kernel runs where the earlier of the two
+        did, so when other kernels lie between them, what the later one writes is alive from
+        there on, across them (in a training step: a backward kernel pulled into the forward)."""
+        early, late = sorted((a, b), key=lambda g: g.first)
+        pair = (a.gid, b.gid)
+        if not any(g not in pair for i in range(early.last + 1, late.first) for g in self.groups_of.get(i, ())):
+            return 0
+        return sum(self.nbytes(vid) for vid in late.outputs if vid not in early.walk.reads)
 
     def _try_merge(self, a: int, b: int) -> tuple[int | None, int]:
         """Merge groups a and b; the kept group and the merged one, or (None, b) if refused."""
