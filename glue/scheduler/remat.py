@@ -15,13 +15,18 @@ across that gap and recomputes the rest after it, from what is kept:
   calls are kept when needed. Arguments are alive anyway and cost nothing; graph outputs
   have buffers of their own;
 - the kept set is a minimum cut, in bytes, between the values that cannot be recomputed and
-  those the far side reads (each value a node of capacity its size); every value the far side
-  reads and that is not kept is recomputed there by copies of its equations, placed just before
-  the first equation that needs it, so fusion folds them into the backward's kernels.
+  those the far side reads (each value a node of capacity its size), the one nearest the far
+  side of the cuts of least capacity (the least recomputation);
+- every value the far side reads and that is not kept is recomputed by copies of its
+  equations, made for each reading equation and placed just before it, so fusion folds them
+  into that reader's kernel: a copy shared by two backward kernels would be written by one and
+  kept for the other (an exp feeding both a product and a softmax's backward is written in
+  float32 beside its 16-bit cast), and one shared across layers would live across them.
 
-Each round cuts at the current fullest position and runs again while that shrinks (a few
-rounds). The copies compute exactly what the originals do, so results are unchanged bit for
-bit. It runs after `optimize`, whose CSE would merge the copies back into their originals.
+One cut, at the fullest gap: cutting again at the next fullest (inside the backward) keeps no
+less, since what crosses there is mostly what the first cut kept. The copies compute exactly
+what the originals do, so results are unchanged bit for bit. It runs after `optimize`, whose
+CSE would merge the copies back into their originals.
 """
 from __future__ import annotations
 
@@ -33,8 +38,10 @@ from glue.ir.core import Atom
 from glue.ir.primitives import has_effects
 from glue.scheduler.passes.dce import dce
 
-MAX_ROUNDS = 4
 RECOMPUTABLE_KINDS = ("elementwise", "layout", "creation")
+# Recomputing costs work (transcendentals included): a cut must save at least this many bytes
+# at the fullest gap, which small programs never reach, so their kernels stay as fusion made them.
+MIN_SAVED_BYTES = 1 << 20
 _INF = 1 << 62
 
 
@@ -140,20 +147,31 @@ class _Network:
                 u = self.edges[e ^ 1][0]
                 nxt[u] += 1
 
-    def source_side(self, s: int, t: int) -> set[int]:
-        """The nodes on the source's side of a minimum s-t cut (after pushing a maximum flow)."""
+    def sink_side(self, s: int, t: int) -> set[int]:
+        """The nodes on the sink's side of the minimum s-t cut nearest the sink: those that
+        still reach it once a maximum flow is pushed. Of the cuts of least capacity, that one
+        keeps the values latest in the program, so the least is recomputed."""
         while True:
             level = self._levels(s)
             if level[t] < 0:
-                return {u for u, lv in enumerate(level) if lv >= 0}
+                break
             nxt = [0] * len(self.out)
             while self._push(s, t, level, nxt):
                 pass
+        reach, stack = {t}, [t]
+        while stack:
+            v = stack.pop()
+            for e in self.out[v]:  # e leaves v, so e ^ 1 enters it from edges[e][0]
+                u = self.edges[e][0]
+                if self.edges[e ^ 1][1] > 0 and u not in reach:
+                    reach.add(u)
+                    stack.append(u)
+        return reach
 
 
-def _kept(graph: Graph, gap: int) -> tuple[set[int], set[int]] | None:
-    """(the values to keep across `gap`, the values read after it), or None when keeping
-    exactly what is read there is already cheapest."""
+def _kept(graph: Graph, gap: int) -> set[int] | None:
+    """The values to keep across `gap`, or None when that saves less than MIN_SAVED_BYTES
+    against keeping what is read after it."""
     eqns = graph.eqns
     made = {v.id: i for i, e in enumerate(eqns[:gap]) for v in e.outvars}
     returned = {a.id for a in graph.outvars if isinstance(a, Var)}
@@ -184,15 +202,15 @@ def _kept(graph: Graph, gap: int) -> tuple[set[int], set[int]] | None:
                     net.edge(nodes[a.id][1], v_in, _INF)
         if vid in needed:
             net.edge(v_out, sink, _INF)
-    side = net.source_side(source, sink)
-    kept = {vid for vid, (v_in, v_out) in nodes.items() if v_in in side and v_out not in side}
-    if sum(sizes[v] for v in kept) >= sum(sizes[v] for v in needed):
+    side = net.sink_side(source, sink)
+    kept = {vid for vid, (v_in, v_out) in nodes.items() if v_in not in side and v_out in side}
+    if sum(sizes[v] for v in kept) + MIN_SAVED_BYTES > sum(sizes[v] for v in needed):
         return None
-    return kept, needed
+    return kept
 
 
-def _recompute(graph: Graph, gap: int, kept: set[int], needed: set[int]) -> Graph:
-    """`graph` with every value read after `gap` that is not kept recomputed there."""
+def _recompute(graph: Graph, gap: int, kept: set[int]) -> Graph:
+    """`graph` with every value read after `gap` that is not kept recomputed for each reader."""
     eqns = graph.eqns
     producer = {v.id: e for e in eqns[:gap] for v in e.outvars}
     copies: dict[int, Atom] = {}
@@ -225,24 +243,18 @@ def _recompute(graph: Graph, gap: int, kept: set[int], needed: set[int]) -> Grap
         return copies[a.id] if a.id in copies else copy_of(a)
 
     for eqn in eqns[gap:]:
+        copies.clear()  # each reader its own copies (see the module docstring)
         inputs = tuple(read(a) for a in eqn.inputs)
         out.append(eqn if inputs == eqn.inputs else Eqn(eqn.primitive, inputs, eqn.params, eqn.outvars, eqn.source))
     return Graph(graph.constvars, graph.invars, tuple(out), graph.outvars)
 
 
 def rematerialize(graph: Graph) -> Graph:
-    """`graph` keeping less across its fullest points (see the module docstring); the very
-    Graph when nothing pays."""
-    for _ in range(MAX_ROUNDS):
-        gap = fullest_gap(graph)
-        if gap.bytes == 0:
-            break
-        chosen = _kept(graph, gap.position)
-        if chosen is None:
-            break
-        # originals read only after the gap are dead now that copies serve their readers
-        candidate = dce(_recompute(graph, gap.position, *chosen))
-        if fullest_gap(candidate).bytes >= gap.bytes:
-            break
-        graph = candidate
-    return graph
+    """`graph` keeping less across its fullest gap (see the module docstring); the very Graph
+    when nothing pays."""
+    gap = fullest_gap(graph)
+    chosen = _kept(graph, gap.position) if gap.bytes else None
+    if chosen is None:
+        return graph
+    # originals read only after the gap are dead now that copies serve their readers
+    return dce(_recompute(graph, gap.position, chosen))
