@@ -23,6 +23,13 @@ dependency order and checks the cases that could close a cycle). Then kernels ov
 read a common input or one another's output merge, best score first. Every refusal is recorded
 with its reason, for the "fusion" stage. Equations with several results, and opaque primitives,
 are kernels of their own.
+
+Memory counts too, as bytes against a score: a merge or a join that would make a kernel run
+far from where its equations are (a backward kernel pulled into the forward, a weight
+gradient held back for a late epilogue operand) keeps values alive across the kernels between
+(`_moved_bytes`, `_delayed_bytes`); a kernel runs at its own earliest equation, not at a cheap
+copy recomputed in it (`_Group.at`); and a narrowing cast of a computed value is computed with
+it, so memory holds the narrow value.
 """
 from __future__ import annotations
 

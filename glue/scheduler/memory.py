@@ -49,7 +49,8 @@ class MemoryPlan:
 
     def live_bytes(self) -> list[int]:
         """Per kernel position, the bytes of arena values live there (produced at or before it,
-        read at or after it): what packing must fit, before fragmentation."""
+        read at or after it): what packing must fit, before fragmentation. An output written in
+        place over an input that dies in its kernel counts beside that input there."""
         ends = max((last for _, last in self.lifetimes.values()), default=-1) + 2
         delta = [0] * ends
         for vid, p in self.placements.items():
