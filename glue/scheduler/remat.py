@@ -42,6 +42,11 @@ RECOMPUTABLE_KINDS = ("elementwise", "layout", "creation")
 # Recomputing costs work (transcendentals included): a cut must save at least this many bytes
 # at the fullest gap, which small programs never reach, so their kernels stay as fusion made them.
 MIN_SAVED_BYTES = 1 << 20
+# Copies are made per reader, so a long chain of cheap work read all along (a hash's rounds
+# over one iota, which fusion keeps in one kernel anyway) could be copied many times over: a
+# rewrite adding more than this fraction of the program's equations (doubling it) is not worth
+# its work.
+MAX_COPIES = 1.0
 _INF = 1 << 62
 
 
@@ -251,10 +256,15 @@ def _recompute(graph: Graph, gap: int, kept: set[int]) -> Graph:
 
 def rematerialize(graph: Graph) -> Graph:
     """`graph` keeping less across its fullest gap (see the module docstring); the very Graph
-    when nothing pays."""
+    when nothing pays: the cut saves too little, the gap does not shrink by MIN_SAVED_BYTES,
+    or the copies grow the program by more than MAX_COPIES."""
     gap = fullest_gap(graph)
     chosen = _kept(graph, gap.position) if gap.bytes else None
     if chosen is None:
         return graph
     # originals read only after the gap are dead now that copies serve their readers
-    return dce(_recompute(graph, gap.position, chosen))
+    rewritten = dce(_recompute(graph, gap.position, chosen))
+    if len(rewritten.eqns) > (1 + MAX_COPIES) * len(graph.eqns) \
+            or fullest_gap(rewritten).bytes + MIN_SAVED_BYTES > gap.bytes:
+        return graph
+    return rewritten
