@@ -148,7 +148,8 @@ def _timed_loops(run: Callable[[int], Any], sync: Callable[[Any], None], steps: 
 
 # --- glue ---------------------------------------------------------------------------------------
 
-def glue_step(cfg: Config, backend: str, bf16: bool) -> Result:
+def glue_step_fn(cfg: Config, bf16: bool) -> Callable:
+    """glue's training step `(params, m, v, tokens, targets, c1, c2) -> (params, m, v, loss)`."""
     import glue
     import glue.nn as gnn
     import glue.numpy as gnp
@@ -161,7 +162,13 @@ def glue_step(cfg: Config, backend: str, bf16: bool) -> Result:
         params, m, v = adamw(gnp, params, grads, m, v, c1, c2)
         return params, m, v, loss
 
-    jitted = glue.jit(step, backend=backend, donate_argnums=(0, 1, 2))
+    return step
+
+
+def glue_step(cfg: Config, backend: str, bf16: bool) -> Result:
+    import glue
+
+    jitted = glue.jit(glue_step_fn(cfg, bf16), backend=backend, donate_argnums=(0, 1, 2))
     GLUE_STEPS.append(jitted)
     params0, tokens, targets = init(cfg)
 

@@ -33,9 +33,8 @@ from glue.errors import GlueError
 from glue.ir import Graph
 from glue.scheduler.fusion import fuse
 from glue.scheduler.memory import plan_memory
-from glue.scheduler.passes import optimize
 from glue.scheduler.plan import STAGES as PLAN_STAGES
-from glue.scheduler.plan import Plan
+from glue.scheduler.plan import Plan, simplify
 from glue.scheduler.streams import plan_streams
 
 
@@ -230,7 +229,7 @@ def add_plan_stages(lowering: Lowering, max_streams: int = 1) -> None:
     """The scheduler's stages, shared by the compiling backends, each timed on its own: the
     internal "passes" (the simplified Graph), "fuse" (kernels) and "plan" (streams and memory
     too), and the Plan's printable views."""
-    lowering.add_stage("passes", lambda lw: optimize(lw.graph), text=None)
+    lowering.add_stage("passes", lambda lw: simplify(lw.graph), text=None)
     lowering.add_stage("fuse", lambda lw: fuse(lw["passes"]), text=None)
     lowering.add_stage("plan", lambda lw: _plan(lw, max_streams), text=None)
     for stage in PLAN_STAGES:

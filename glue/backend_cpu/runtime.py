@@ -28,7 +28,7 @@ from glue.backend_cpu.code import LoadedKernel
 from glue.backend_cpu.kernels import KernelFunction
 from glue.backend_cpu.program import Operand, Program
 from glue.backend_cpu.target import thread_count
-from glue.codegen.analysis import CostAnalysis, MemoryAnalysis
+from glue.codegen.analysis import CostAnalysis, MemoryAnalysis, analyse_memory
 from glue.errors import BackendError
 from glue.ir import TensorType
 from glue.scheduler.calls import BodyLayout, body_layout
@@ -257,9 +257,7 @@ class Executable:
             self._free.append(space)
 
     def memory_analysis(self) -> MemoryAnalysis:
-        m = self.program.plan.memory
-        return MemoryAnalysis(m.peak_bytes, m.naive_bytes, m.arena_bytes, m.argument_bytes,
-                              m.output_bytes, self._scratch * self.threads)
+        return analyse_memory(self.program.plan, self._scratch * self.threads)
 
     def cost_analysis(self) -> CostAnalysis:
         return self._cost

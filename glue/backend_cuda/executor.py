@@ -62,7 +62,7 @@ from glue.backend_cuda.runtime.module import ArgPack, Kernel
 from glue.backend_cuda.runtime.stream import Event, Stream, device_span
 from glue.backend_cuda.runtime.transfer import download
 from glue.backend_cuda.steps import HostCall, Region, StepPlan, plan_program, resolve_ref
-from glue.codegen.analysis import CostAnalysis, MemoryAnalysis, estimate_cost
+from glue.codegen.analysis import CostAnalysis, MemoryAnalysis, analyse_memory, estimate_cost
 from glue.errors import BackendError
 from glue.ir import TensorType
 from glue.scheduler.calls import Ref, run_call
@@ -418,9 +418,7 @@ class CudaExecutable:
 
     # --- analyses ----------------------------------------------------------------------------
     def memory_analysis(self) -> MemoryAnalysis:
-        m = self.program.plan.memory
-        return MemoryAnalysis(m.peak_bytes, m.naive_bytes, m.arena_bytes, m.argument_bytes,
-                              m.output_bytes, 0)
+        return analyse_memory(self.program.plan)
 
     def cost_analysis(self) -> CostAnalysis:
         return self._cost

@@ -23,6 +23,13 @@ dependency order and checks the cases that could close a cycle). Then kernels ov
 read a common input or one another's output merge, best score first. Every refusal is recorded
 with its reason, for the "fusion" stage. Equations with several results, and opaque primitives,
 are kernels of their own.
+
+Memory counts too, as bytes against a score: a merge or a join that would make a kernel run
+far from where its equations are (a backward kernel pulled into the forward, a weight
+gradient held back for a late epilogue operand) keeps values alive across the kernels between
+(`_moved_bytes`, `_delayed_bytes`); a kernel runs at its own earliest equation, not at a cheap
+copy recomputed in it (`_Group.at`); and a narrowing cast of a computed value is computed with
+it, so memory holds the narrow value.
 """
 from __future__ import annotations
 
@@ -55,6 +62,9 @@ SOURCE_DEPTH = 16
 # 5,000 take 11 s), while splitting a long chain every few hundred operations adds only a
 # write and a read per element to hundreds of operations on it.
 MAX_KERNEL_SIZE = 256
+# How many kernels between two merged kernels count against the merge, each once, for what
+# the later one writes being alive across them (see `_Fuser._moved_bytes`).
+MOVE_SPAN = 4
 
 
 def _never_copied(name: str) -> bool:
@@ -126,6 +136,10 @@ class _Group:
         self.order = gid  # breaks ties in the kernel order: merged groups keep the earlier one's
         self.members: set[int] = {eqn_index}
         self.first = self.last = eqn_index
+        # Where the kernel runs in the order (its earliest equation that is not a cheap copy
+        # recomputed for it: a copy of a forward value in a backward kernel must not pull that
+        # kernel, and its outputs' lifetimes, into the forward).
+        self.at = eqn_index
         self.defined: dict[int, Eqn] = {v.id: eqn for v in eqn.outvars}
         self.own = _own_kernel(eqn)
         self.dot = eqn if eqn.primitive == "dot_general" else None
@@ -141,9 +155,11 @@ class _Group:
         self.domain: Domain | None = None
         self.walk: SiteWalk | None = None
 
-    def add(self, i: int, eqn: Eqn) -> None:
+    def add(self, i: int, eqn: Eqn, copy: bool = False) -> None:
         self.members.add(i)
         self.first, self.last = min(self.first, i), max(self.last, i)
+        if not copy:
+            self.at = min(self.at, i)
         self.defined.update((v.id, eqn) for v in eqn.outvars)
         if eqn.primitive == "dot_general":
             self.dot = eqn
@@ -257,6 +273,14 @@ class _Fuser:
         self._link_readers(gid, eqn)
         return gid
 
+    def _narrows_computed(self, eqn: Eqn) -> bool:
+        """Whether `eqn` casts an elementwise result to a narrower type (mixed precision)."""
+        if not primitive(eqn.primitive).cast or not isinstance(eqn.inputs[0], Var):
+            return False
+        source = self.producer.get(eqn.inputs[0].id)
+        return source is not None and primitive(self.eqns[source].primitive).kind == "elementwise" \
+            and eqn.outvars[0].type.dtype.itemsize < eqn.inputs[0].type.dtype.itemsize
+
     def _link_readers(self, gid: int, eqn: Eqn) -> None:
         """Edges from the group writing `eqn`'s values to the groups that read them."""
         for v in eqn.outvars:
@@ -277,6 +301,9 @@ class _Fuser:
         if group.dot is not None and not primitive(eqn.primitive).moves_data_only and self._feeds_dot(i, group):
             # Only cheap work may feed a contraction: its operands are re-read for every tile.
             return "only casts and layout changes are fused before a contraction"
+        if group.dot is not None and self._narrows_computed(eqn) and self._feeds_dot(i, group):
+            # Read through the cast, the wide value would be written for the contraction alone.
+            return "a narrowing cast of a computed value is computed with that value, so memory holds the narrow one"
         return None
 
     def _feeds_dot(self, i: int, group: _Group) -> bool:
@@ -334,13 +361,13 @@ class _Fuser:
         return _Trial(domain, walk, True, output, above,
                       _kernel_size(len(group.walk.sites) + len(walk.sites), levels))
 
-    def _take(self, i: int, group: _Group, trial: _Trial) -> None:
+    def _take(self, i: int, group: _Group, trial: _Trial, copy: bool) -> None:
         eqn = self.eqns[i]
         (var,) = eqn.outvars
         if i not in group.members:
             if group.dot is not None and self._feeds_dot(i, group):
                 group.feeds_dot.add(i)
-            group.add(i, eqn)
+            group.add(i, eqn, copy)
             self.groups_of.setdefault(i, set()).add(group.gid)
             group.folds_above[i] = trial.folds_above
             group.levels = max(group.levels, trial.folds_above)
@@ -371,7 +398,7 @@ class _Fuser:
         score, why = self._join_score(i, group, as_home)
         if score <= 0:
             return self.refuse(i, group, f"not profitable: {why}")
-        self._take(i, group, trial)
+        self._take(i, group, trial, copy=not as_home)
         if as_home:
             self.home[eqn.outvars[0].id] = gid
         return True
@@ -392,7 +419,7 @@ class _Fuser:
             # needed, its read back here, and the operands both kernels would read.
             operands, new = self._new_bytes({a.id for a in eqn.inputs if isinstance(a, Var)}, group)
             written = 0 if self.needed(var, group.gid) else size
-            saved = LAUNCH_BYTES + written + read_back + operands - new
+            saved = LAUNCH_BYTES + written + read_back + operands - new - self._delayed_bytes(i, group)
             return saved, f"saves {saved} bytes"
         # Against reading the value from memory: that read, and the write it needs (the other
         # consumers are asked the same), for what computing it here reads (the cheap work it is
@@ -432,11 +459,13 @@ class _Fuser:
         That kernel must not itself depend on a kernel that reads the value (a cycle). Kernels
         without reductions are tried first: there the value can still reach its own producer's
         kernel as an epilogue (a reduction kernel cannot take in a contraction); then those
-        with the best score, then the earliest."""
-        def order(g: int) -> tuple[bool, float, int]:
+        that other kernels do not separate from the value (a far consumer made its home would
+        run with it, its outputs alive from there on: a backward kernel pulled into the
+        forward); then those with the best score, then the earliest."""
+        def order(g: int) -> tuple[bool, bool, float, int]:
             group = self.groups[g]
             score = 0 if group.own else self._join_score(i, group, as_home=True)[0]
-            return group.folds > 0, -score, group.first
+            return group.folds > 0, self._separated(i, group), -score, group.at
 
         for gid in sorted(users, key=order):
             others = readers - {gid}
@@ -468,19 +497,23 @@ class _Fuser:
 
         def push(a: int, b: int) -> None:
             ga, gb = self.groups[a], self.groups[b]
-            heapq.heappush(queue, (-self._merge_score(ga, gb), min(ga.first, gb.first), max(ga.first, gb.first),
+            heapq.heappush(queue, (-self._merge_score(ga, gb), min(ga.at, gb.at), max(ga.at, gb.at),
                                    a, b, version[a], version[b]))
 
         for a, b in self._merge_candidates():
             push(a, b)
         tried: set[tuple[int, int, int, int]] = set()
         while queue:
-            _, _, _, a, b, va, vb = heapq.heappop(queue)
+            score, _, _, a, b, va, vb = heapq.heappop(queue)
             a, b = find(a), find(b)
             if a == b:
                 continue
             if (va, vb) != (version[a], version[b]):
                 push(a, b)  # one of them merged since: score it again
+                continue
+            if score >= 0:
+                self.refuse(self.groups[b].last, self.groups[a], "not profitable: the later kernel's outputs "
+                            "would be written before the kernels between the two and stay alive across them")
                 continue
             if (a, b, va, vb) in tried or (b, a, vb, va) in tried:
                 continue
@@ -497,7 +530,7 @@ class _Fuser:
         readers: dict[tuple, list[int]] = {}
         same_key: dict[tuple, list[int]] = {}
         pairs = []
-        for gid in sorted(self.groups, key=lambda g: self.groups[g].first):
+        for gid in sorted(self.groups, key=lambda g: self.groups[g].at):
             group = self.groups[gid]
             key = group.merge_key
             if key is None:
@@ -532,7 +565,43 @@ class _Fuser:
                 var = self.vars[vid]
                 still = var.id in self.external or bool(self.readers(var, (a.gid, b.gid)))
                 passed += self.nbytes(vid) * (1 if still else 2)
-        return LAUNCH_BYTES + shared + passed
+        return LAUNCH_BYTES + shared + passed - self._moved_bytes(a, b)
+
+    def _between(self, lo: int, hi: int, pair: tuple[int, ...]) -> int:
+        """How many kernels other than `pair` hold equations strictly between positions lo and
+        hi, counted up to MOVE_SPAN."""
+        between: set[int] = set()
+        for i in range(lo + 1, hi):
+            between.update(g for g in self.groups_of.get(i, ()) if g not in pair)
+            if len(between) >= MOVE_SPAN:
+                break
+        return len(between)
+
+    def _separated(self, i: int, group: _Group) -> bool:
+        """Whether other kernels lie between equation i and the later `group`."""
+        return group.at > i and self._between(i, group.at, (group.gid,)) > 0
+
+    def _delayed_bytes(self, i: int, group: _Group) -> int:
+        """What equation i joining `group` costs in memory when the group waits for a value made
+        well after i (a weight gradient's epilogue adding the gradient the backward makes
+        last): i's operands stay alive until then, across the kernels between (counted as in
+        `_moved_bytes`)."""
+        latest = max((self.producer[vid] for vid in group.walk.reads if vid in self.producer), default=-1)
+        if latest <= i:
+            return 0
+        between = self._between(i, latest, (group.gid,))
+        return between * sum(a.type.nbytes for a in self.eqns[i].inputs
+                             if isinstance(a, Var) and a.id in self.producer)
+
+    def _moved_bytes(self, a: _Group, b: _Group) -> int:
+        """What a merge costs in memory: the merged kernel runs where the earlier of the two
+        did, so what the later one writes is alive from there on, across the kernels between
+        them (in a training step: a backward kernel pulled into the forward). Counted once per
+        kernel between, up to MOVE_SPAN: holding memory across many kernels costs more than
+        the one read a merge saves."""
+        early, late = sorted((a, b), key=lambda g: g.at)
+        between = self._between(early.last, late.at, (a.gid, b.gid))
+        return between * sum(self.nbytes(vid) for vid in late.outputs if vid not in early.walk.reads)
 
     def _try_merge(self, a: int, b: int) -> tuple[int | None, int]:
         """Merge groups a and b; the kept group and the merged one, or (None, b) if refused."""
@@ -596,10 +665,11 @@ class _Fuser:
         return above
 
     def _absorb(self, keep: _Group, gone: _Group, walk: SiteWalk, dropped: set[int], passed: list[int]) -> None:
-        keep.order = min((keep.first, keep.order), (gone.first, gone.order))[1]
+        keep.order = min((keep.at, keep.order), (gone.at, gone.order))[1]
+        keep.at = min(keep.at, gone.at)
         keep.folds_above.update(gone.folds_above)
         for i in gone.members:
-            keep.add(i, self.eqns[i])
+            keep.add(i, self.eqns[i], copy=True)  # `at` is set above
             gids = self.groups_of[i]
             gids.discard(gone.gid)
             gids.add(keep.gid)
@@ -643,9 +713,9 @@ class _Fuser:
         return eqn if group.own and primitive(eqn.primitive).opaque else None
 
     def finish(self) -> Fusion:
-        # Of the kernels ready to run, the one with the earliest first equation: that keeps the
-        # kernel order close to the program's.
-        order = self.dag.order(lambda g: (self.groups[g].first, self.groups[g].order))
+        # Of the kernels ready to run, the one with the earliest equation (copies aside, see
+        # `_Group.at`): that keeps the kernel order close to the program's.
+        order = self.dag.order(lambda g: (self.groups[g].at, self.groups[g].order))
         groups = [sorted(self.groups[g].members) for g in order]
         outputs = [self.outputs(g) for g in order]
         kernels = []

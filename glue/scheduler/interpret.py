@@ -2,7 +2,9 @@
 
 Every expression is evaluated over the whole iteration domain at once (NumPy broadcasting over
 a grid of domain indices), so this checks the scheduler's fusion and index maps independently
-of any code generator.
+of any code generator. `run_plan_placed` also keeps every value where the memory plan puts it
+(one arena, output and donated buffers) after filling that memory with poison, so a plan that
+lets two live values overlap, or a kernel read memory nothing wrote yet, changes the results.
 """
 from __future__ import annotations
 
@@ -135,3 +137,34 @@ def run_plan(plan: Plan, args: Sequence[Any]) -> list[np.ndarray]:
         env.update({b.value_id: o for b, o in zip(kernel.outputs, outs)})
     return [np.asarray(a.value, dtype=a.type.dtype.numpy) if not hasattr(a, "id") else env[a.id]
             for a in graph.outvars]
+
+
+def run_plan_placed(plan: Plan, args: Sequence[Any], poison: int = 0xFF) -> list[np.ndarray]:
+    """`run_plan`, with each value kept at its placement in memory filled with the byte
+    `poison` first (0xFF: NaN in every float type, -1 in every integer type). A kernel's
+    outputs are computed from its inputs before they are stored, as a kernel writing in place
+    reads each element before writing it."""
+    graph, memory = plan.graph, plan.memory
+    buffers = [np.array(a, dtype=v.type.dtype.numpy) for v, a in zip(graph.constvars + graph.invars, args)]
+    arena = np.full(memory.arena_bytes, poison, np.uint8)
+    outputs = [np.full(t.nbytes, poison, np.uint8) for t in plan.output_types]
+
+    def where(vid: int) -> np.ndarray:
+        p = memory.placements[vid]
+        if p.kind == "argument":
+            return buffers[p.slot]
+        raw = arena[p.slot:p.slot + p.type.nbytes] if p.kind == "arena" else \
+            outputs[p.slot] if p.kind == "output" else buffers[p.slot].reshape(-1).view(np.uint8)
+        return raw.view(p.type.dtype.numpy).reshape(p.type.shape)
+
+    for kernel in plan.kernels:
+        outs = run_kernel(kernel, [where(b.value_id).copy() for b in kernel.inputs])
+        for b, o in zip(kernel.outputs, outs):
+            where(b.value_id)[...] = o
+    results = []
+    for r, a in zip(plan.results(), graph.outvars):
+        if r.kind == "literal":
+            results.append(np.asarray(r.value, dtype=r.type.dtype.numpy))
+        else:
+            results.append(where(a.id).copy())
+    return results

@@ -47,6 +47,23 @@ class MemoryPlan:
     def peak_bytes(self) -> int:
         return self.argument_bytes + self.arena_bytes + self.output_bytes
 
+    def live_bytes(self) -> list[int]:
+        """Per kernel position, the bytes of arena values live there (produced at or before it,
+        read at or after it): what packing must fit, before fragmentation. An output written in
+        place over an input that dies in its kernel counts beside that input there."""
+        ends = max((last for _, last in self.lifetimes.values()), default=-1) + 2
+        delta = [0] * ends
+        for vid, p in self.placements.items():
+            if p.kind == "arena":
+                first, last = self.lifetimes[vid]
+                delta[first] += p.type.nbytes
+                delta[last + 1] -= p.type.nbytes
+        live, total = [], 0
+        for d in delta[:-1]:
+            total += d
+            live.append(total)
+        return live
+
     def analysis(self) -> dict[str, int]:
         return {"peak_bytes": self.peak_bytes, "naive_bytes": self.naive_bytes,
                 "arena_bytes": self.arena_bytes, "argument_bytes": self.argument_bytes,
@@ -71,11 +88,18 @@ def reads_only_where_written(kernel: Kernel, input_slot: int, output_slot: int,
                              loads: Sequence[Load] | None = None) -> bool:
     """True when the kernel reads input `input_slot` only at the points it writes output
     `output_slot`, so both may share memory. A row kernel qualifies too: it finishes reading a
-    row for its reductions before it writes that row, and no other row reads it. `loads` are the
-    kernel's loads, when already known."""
+    row for its reductions before it writes that row, and no other row reads it. So does a
+    contraction's epilogue that reads the input only at the output element it then writes (an
+    optimizer update fused after a weight gradient): every backend runs the epilogue of an
+    element once, after the element's sum, and keeps the sum itself apart from the outputs.
+    `loads` are the kernel's loads, when already known."""
     stores = [s for s in kernel.stores if s.output == output_slot]
-    if kernel.kind not in ("pointwise", "reduction") or len(stores) != 1 or stores[0].mode != "set" \
-            or stores[0].level != "element":
+    level = "row" if kernel.kind == "contraction" else "element"
+    if kernel.kind not in ("pointwise", "reduction", "contraction") or len(stores) != 1 \
+            or stores[0].mode != "set" or stores[0].level != level:
+        return False
+    if kernel.kind == "contraction" and any(ld.input == input_slot
+                                            for ld in loads_under(r.value for r in kernel.reductions)):
         return False
     mine = [ld for ld in (loads_under(kernel.roots) if loads is None else loads) if ld.input == input_slot]
     return all(ld.index == stores[0].index and not ld.mask for ld in mine)
@@ -109,12 +133,25 @@ def plan_memory(graph: Graph, kernels: Sequence[Kernel], donated: Sequence[int] 
     returned = {a.id for a in graph.outvars if isinstance(a, Var)}
     donors = {graph.invars[i].id: len(graph.constvars) + i for i in donated if graph.invars[i].id not in returned}
     loads = _Loads(kernels)
+    # Outputs first take a donor their own kernel reads where it writes (a weight update takes
+    # the old weight's buffer), then any donor dead by then: taken greedily in output order, a
+    # donor one output could have had in place may go to another that only needed it free.
+    chosen: dict[int, int] = {}
+    for own in (True, False):
+        for vid in output_ids:
+            if vid in chosen:
+                continue
+            k = produced[vid]
+            read = {b.value_id for b in kernels[k].inputs}
+            donor = next((d for d, slot in donors.items() if (d in read) == own
+                          and args[slot].type.nbytes == types[vid].nbytes
+                          and _free_by(d, vid, kernels, users, k, order, loads)), None)
+            if donor is not None:
+                chosen[vid] = donors.pop(donor)
     n_fresh = 0  # fresh output buffers are numbered without gaps: donated outputs take none
     for vid in output_ids:
-        donor = next((d for d, slot in donors.items() if args[slot].type.nbytes == types[vid].nbytes
-                      and _free_by(d, vid, kernels, users, produced[vid], order, loads)), None)
-        if donor is not None:
-            placements[vid] = Placement("donated", donors.pop(donor), types[vid])
+        if vid in chosen:
+            placements[vid] = Placement("donated", chosen[vid], types[vid])
         else:
             placements[vid] = Placement("output", n_fresh, types[vid])
             n_fresh += 1

@@ -11,6 +11,7 @@ from glue.scheduler.fusion import Fusion, fuse
 from glue.scheduler.kernel_ir import Kernel
 from glue.scheduler.memory import MemoryPlan, plan_memory
 from glue.scheduler.passes import optimize
+from glue.scheduler.remat import rematerialize
 from glue.scheduler.streams import StreamPlan, plan_streams
 
 STAGES = ("optimized", "fusion", "kernels", "streams", "memory", "graph")
@@ -75,11 +76,17 @@ class Plan:
         raise KeyError(stage)
 
 
+def simplify(graph: Graph) -> Graph:
+    """The Graph fusion starts from: `optimize`d, then rematerialized (glue/scheduler/remat.py:
+    after optimize, whose CSE would merge the recomputed copies back)."""
+    return rematerialize(optimize(graph))
+
+
 def schedule(graph: Graph, donated: Sequence[int] = (), max_streams: int = 1) -> Plan:
     """The Plan for `graph`; `donated` lists invar positions whose buffers outputs may reuse;
     independent kernels go on up to `max_streams` streams (1 for a target that runs kernels one
     at a time)."""
-    optimized = optimize(graph)
+    optimized = simplify(graph)
     fusion = fuse(optimized)
     streams = plan_streams(fusion.kernels, max_streams)
     return Plan(optimized, fusion, streams, plan_memory(optimized, fusion.kernels, donated, streams))

@@ -327,10 +327,19 @@ def _gather_jvp(ts, xs, out, *, axis, batch_dims):
 
 def _gather_vjp(ct, wanted, xs, out, *, axis, batch_dims):
     x, idx = xs
-    n = aval(x).shape[axis]
+    t = aval(x)
+    n = t.shape[axis]
     # gather clamps its indices, scatter_add drops out-of-range ones: clamp so they agree.
     clamped = emit("max", emit("min", idx, like(n - 1, idx)), like(0, idx))
-    return [emit("scatter_add", zeros(aval(x)), clamped, ct, axis=axis, batch_dims=batch_dims), None]
+    if aval(idx).shape[batch_dims:] == (1,) and axis == batch_dims:
+        # One index per batch point (take_along_axis picking one entry of each row): the
+        # cotangent is one-hot along the axis, an elementwise select that fuses into its
+        # consumers, where a scatter would first materialise an operand-sized array of zeros.
+        dims = tuple(range(t.ndim))
+        hit = emit("eq", emit("iota", dtype=aval(idx).dtype, shape=t.shape, dimension=axis),
+                   broadcast(clamped, t.shape, dims))
+        return [emit("select", hit, broadcast(ct, t.shape, dims), like(0, ct)), None]
+    return [emit("scatter_add", zeros(t), clamped, ct, axis=axis, batch_dims=batch_dims), None]
 
 
 def _scatter_add_jvp(ts, xs, out, *, axis, batch_dims):
