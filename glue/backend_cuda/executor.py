@@ -99,6 +99,7 @@ class GraphStats:
     replays: int = 0
     captures: int = 0
     direct: int = 0
+    captures_in_a_row: int = 0  # since the last replay
 
 
 class CudaExecutable:
@@ -336,6 +337,7 @@ class CudaExecutable:
             if len(self._graphs) > 1:
                 self._graphs.move_to_end(key)
             self.graph_stats.replays += 1
+            self.graph_stats.captures_in_a_row = 0
         s0 = self.stream
         for buf in unordered:
             buf.prepare_for(s0)
@@ -344,11 +346,14 @@ class CudaExecutable:
 
     def _capture(self, key: tuple[int, ...], bases: list[int]) -> Graph | None:
         stats = self.graph_stats
-        if stats.captures >= 2 * GRAPH_CACHE and stats.captures > stats.replays:
+        # Calls that keep their outputs alive get new addresses every time: past a few captures
+        # in a row (each evicting a graph, which waits for the stream) they launch directly.
+        if stats.captures_in_a_row >= 2 * GRAPH_CACHE or (stats.captures >= 2 * GRAPH_CACHE
+                                                          and stats.captures > stats.replays):
             self.use_graphs = False
             log.info("glue.cuda: %s launches kernels directly from now on: its buffer addresses changed "
-                     "on %d of %d calls, so graph replays would not pay for their captures",
-                     self.name, stats.captures, stats.captures + stats.replays)
+                     "on %d of %d calls (%d in a row), so graph replays would not pay for their captures",
+                     self.name, stats.captures, stats.captures + stats.replays, stats.captures_in_a_row)
             return None
         if not self._steps:
             return None
@@ -360,6 +365,7 @@ class CudaExecutable:
                         "directly", self.name, exc)
             return None
         stats.captures += 1
+        stats.captures_in_a_row += 1
         self._graphs[key] = graph
         if len(self._graphs) > GRAPH_CACHE:
             self.stream.synchronize()  # the evicted graph may still be running

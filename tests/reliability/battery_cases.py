@@ -433,7 +433,7 @@ case("cuda_back_to_back_calls_with_live_outputs", """
         return (time.perf_counter() - t0) / 50
     alone, queued = min(per_call(False) for _ in range(3)), min(per_call(True) for _ in range(3))
     assert queued < 1.3 * alone, (queued, alone)
-""", None, lead="item 10 (back-to-back calls)", needs="cuda")
+""", None, needs="cuda")
 
 
 # --- item 2: long sums are right (once silently wrong) -------------------------------------------
