@@ -7,7 +7,8 @@ from typing import Any, Sequence
 
 from glue.ir import Graph, Literal, TensorType, Var
 from glue.ir.printer import graph_var_names
-from glue.scheduler.fusion import Fusion, fuse
+from glue.scheduler.attention import tile_attention
+from glue.scheduler.fusion import Fusion
 from glue.scheduler.kernel_ir import Kernel
 from glue.scheduler.memory import MemoryPlan, plan_memory
 from glue.scheduler.passes import optimize
@@ -79,8 +80,8 @@ def schedule(graph: Graph, donated: Sequence[int] = (), max_streams: int = 1) ->
     """The Plan for `graph`; `donated` lists invar positions whose buffers outputs may reuse;
     independent kernels go on up to `max_streams` streams (1 for a target that runs kernels one
     at a time)."""
-    optimized = optimize(graph)
-    fusion = fuse(optimized)
+    tiled = tile_attention(optimize(graph))
+    optimized, fusion = tiled.graph, tiled.fused()
     streams = plan_streams(fusion.kernels, max_streams)
     return Plan(optimized, fusion, streams, plan_memory(optimized, fusion.kernels, donated, streams))
 
