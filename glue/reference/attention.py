@@ -56,7 +56,7 @@ def attention(q, k, v, *extras, scale, causal, layout, masked_value, has_bias, h
         total = e.sum(-1, keepdims=True)
         out = np.einsum("bnts,bnsh->bnth", e / total, v_)
         lse = (m + np.log(total))[..., 0]
-    return _bnth(out, layout).astype(q.dtype), lse.astype(q_.dtype if q.dtype.itemsize < 4 else q.dtype)
+    return _bnth(out, layout).astype(q.dtype), lse.astype(q_.dtype)
 
 
 def _grouped(x: np.ndarray, kv_heads: int) -> np.ndarray:
@@ -76,7 +76,11 @@ def attention_bwd(q, k, v, *rest, scale, causal, layout, masked_value, has_bias,
     out_, d_out_ = _wide(_bnth(out, layout), _bnth(d_out, layout))
     keep = _keep(mask, causal, q_.shape[2], k_.shape[2])
     with np.errstate(all="ignore"):
-        p = np.exp(_logits(q_, k_, bias, keep, scale, masked_value) - lse.astype(q_.dtype)[..., None])
+        # P from the logits themselves, not from lse: a row masked everywhere with a large
+        # finite value has lse == masked_value in float32, where P is 1/S
+        s = _logits(q_, k_, bias, keep, scale, masked_value)
+        e = np.exp(s - s.max(-1, keepdims=True))
+        p = e / e.sum(-1, keepdims=True)
         dv = np.einsum("bnts,bnth->bnsh", p, d_out_)
         dp = np.einsum("bnth,bnsh->bnts", d_out_, v_)
         delta = (d_out_ * out_).sum(-1) - d_lse.astype(q_.dtype)

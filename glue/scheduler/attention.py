@@ -156,18 +156,15 @@ def _keep(ops: Ops, spec: Spec, mask: Any | None, start: Any | None, cols: int) 
     return fold(keep), fold(valid)
 
 
-def _logits(ops: Ops, spec: Spec, q5: Any, k: Any, bias: Any | None, keep: Any | None, valid: Any | None) -> Any:
-    """Masked scores (B, K, G*T, cols) of the scaled, folded q against keys k (B, K, cols, H)."""
+def _logits(ops: Ops, spec: Spec, q5: Any, k: Any, bias: Any | None, keep: Any | None, fill: float) -> Any:
+    """Scores (B, K, G*T, cols) of the scaled, folded q against keys k (B, K, cols, H), `fill`
+    where `keep` is false."""
     s = ops.dot(q5, k, (3, 3))
     cols = ops.shape(k)[2]
     if bias is not None:
         full = ops.broadcast(ops.convert(bias, spec.acc), (spec.b, spec.n, spec.t, cols))
         s = ops.emit("add", s, _folded(ops, full, spec, cols))
-    if keep is not None:
-        s = ops.emit("select", keep, s, ops.lit(spec.masked_value, s))
-    if valid is not None:  # padding past S: exactly nothing, whatever masked_value is
-        s = ops.emit("select", valid, s, ops.lit(-math.inf, s))
-    return s
+    return s if keep is None else ops.emit("select", keep, s, ops.lit(fill, s))
 
 
 def _scaled_q(ops: Ops, spec: Spec, q: Any) -> Any:
@@ -189,7 +186,7 @@ def unfused_attention(ops: Ops, spec: Spec, q: Any, k: Any, v: Any, bias: Any | 
     """(out, lse) computed the plain way, with the whole T x S scores (the JVP rule's form)."""
     q5 = _scaled_q(ops, spec, q)
     keep, _ = _keep(ops, spec, mask, None, spec.s)
-    s = _logits(ops, spec, q5, _kv(ops, spec, k), bias, keep, None)
+    s = _logits(ops, spec, q5, _kv(ops, spec, k), bias, keep, spec.masked_value)
     m = ops.reduce("reduce_max", s, 3)
     e = ops.emit("exp", ops.emit("sub", s, ops.rows(m, s)))
     total = ops.reduce("reduce_sum", e, 3)
@@ -319,12 +316,27 @@ class _Steps:
 
 
 def _tile_logits(ops: Ops, spec: Spec, steps: _Steps, q5: Any, k: Any, start: Any, bias: Any | None,
-                 mask: Any | None) -> tuple[Any, Any | None]:
-    """One tile's masked logits (B, K, G*T, tile) and which of them count (None: all)."""
+                 mask: Any | None) -> tuple[Any, Any | None, Any | None]:
+    """One tile's logits (B, K, G*T, tile), -inf where they do not count (masked, or padding
+    past S), which count and which are keys inside S (None: all). Masked logits take masked_value in the definition;
+    that is -inf too wherever a row keeps anything (exp underflows to 0 either way), and rows
+    that keep nothing are the `_empty_rows` case."""
     keep, valid = _keep(ops, spec, mask, start, steps.tile)
-    s = _logits(ops, spec, q5, k, bias, keep, valid)
     counted = keep if valid is None else valid if keep is None else ops.emit("and", keep, valid)
-    return s, counted
+    return _logits(ops, spec, q5, k, bias, counted, -math.inf), counted, valid
+
+
+def _empty_rows(spec: Spec) -> bool:
+    """Whether a row may keep no logit and must then average v uniformly, as masking every
+    logit with a finite masked_value does (JAX's), where the tiles' -inf would give 0 / 0.
+    Only a mask can empty a row (the causal rule keeps key 0); a fill of -inf gives NaN in
+    the definition too."""
+    return spec.has_mask and spec.masked_value > -math.inf
+
+
+def _empty_lse(spec: Spec) -> float:
+    """The logsumexp of a row that keeps nothing: S logits of masked_value."""
+    return spec.masked_value + math.log(spec.s)
 
 
 def _safe_max(ops: Ops, m: Any) -> Any:
@@ -348,7 +360,7 @@ def _expand_forward(eqn: Eqn) -> list[Eqn]:
         (m, l, acc, q5_), rest = inputs[:4], inputs[4:]
         consts, xs = rest[:len(steps.consts())], rest[len(steps.consts()):]
         kt, vt, start, bt, mt = steps.read(consts, xs)
-        s, _ = _tile_logits(o, spec, steps, q5_, kt, start, bt, mt)
+        s, _, _ = _tile_logits(o, spec, steps, q5_, kt, start, bt, mt)
         m_new = o.emit("max", m, o.reduce("reduce_max", s, 3))
         shift = _safe_max(o, m_new)
         alpha = o.emit("exp", o.emit("sub", m, shift))
@@ -359,9 +371,15 @@ def _expand_forward(eqn: Eqn) -> list[Eqn]:
 
     m, l, acc = _scan(b, [m0, l0, acc0], [q5] + steps.consts(), steps.xs(), steps.count, step)
     out = ops.emit("div", acc, ops.rows(l, acc))
+    lse = ops.emit("add", m, ops.emit("log", l))
+    if _empty_rows(spec):
+        empty = ops.emit("eq", l, ops.lit(0.0, l))
+        mean = ops.emit("div", ops.reduce("reduce_sum", _kv(ops, spec, v), 2), ops.lit(spec.s, l))
+        out = ops.emit("select", ops.rows(empty, out), ops.broadcast(mean, spec.folded(spec.hv), (0, 1, 3)), out)
+        lse = ops.emit("select", empty, ops.broadcast(ops.lit(_empty_lse(spec), lse), rows, ()), lse)
     out_var, lse_var = eqn.outvars
     result = _back(ops, spec, _unfolded(ops, out, spec), spec.dtype)
-    lse = ops.reshape(ops.emit("add", m, ops.emit("log", l)), (spec.b, spec.n, spec.t))
+    lse = ops.reshape(lse, (spec.b, spec.n, spec.t))
     _rename(b, result, out_var)
     _rename(b, lse, lse_var)
     return b.eqns
@@ -404,15 +422,22 @@ def _expand_backward(eqn: Eqn) -> list[Eqn]:
     if bias_carried:
         carries.append(ops.broadcast(ops.scalar(0.0, spec.acc), bias_shape, ()))
     consts = [q5, d_out5, lse5, delta] + steps.consts()
+    if _empty_rows(spec):  # the forward's empty rows, told apart by their logsumexp
+        consts.append(ops.emit("le", lse5, ops.lit(_empty_lse(spec) / 2, lse5)))
 
     def step(body: GraphBuilder, inputs: list[Var]) -> list[Any]:
         o = body.ops
         carry, rest = inputs[:len(carries)], inputs[len(carries):]
         (q5_, do5, lse_, delta_), rest = rest[:4], rest[4:]
-        n_consts = len(steps.consts())
-        kt, vt, start, bt, mt = steps.read(rest[:n_consts], rest[n_consts:])
-        s, counted = _tile_logits(o, spec, steps, q5_, kt, start, bt, mt)
+        n_consts = len(steps.consts()) + _empty_rows(spec)
+        kt, vt, start, bt, mt = steps.read(rest[:len(steps.consts())], rest[n_consts:])
+        s, counted, valid = _tile_logits(o, spec, steps, q5_, kt, start, bt, mt)
         p = o.emit("exp", o.emit("sub", s, o.rows(lse_, s)))
+        if _empty_rows(spec):
+            uniform = o.broadcast(o.lit(1.0 / spec.s, p), o.shape(p), ())
+            if valid is not None:
+                uniform = o.emit("select", valid, uniform, o.lit(0.0, p))
+            p = o.emit("select", o.rows(rest[n_consts - 1], p), uniform, p)
         dv = o.dot(p, do5, (2, 2))
         dp = o.dot(do5, vt, (3, 3))
         ds = o.emit("mul", p, o.emit("sub", dp, o.rows(delta_, dp)))
