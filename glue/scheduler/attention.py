@@ -20,7 +20,6 @@ from typing import Any, Callable, Sequence
 from glue.ir import Eqn, Graph, Literal, TensorType, Var, infer_types, params_tuple, primitive
 from glue.ir import dtypes as dt
 from glue.ir.primitives import attention_accumulator, attention_dims
-from glue.ir.printer import graph_var_names
 from glue.scheduler.fusion import Fusion, fuse
 from glue.scheduler.passes import optimize
 from glue.scheduler.passes.attention import recognize_attention
@@ -495,13 +494,12 @@ def expand_attention(graph: Graph) -> tuple[Graph, tuple[str, ...]]:
         return graph, ()
     eqns: list[Eqn] = []
     notes = []
-    names = graph_var_names(graph)
     for eqn in graph.eqns:
         if eqn.primitive in EXPANSIONS:
             spec = Spec.of(*(a.type for a in eqn.inputs[:3]), eqn.param_dict)
             tile = tile_size(spec)
-            notes.append(f"{' '.join(names[v.id] for v in eqn.outvars)} = {eqn.primitive}: one scan of "
-                         f"{-(-spec.s // tile)} steps over tiles of {tile} keys (no {spec.t} x {spec.s} buffer)")
+            notes.append(f"{eqn.primitive} (B={spec.b} N={spec.n} T={spec.t} S={spec.s} H={spec.h}) tiled: one scan "
+                         f"of {-(-spec.s // tile)} steps over {tile} keys each, no {spec.t} x {spec.s} buffer")
             eqns.extend(EXPANSIONS[eqn.primitive](eqn))
         else:
             eqns.append(eqn)
