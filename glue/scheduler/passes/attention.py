@@ -46,6 +46,7 @@ class _Found:
     v_axes: tuple[int, ...]
     bias: tuple[Atom, tuple[int, ...]] | None  # the value, and its shape as a (B, N, T, S) operand
     mask: tuple[Atom, tuple[int, ...]] | None  # None for the causal rule
+    drops: bool              # the mask says which logits to drop (`where(m, fill, s)`)
     causal: bool
     scale: float
     fill: float
@@ -171,8 +172,9 @@ def _four_d(g: _Graph, atom: Atom) -> Atom | tuple[Atom, tuple[int, ...]]:
     return e.inputs[0], tuple(shape)
 
 
-def _causal(g: _Graph, mask: Atom, shape4: tuple[int, ...]) -> bool:
-    """Whether a mask that depends on no input is tril(ones(T, S)) in every (B, N)."""
+def _causal(g: _Graph, mask: Atom, shape4: tuple[int, ...], drops: bool) -> bool:
+    """Whether a mask that depends on no input keeps tril(ones(T, S)) in every (B, N) (drops
+    its complement, with `drops`)."""
     from glue.reference import run_graph
 
     if g.depends_on_inputs(mask) or shape4[0] != 1 or shape4[1] != 1:
@@ -184,7 +186,7 @@ def _causal(g: _Graph, mask: Atom, shape4: tuple[int, ...]) -> bool:
             needed.add(g.producer[a.id])
             todo.extend(g.graph.eqns[g.producer[a.id]].inputs)
     sub = Graph((), (), tuple(g.graph.eqns[i] for i in sorted(needed)), (mask,))
-    value = np.asarray(run_graph(sub, [])[0]).reshape(shape4[2:])
+    value = np.asarray(run_graph(sub, [])[0]).reshape(shape4[2:]) != drops
     return bool(np.array_equal(value, np.tril(np.ones(value.shape, bool))))
 
 
@@ -212,9 +214,11 @@ def _match(g: _Graph, index: int) -> _Found:
     logits = g.strip(x, "convert_element_type")
     masked = g.eqn(logits, "select")
     mask = bias = None
-    causal, fill = False, -math.inf
+    causal, fill, drops = False, -math.inf, False
     if masked is not None and _literal(masked.inputs[2]) is not None:
         mask, fill, logits = masked.inputs[0], _literal(masked.inputs[2]), masked.inputs[1]
+    elif masked is not None and _literal(masked.inputs[1]) is not None:
+        mask, fill, logits, drops = masked.inputs[0], _literal(masked.inputs[1]), masked.inputs[2], True
     add = g.eqn(logits, "add")
     if add is not None:
         logits, bias = add.inputs
@@ -240,7 +244,7 @@ def _match(g: _Graph, index: int) -> _Found:
     found = []
     if mask is not None:
         mask, shape4 = _four_d(g, mask)
-        causal = _causal(g, mask, shape4)
+        causal = _causal(g, mask, shape4, drops)
         found.append((mask, shape4))
     if bias is not None:
         bias, bshape = _four_d(g, bias)
@@ -249,7 +253,7 @@ def _match(g: _Graph, index: int) -> _Found:
     cone = _cone(g, p, leaves)
     _check_uses(g, cone, index, scores.outvars[0])
     return _Found(q, k, v, q_axes, k_axes, v_axes, None if bias is None else (bias, bshape),
-                  None if mask is None or causal else (mask, shape4), causal, scale, fill, frozenset(cone),
+                  None if mask is None or causal else (mask, shape4), drops, causal, scale, fill, frozenset(cone),
                   scores.outvars[0])
 
 
@@ -306,6 +310,8 @@ def _replacement(found: _Found, pv: Eqn) -> tuple[Eqn, ...]:
         bias = [emit("convert_element_type", (bias[0],), TensorType(bias[0].type.shape, q.type.dtype),
                      new_dtype=q.type.dtype)]
     mask = four(found.mask)
+    if mask and found.drops:
+        mask = [emit("not", (mask[0],), mask[0].type)]
     from glue.ir.primitives import attention_accumulator
 
     lse = Var(TensorType(q.type.shape[:3], attention_accumulator(q.type.dtype)))
