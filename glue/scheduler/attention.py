@@ -21,12 +21,15 @@ from glue.ir import Eqn, Graph, Literal, TensorType, Var, infer_types, params_tu
 from glue.ir import dtypes as dt
 from glue.ir.primitives import attention_accumulator, attention_dims
 from glue.scheduler.fusion import Fusion, fuse
+from glue.settings import config
 from glue.scheduler.passes import optimize
 from glue.scheduler.passes.attention import recognize_attention
 
-# A scores tile of at most this many elements per scan step: a few MiB, the size at which the
-# tile's row kernels still run from the last-level cache on the CPU.
-TILE_ELEMENTS = 1 << 20
+# A forward step's scores over every (B, N) hold at most this many elements (1 MiB in float32:
+# the tile, its exponentials and the running output stay in the CPU's L2); a backward step, which
+# sees every query, at most BACKWARD_TILE_ELEMENTS (the last-level cache).
+TILE_ELEMENTS = 1 << 18
+BACKWARD_TILE_ELEMENTS = 1 << 20
 MIN_TILE, MAX_TILE = 16, 256
 
 
@@ -115,35 +118,42 @@ class Spec:
     def acc(self) -> dt.DType:
         return attention_accumulator(self.dtype)
 
+    @property
+    def rows(self) -> tuple[int, ...]:
+        """(B, K, G*T): one row per query of each head, grouped under its kv head."""
+        return self.b, self.kv, self.group * self.t
+
     def folded(self, cols: int) -> tuple[int, ...]:
         """(B, K, G*T, cols): q's rows grouped under the kv head they read."""
         return self.b, self.kv, self.group * self.t, cols
 
 
-def _folded(ops: Ops, x: Any, spec: Spec, cols: int) -> Any:
-    """A (B, N, T, cols) value as (B, K, G*T, cols)."""
-    return ops.reshape(x, spec.folded(cols))
+def _folded(ops: Ops, x: Any, spec: Spec, rows: int) -> Any:
+    """A (B, N, rows, cols) value as (B, K, G*rows, cols)."""
+    shape = ops.shape(x)
+    return ops.reshape(x, (spec.b, spec.kv, spec.group * rows, shape[-1]))
 
 
-def _unfolded(ops: Ops, x: Any, spec: Spec) -> Any:
-    cols = ops.shape(x)[-1]
-    return ops.reshape(x, (spec.b, spec.n, spec.t, cols))
+def _unfolded(ops: Ops, x: Any, spec: Spec, rows: int) -> Any:
+    return ops.reshape(x, (spec.b, spec.n, rows, ops.shape(x)[-1]))
 
 
-def _keep(ops: Ops, spec: Spec, mask: Any | None, start: Any | None, cols: int) -> tuple[Any | None, Any | None]:
-    """Which logits of a (B, K, G*T, cols) block of keys from `start` on count: (keep, valid),
-    keep for the causal rule and the mask, valid for keys inside S (None: all)."""
+def _keep(ops: Ops, spec: Spec, mask: Any | None, rows: int, cols: int, q_start: Any | None = None,
+          k_start: Any | None = None) -> tuple[Any | None, Any | None]:
+    """Which logits of a (B, K, G*rows, cols) block of queries from `q_start` and keys from
+    `k_start` on (None: 0) count: (keep, valid), keep for the causal rule and the mask, valid
+    for keys inside S (None: all)."""
     keep = valid = None
-    if spec.causal or start is not None:
-        query = ops.iota((spec.t, cols), 0)
-        key = ops.iota((spec.t, cols), 1)
-        if start is not None:
-            key = ops.emit("add", key, ops.broadcast(start, (spec.t, cols), ()))
-            if spec.s % cols or cols != spec.s:
-                valid = ops.emit("lt", key, ops.lit(spec.s, key))
+    if spec.causal or k_start is not None:
+        def index(axis: int, start: Any | None) -> Any:
+            i = ops.iota((rows, cols), axis)
+            return i if start is None else ops.emit("add", i, ops.broadcast(start, (rows, cols), ()))
+        query, key = index(0, q_start), index(1, k_start)
+        if k_start is not None and spec.s % cols:
+            valid = ops.emit("lt", key, ops.lit(spec.s, key))
         if spec.causal:
             keep = ops.emit("ge", query, key)
-    full = (spec.b, spec.n, spec.t, cols)
+    full = (spec.b, spec.n, rows, cols)
     if mask is not None:
         mask = ops.broadcast(mask, full)
         keep = mask if keep is None else ops.emit("and", mask, ops.broadcast(keep, full, (2, 3)))
@@ -151,24 +161,26 @@ def _keep(ops: Ops, spec: Spec, mask: Any | None, start: Any | None, cols: int) 
         keep = ops.broadcast(keep, full, (2, 3))
     if valid is not None:
         valid = ops.broadcast(valid, full, (2, 3))
-    fold = lambda x: None if x is None else _folded(ops, x, spec, cols)  # noqa: E731
+    fold = lambda x: None if x is None else _folded(ops, x, spec, rows)  # noqa: E731
     return fold(keep), fold(valid)
 
 
-def _logits(ops: Ops, spec: Spec, q5: Any, k: Any, bias: Any | None, keep: Any | None, fill: float) -> Any:
-    """Scores (B, K, G*T, cols) of the scaled, folded q against keys k (B, K, cols, H), `fill`
-    where `keep` is false."""
+def _logits(ops: Ops, spec: Spec, q5: Any, k: Any, bias: Any | None, keep: Any | None, fill: float,
+            rows: int) -> Any:
+    """Scores (B, K, G*rows, cols) of the scaled, folded q against keys k (B, K, cols, H),
+    `fill` where `keep` is false."""
     s = ops.dot(q5, k, (3, 3))
     cols = ops.shape(k)[2]
     if bias is not None:
-        full = ops.broadcast(ops.convert(bias, spec.acc), (spec.b, spec.n, spec.t, cols))
-        s = ops.emit("add", s, _folded(ops, full, spec, cols))
+        full = ops.broadcast(ops.convert(bias, spec.acc), (spec.b, spec.n, rows, cols))
+        s = ops.emit("add", s, _folded(ops, full, spec, rows))
     return s if keep is None else ops.emit("select", keep, s, ops.lit(fill, s))
 
 
 def _scaled_q(ops: Ops, spec: Spec, q: Any) -> Any:
+    """q * scale as (B, N, T, H), in the accumulation type."""
     q = ops.convert(ops.to_bnth(q, spec.layout), spec.acc)
-    return _folded(ops, ops.emit("mul", q, ops.lit(spec.scale, q)), spec, spec.h)
+    return ops.emit("mul", q, ops.lit(spec.scale, q))
 
 
 def _kv(ops: Ops, spec: Spec, x: Any) -> Any:
@@ -183,16 +195,16 @@ def _back(ops: Ops, spec: Spec, x: Any, dtype: dt.DType) -> Any:
 def unfused_attention(ops: Ops, spec: Spec, q: Any, k: Any, v: Any, bias: Any | None,
                       mask: Any | None) -> tuple[Any, Any]:
     """(out, lse) computed the plain way, with the whole T x S scores (the JVP rule's form)."""
-    q5 = _scaled_q(ops, spec, q)
-    keep, _ = _keep(ops, spec, mask, None, spec.s)
-    s = _logits(ops, spec, q5, _kv(ops, spec, k), bias, keep, spec.masked_value)
+    q5 = _folded(ops, _scaled_q(ops, spec, q), spec, spec.t)
+    keep, _ = _keep(ops, spec, mask, spec.t, spec.s)
+    s = _logits(ops, spec, q5, _kv(ops, spec, k), bias, keep, spec.masked_value, spec.t)
     m = ops.reduce("reduce_max", s, 3)
     e = ops.emit("exp", ops.emit("sub", s, ops.rows(m, s)))
     total = ops.reduce("reduce_sum", e, 3)
     p = ops.emit("div", e, ops.rows(total, e))
     out = ops.dot(p, _kv(ops, spec, v), (3, 2))
     lse = ops.emit("add", m, ops.emit("log", total))
-    return _back(ops, spec, _unfolded(ops, out, spec), spec.dtype), ops.reshape(lse, (spec.b, spec.n, spec.t))
+    return _back(ops, spec, _unfolded(ops, out, spec, spec.t), spec.dtype), ops.reshape(lse, (spec.b, spec.n, spec.t))
 
 
 # --- building graphs ---------------------------------------------------------------------
@@ -203,74 +215,98 @@ class GraphBuilder:
     def __init__(self, source: str | None):
         self.source = source
         self.eqns: list[Eqn] = []
-        self.ops = Ops(self.emit, lambda a: a.type, lambda value, dtype: Literal(
-            {"bool": bool, "int": int, "float": float}[dtype.kind](value), TensorType((), dtype)))
+        self.ops = Ops(self.emit, lambda a: a.type, _literal)
 
-    def emit(self, name: str, *inputs: Any, outvars: Sequence[Var] | None = None, **params: Any) -> Any:
+    def emit(self, name: str, *inputs: Any, **params: Any) -> Any:
         types = infer_types(name, tuple(a.type for a in inputs), params, self.source)
-        outs = tuple(outvars) if outvars is not None else tuple(Var(t) for t in types)
+        outs = tuple(Var(t) for t in types)
         self.eqns.append(Eqn(name, tuple(inputs), params_tuple(params), outs, self.source))
         return outs if primitive(name).multiple_results else outs[0]
 
-
-def tile_size(spec: Spec) -> int:
-    """Keys per scan step: a power of two whose scores tile fits TILE_ELEMENTS, within
-    [MIN_TILE, MAX_TILE], and no more than S needs."""
-    rows = spec.b * spec.n * spec.t
-    size = 1 << max(0, (TILE_ELEMENTS // max(rows, 1)).bit_length() - 1)
-    size = min(max(size, MIN_TILE), MAX_TILE)
-    return min(size, -(-spec.s // 8) * 8)
-
-
-@dataclass(frozen=True)
-class _Tiled:
-    """A (B|1, heads|1, rows|1, S) value cut along S: stacked tiles for the scan's xs, or, when
-    it does not vary along S, one value every step sees."""
-
-    value: Any
-    stacked: bool
+    def name(self, value: Any, var: Var) -> None:
+        """Make `var` (an output of the equation being replaced) the name of `value`."""
+        last = self.eqns[-1]
+        if last.outvars == (value,):  # the value was just made: it takes the name
+            self.eqns[-1] = Eqn(last.primitive, last.inputs, last.params, (var,), last.source)
+        else:  # a copy the graph passes fold away
+            self.eqns.append(Eqn("reshape", (value,), params_tuple({"shape": var.type.shape}), (var,), self.source))
 
 
-def _stack(b: GraphBuilder, x: Any, axis: int, tile: int, count: int, pad_value: Any) -> Any:
+def _literal(value: Any, dtype: dt.DType) -> Literal:
+    return Literal({"bool": bool, "int": int, "float": float}[dtype.kind](value), TensorType((), dtype))
+
+
+def _power_of_two_below(n: int) -> int:
+    return 1 << max(0, n.bit_length() - 1)
+
+
+def _round8(n: int) -> int:
+    return -(-n // 8) * 8
+
+
+def forward_tiles(spec: Spec) -> tuple[int, int]:
+    """(queries, keys) per forward step: square power-of-two tiles whose scores over every
+    (B, N) fit TILE_ELEMENTS, within [MIN_TILE, MAX_TILE], no larger than T and S need."""
+    side = _power_of_two_below(math.isqrt(max(TILE_ELEMENTS // (spec.b * spec.n), 1)))
+    side = min(max(side, MIN_TILE), MAX_TILE)
+    return min(side, _round8(spec.t)), min(side, _round8(spec.s))
+
+
+def backward_tile(spec: Spec) -> int:
+    """Keys per backward step (each step sees every query): a power of two whose scores tile
+    fits BACKWARD_TILE_ELEMENTS, within [MIN_TILE, MAX_TILE]."""
+    size = _power_of_two_below(max(BACKWARD_TILE_ELEMENTS // (spec.b * spec.n * spec.t), 1))
+    return min(min(max(size, MIN_TILE), MAX_TILE), _round8(spec.s))
+
+
+def _stack(ops: Ops, x: Any, axis: int, tile: int, count: int, pad_value: Any) -> Any:
     """x cut along `axis` into `count` tiles of `tile` (padded with `pad_value`), the tile index
     first: (count, ..., tile, ...)."""
-    ops = b.ops
     shape = ops.shape(x)
-    extra = tile * count - shape[axis]
-    if extra:
-        high = tuple(extra if i == axis else 0 for i in range(len(shape)))
-        x = ops.emit("pad", x, low=(0,) * len(shape), high=high, value=pad_value)
+    x = _padded(ops, x, axis, tile * count, pad_value)
     split = ops.reshape(x, shape[:axis] + (count, tile) + shape[axis + 1:])
     return ops.transpose(split, (axis,) + tuple(i for i in range(len(shape) + 1) if i != axis))
 
 
-def _along_keys(b: GraphBuilder, x: Any | None, tile: int, count: int, pad_value: Any) -> _Tiled | None:
-    """A bias or mask (rank 4, keys last) tiled along the keys when it varies along them."""
-    if x is None:
-        return None
-    if b.ops.shape(x)[3] == 1:
-        return _Tiled(x, False)
-    return _Tiled(_stack(b, x, 3, tile, count, pad_value), True)
+def _padded(ops: Ops, x: Any, axis: int, size: int, value: Any) -> Any:
+    shape = ops.shape(x)
+    if shape[axis] == size:
+        return x
+    high = tuple(size - shape[axis] if i == axis else 0 for i in range(len(shape)))
+    return ops.emit("pad", x, low=(0,) * len(shape), high=high, value=value)
 
 
-def _body_graph(inputs: Sequence[Var], build: Callable[[GraphBuilder, list[Var]], Sequence[Any]],
-                source: str | None) -> Graph:
-    body = GraphBuilder(source)
-    outs = build(body, list(inputs))
-    return Graph((), tuple(inputs), tuple(body.eqns), tuple(outs))
+def _sliced(ops: Ops, x: Any, axis: int, start: int, stop: int) -> Any:
+    shape = ops.shape(x)
+    if (start, stop) == (0, shape[axis]):
+        return x
+    return ops.emit("slice", x, start=tuple(start if i == axis else 0 for i in range(len(shape))),
+                    limit=tuple(stop if i == axis else n for i, n in enumerate(shape)), strides=(1,) * len(shape))
 
 
-def _slice_var(x: Any) -> Var:
-    """A scan body's input for one slice of a stacked operand."""
-    return Var(TensorType(x.type.shape[1:], x.type.dtype))
+class _Inputs:
+    """What a scan body reads besides its carries, by name: values every step sees (consts)
+    and stacked values it sees one slice of per step (xs)."""
+
+    def __init__(self) -> None:
+        self.consts: dict[str, Any] = {}
+        self.xs: dict[str, Any] = {}
+
+    def add(self, name: str, value: Any, stacked: bool) -> None:
+        (self.xs if stacked else self.consts)[name] = value
 
 
-def _scan(b: GraphBuilder, carry: Sequence[Any], consts: Sequence[Any], xs: Sequence[Any], length: int,
-          build: Callable[[GraphBuilder, list[Var]], Sequence[Any]]) -> Sequence[Var]:
-    inputs = [Var(a.type) for a in list(carry) + list(consts)] + [_slice_var(x) for x in xs]
-    body = _body_graph(inputs, build, b.source)
-    return b.emit("scan", *carry, *consts, *xs, body=body, length=length, reverse=False,
-                  num_carry=len(carry), num_consts=len(consts))
+def _scan(b: GraphBuilder, carry: Sequence[Any], inputs: _Inputs, length: int,
+          step: Callable[[Ops, list[Var], dict[str, Var]], list[Any]]) -> Sequence[Var]:
+    """A scan of `step(ops, carries, inputs by name)` -> new carries and one slice per y."""
+    carry_in = [Var(a.type) for a in carry]
+    const_in = {name: Var(a.type) for name, a in inputs.consts.items()}
+    x_in = {name: Var(TensorType(a.type.shape[1:], a.type.dtype)) for name, a in inputs.xs.items()}
+    body = GraphBuilder(b.source)
+    outs = step(body.ops, carry_in, {**const_in, **x_in})
+    graph = Graph((), tuple(carry_in) + tuple(const_in.values()) + tuple(x_in.values()), tuple(body.eqns), tuple(outs))
+    return b.emit("scan", *carry, *inputs.consts.values(), *inputs.xs.values(), body=graph, length=length,
+                  reverse=False, num_carry=len(carry), num_consts=len(inputs.consts))
 
 
 def _split(eqn: Eqn) -> tuple[Spec, Any, Any, Any, Any | None, Any | None, tuple]:
@@ -283,46 +319,50 @@ def _split(eqn: Eqn) -> tuple[Spec, Any, Any, Any, Any | None, Any | None, tuple
     return spec, q, k, v, bias, mask, eqn.inputs[3 + len(extras):]
 
 
-class _Steps:
-    """The per-tile inputs a scan body reads: k and v tiles, the tile's first key, bias and
-    mask tiles (or whole values), in the order the body's inputs list them."""
+@dataclass(frozen=True)
+class _Keys:
+    """k and v in the accumulation type stacked tile by tile (count, B, K, tile, H), and each
+    tile's first key."""
 
-    def __init__(self, b: GraphBuilder, spec: Spec, k: Any, v: Any, bias: Any | None, mask: Any | None):
-        ops = b.ops
-        self.tile = tile = tile_size(spec)
-        self.count = count = -(-spec.s // tile)
-        self.k = _stack(b, _kv(ops, spec, k), 2, tile, count, 0.0)
-        self.v = _stack(b, _kv(ops, spec, v), 2, tile, count, 0.0)
-        starts = ops.emit("mul", ops.iota((count,), 0), Literal(tile, TensorType((), dt.int32)))
-        self.start = starts
-        self.bias = _along_keys(b, bias, tile, count, 0.0)
-        self.mask = _along_keys(b, mask, tile, count, False)
-        self.extras = [x for x in (self.bias, self.mask) if x is not None]
+    k: Any
+    v: Any
+    start: Any
+    tile: int
+    count: int
 
-    def consts(self) -> list[Any]:
-        return [x.value for x in self.extras if not x.stacked]
+    @staticmethod
+    def of(ops: Ops, spec: Spec, k: Any, v: Any, tile: int) -> "_Keys":
+        count = -(-spec.s // tile)
+        starts = ops.emit("mul", ops.iota((count,), 0), ops.scalar(tile, dt.int32))
+        return _Keys(_stack(ops, _kv(ops, spec, k), 2, tile, count, 0.0),
+                     _stack(ops, _kv(ops, spec, v), 2, tile, count, 0.0), starts, tile, count)
 
-    def xs(self) -> list[Any]:
-        return [self.k, self.v, self.start] + [x.value for x in self.extras if x.stacked]
-
-    def read(self, consts: list[Var], xs: list[Var]) -> tuple[Var, Var, Var, Var | None, Var | None]:
-        """(k tile, v tile, start, bias, mask) among a body's inputs."""
-        consts, (k, v, start), xs = list(consts), xs[:3], list(xs[3:])
-        got = [(xs if x.stacked else consts).pop(0) for x in self.extras]
-        bias = got.pop(0) if self.bias is not None else None
-        mask = got.pop(0) if self.mask is not None else None
-        return k, v, start, bias, mask
+    def add_to(self, ops: Ops, inputs: _Inputs, count: int) -> None:
+        """The first `count` tiles as a scan's xs."""
+        for name in ("k", "v", "start"):
+            inputs.add(name, _sliced(ops, getattr(self, name), 0, 0, count), True)
 
 
-def _tile_logits(ops: Ops, spec: Spec, steps: _Steps, q5: Any, k: Any, start: Any, bias: Any | None,
-                 mask: Any | None) -> tuple[Any, Any | None, Any | None]:
-    """One tile's logits (B, K, G*T, tile), -inf where they do not count (masked, or padding
-    past S), which count and which are keys inside S (None: all). Masked logits take masked_value in the definition;
-    that is -inf too wherever a row keeps anything (exp underflows to 0 either way), and rows
-    that keep nothing are the `_empty_rows` case."""
-    keep, valid = _keep(ops, spec, mask, start, steps.tile)
+def _add_extras(ops: Ops, inputs: _Inputs, keys: _Keys, count: int, bias: Any | None, mask: Any | None) -> None:
+    """A bias and mask (B|1, N|1, rows|1, S|1) for a scan over the first `count` key tiles:
+    stacked tiles where they vary along the keys, else whole."""
+    for name, x, pad in (("bias", bias, 0.0), ("mask", mask, False)):
+        if x is None:
+            continue
+        if ops.shape(x)[3] == 1:
+            inputs.add(name, x, False)
+        else:
+            inputs.add(name, _sliced(ops, _stack(ops, x, 3, keys.tile, keys.count, pad), 0, 0, count), True)
+
+
+def _tile_logits(ops: Ops, spec: Spec, got: dict[str, Var], rows: int, cols: int) -> tuple[Any, Any, Any]:
+    """One step's logits (B, K, G*rows, cols), -inf where they do not count (masked, or
+    padding past S), which count and which are keys inside S (None: all). Masked logits
+    take masked_value in the definition: that is -inf too wherever a row keeps anything (exp
+    underflows to 0 either way), and rows that keep nothing are the `_empty_rows` case."""
+    keep, valid = _keep(ops, spec, got.get("mask"), rows, cols, got.get("q_start"), got["start"])
     counted = keep if valid is None else valid if keep is None else ops.emit("and", keep, valid)
-    return _logits(ops, spec, q5, k, bias, counted, -math.inf), counted, valid
+    return _logits(ops, spec, got["q"], got["k"], got.get("bias"), counted, -math.inf, rows), counted, valid
 
 
 def _empty_rows(spec: Spec) -> bool:
@@ -343,136 +383,89 @@ def _safe_max(ops: Ops, m: Any) -> Any:
     return ops.emit("select", ops.emit("eq", m, ops.lit(-math.inf, m)), ops.lit(0.0, m), m)
 
 
-def _expand_forward(eqn: Eqn) -> list[Eqn]:
-    b = GraphBuilder(eqn.source)
-    ops = b.ops
-    spec, q, k, v, bias, mask, _ = _split(eqn)
-    q5 = _scaled_q(ops, spec, q)
-    steps = _Steps(b, spec, k, v, bias, mask)
-    rows = spec.folded(0)[:3]
-    m0 = ops.broadcast(ops.scalar(-math.inf, spec.acc), rows, ())
-    l0 = ops.broadcast(ops.scalar(0.0, spec.acc), rows, ())
-    acc0 = ops.broadcast(ops.scalar(0.0, spec.acc), spec.folded(spec.hv), ())
+def _rows_of(ops: Ops, x: Any | None, start: int, stop: int) -> Any | None:
+    """A (.., T|1, S|1) bias or mask cut to the queries start..stop (as it is when it does not
+    vary along the queries)."""
+    if x is None or ops.shape(x)[2] == 1:
+        return x
+    return _sliced(ops, x, 2, start, stop)
 
-    def step(body: GraphBuilder, inputs: list[Var]) -> list[Any]:
-        o = body.ops
-        (m, l, acc, q5_), rest = inputs[:4], inputs[4:]
-        consts, xs = rest[:len(steps.consts())], rest[len(steps.consts()):]
-        kt, vt, start, bt, mt = steps.read(consts, xs)
-        s, _, _ = _tile_logits(o, spec, steps, q5_, kt, start, bt, mt)
+
+def _forward_step(spec: Spec, rows: int, cols: int) -> Callable[[Ops, list[Var], dict[str, Var]], list[Any]]:
+    """The online softmax over one key tile: carries the running row max, row sum and output."""
+    def step(o: Ops, carry: list[Var], got: dict[str, Var]) -> list[Any]:
+        m, l, acc = carry
+        s, _, _ = _tile_logits(o, spec, got, rows, cols)
         m_new = o.emit("max", m, o.reduce("reduce_max", s, 3))
         shift = _safe_max(o, m_new)
         alpha = o.emit("exp", o.emit("sub", m, shift))
         p = o.emit("exp", o.emit("sub", s, o.rows(shift, s)))
         l_new = o.emit("add", o.emit("mul", l, alpha), o.reduce("reduce_sum", p, 3))
-        acc_new = o.emit("add", o.emit("mul", acc, o.rows(alpha, acc)), o.dot(p, vt, (3, 2)))
+        acc_new = o.emit("add", o.emit("mul", acc, o.rows(alpha, acc)), o.dot(p, got["v"], (3, 2)))
         return [m_new, l_new, acc_new]
+    return step
 
-    m, l, acc = _scan(b, [m0, l0, acc0], [q5] + steps.consts(), steps.xs(), steps.count, step)
-    out = ops.emit("div", acc, ops.rows(l, acc))
-    lse = ops.emit("add", m, ops.emit("log", l))
-    if _empty_rows(spec):
-        empty = ops.emit("eq", l, ops.lit(0.0, l))
-        mean = ops.emit("div", ops.reduce("reduce_sum", _kv(ops, spec, v), 2), ops.lit(spec.s, l))
-        out = ops.emit("select", ops.rows(empty, out), ops.broadcast(mean, spec.folded(spec.hv), (0, 1, 3)), out)
-        lse = ops.emit("select", empty, ops.broadcast(ops.lit(_empty_lse(spec), lse), rows, ()), lse)
+
+def _key_tiles_needed(spec: Spec, keys: _Keys, stop: int) -> int:
+    """How many key tiles queries before `stop` read: all, or (causal) those up to the last
+    query's own position."""
+    return keys.count if not spec.causal else min(keys.count, -(-stop // keys.tile))
+
+
+def _expand_forward(eqn: Eqn) -> list[Eqn]:
+    """One scan per tile of queries over the key tiles it needs (causal: tiles above the
+    diagonal are never visited, the diagonal's masked), the tiles' outputs concatenated."""
+    b = GraphBuilder(eqn.source)
+    ops = b.ops
+    spec, q, k, v, bias, mask, _ = _split(eqn)
+    rows, cols = forward_tiles(spec)
+    keys = _Keys.of(ops, spec, k, v, cols)
+    n_q = -(-spec.t // rows)
+    grouped = (spec.b, spec.kv, spec.group)
+    q_all = _padded(ops, ops.reshape(_scaled_q(ops, spec, q), grouped + (spec.t, spec.h)), 3, n_q * rows, 0.0)
+    bias_all = None if bias is None else _padded(ops, bias, 2, n_q * rows if bias.type.shape[2] != 1 else 1, 0.0)
+    mask_all = None if mask is None else _padded(ops, mask, 2, n_q * rows if mask.type.shape[2] != 1 else 1, False)
+    block = spec.b, spec.kv, spec.group * rows
+    mean_v = ops.emit("div", ops.reduce("reduce_sum", _kv(ops, spec, v), 2), ops.scalar(spec.s, spec.acc)) \
+        if _empty_rows(spec) else None
+    outs, lses = [], []
+    for i in range(n_q):
+        start, stop = i * rows, (i + 1) * rows
+        inputs = _Inputs()
+        inputs.add("q", ops.reshape(_sliced(ops, q_all, 3, start, stop), block + (spec.h,)), False)
+        if spec.causal:
+            inputs.add("q_start", ops.scalar(start, dt.int32), False)
+        count = _key_tiles_needed(spec, keys, min(stop, spec.t))
+        keys.add_to(ops, inputs, count)
+        _add_extras(ops, inputs, keys, count, _rows_of(ops, bias_all, start, stop), _rows_of(ops, mask_all, start, stop))
+        init = [ops.broadcast(ops.scalar(value, spec.acc), block, ()) for value in (-math.inf, 0.0)]
+        init.append(ops.broadcast(ops.scalar(0.0, spec.acc), block + (spec.hv,), ()))
+        m, l, acc = _scan(b, init, inputs, count, _forward_step(spec, rows, cols))
+        out = ops.emit("div", acc, ops.rows(l, acc))
+        lse = ops.emit("add", m, ops.emit("log", l))
+        if mean_v is not None:
+            empty = ops.emit("eq", l, ops.lit(0.0, l))
+            out = ops.emit("select", ops.rows(empty, out), ops.broadcast(mean_v, block + (spec.hv,), (0, 1, 3)), out)
+            lse = ops.emit("select", empty, ops.broadcast(ops.lit(_empty_lse(spec), lse), block, ()), lse)
+        outs.append(ops.reshape(out, grouped + (rows, spec.hv)))
+        lses.append(ops.reshape(lse, grouped + (rows,)))
+    out = _sliced(ops, _joined(ops, outs, 3), 3, 0, spec.t)
+    lse = _sliced(ops, _joined(ops, lses, 3), 3, 0, spec.t)
     out_var, lse_var = eqn.outvars
-    result = _back(ops, spec, _unfolded(ops, out, spec), spec.dtype)
-    lse = ops.reshape(lse, (spec.b, spec.n, spec.t))
-    _rename(b, result, out_var)
-    _rename(b, lse, lse_var)
+    b.name(ops.reshape(lse, (spec.b, spec.n, spec.t)), lse_var)
+    b.name(_back(ops, spec, ops.reshape(out, (spec.b, spec.n, spec.t, spec.hv)), spec.dtype), out_var)
     return b.eqns
 
 
-def _rename(b: GraphBuilder, value: Any, var: Var) -> None:
-    """Make `var` (an output of the replaced equation) the name of `value`."""
-    last = b.eqns[-1] if b.eqns else None
-    if last is not None and last.outvars == (value,):
-        b.eqns[-1] = Eqn(last.primitive, last.inputs, last.params, (var,), last.source)
-        return
-    b.eqns.append(Eqn("reshape", (value,), params_tuple({"shape": var.type.shape}), (var,), b.source))
+def _joined(ops: Ops, parts: list[Any], axis: int) -> Any:
+    return parts[0] if len(parts) == 1 else ops.emit("concatenate", *parts, dimension=axis)
 
 
-def _gather_tiles(ops: Ops, stacked: Any, spec: Spec) -> Any:
+def _gathered(ops: Ops, stacked: Any, spec: Spec) -> Any:
     """(count, B, K, tile, cols) tiles back as (B, K, S, cols)."""
     count, bb, heads, tile, cols = ops.shape(stacked)
     whole = ops.reshape(ops.transpose(stacked, (1, 2, 0, 3, 4)), (bb, heads, count * tile, cols))
-    if count * tile == spec.s:
-        return whole
-    return ops.emit("slice", whole, start=(0, 0, 0, 0), limit=(bb, heads, spec.s, cols), strides=(1, 1, 1, 1))
-
-
-def _expand_backward(eqn: Eqn) -> list[Eqn]:
-    b = GraphBuilder(eqn.source)
-    ops = b.ops
-    spec, q, k, v, bias, mask, (out, lse, d_out, d_lse) = _split(eqn)
-    bias_grad = eqn.param_dict["bias_grad"]
-    q5 = _scaled_q(ops, spec, q)
-    steps = _Steps(b, spec, k, v, bias, mask)
-    d_out5 = _folded(ops, ops.convert(ops.to_bnth(d_out, spec.layout), spec.acc), spec, spec.hv)
-    out5 = _folded(ops, ops.convert(ops.to_bnth(out, spec.layout), spec.acc), spec, spec.hv)
-    rows = spec.folded(0)[:3]
-    delta = ops.emit("sub", ops.reduce("reduce_sum", ops.emit("mul", d_out5, out5), 3), ops.reshape(d_lse, rows))
-    lse5 = ops.reshape(lse, rows)
-    dq0 = ops.broadcast(ops.scalar(0.0, spec.acc), spec.folded(spec.h), ())
-    carries = [dq0]
-    bias_shape = bias.type.shape if bias is not None else None
-    bias_carried = bias_grad and not steps.bias.stacked
-    if bias_carried:
-        carries.append(ops.broadcast(ops.scalar(0.0, spec.acc), bias_shape, ()))
-    consts = [q5, d_out5, lse5, delta] + steps.consts()
-    if _empty_rows(spec):  # the forward's empty rows, told apart by their logsumexp
-        consts.append(ops.emit("le", lse5, ops.lit(_empty_lse(spec) / 2, lse5)))
-
-    def step(body: GraphBuilder, inputs: list[Var]) -> list[Any]:
-        o = body.ops
-        carry, rest = inputs[:len(carries)], inputs[len(carries):]
-        (q5_, do5, lse_, delta_), rest = rest[:4], rest[4:]
-        n_consts = len(steps.consts()) + _empty_rows(spec)
-        kt, vt, start, bt, mt = steps.read(rest[:len(steps.consts())], rest[n_consts:])
-        s, counted, valid = _tile_logits(o, spec, steps, q5_, kt, start, bt, mt)
-        p = o.emit("exp", o.emit("sub", s, o.rows(lse_, s)))
-        if _empty_rows(spec):
-            uniform = o.broadcast(o.lit(1.0 / spec.s, p), o.shape(p), ())
-            if valid is not None:
-                uniform = o.emit("select", valid, uniform, o.lit(0.0, p))
-            p = o.emit("select", o.rows(rest[n_consts - 1], p), uniform, p)
-        dv = o.dot(p, do5, (2, 2))
-        dp = o.dot(do5, vt, (3, 3))
-        ds = o.emit("mul", p, o.emit("sub", dp, o.rows(delta_, dp)))
-        if counted is not None:
-            ds = o.emit("select", counted, ds, o.lit(0.0, ds))
-        dq = o.emit("add", carry[0], o.dot(ds, kt, (3, 2)))
-        dk = o.dot(ds, q5_, (2, 2))
-        results = [dq] + ([] if not bias_grad else [None]) + [dk, dv]
-        if bias_grad:
-            d_bias = _summed_to(o, _unfolded(o, ds, spec), bias_shape[:3] + (steps.tile if steps.bias.stacked else 1,))
-            if bias_carried:
-                results[1] = o.emit("add", carry[1], d_bias)
-            else:
-                results.pop(1)
-                results.append(d_bias)
-        return results
-
-    outs = list(_scan(b, carries, consts, steps.xs(), steps.count, step))
-    dq = outs.pop(0)
-    d_bias = outs.pop(0) if bias_carried else None
-    dk_tiles, dv_tiles = outs[:2]
-    if bias_grad and not bias_carried:
-        stacked = outs[2]  # (count, B', N', T', tile)
-        whole = ops.transpose(stacked, (1, 2, 3, 0, 4))
-        sh = ops.shape(whole)
-        d_bias = ops.reshape(whole, sh[:3] + (sh[3] * sh[4],))
-        if sh[3] * sh[4] != spec.s:
-            d_bias = ops.emit("slice", d_bias, start=(0, 0, 0, 0), limit=sh[:3] + (spec.s,), strides=(1, 1, 1, 1))
-    dq = _unfolded(ops, ops.emit("mul", dq, ops.lit(spec.scale, dq)), spec)
-    results = [_back(ops, spec, dq, spec.dtype), _back(ops, spec, _gather_tiles(ops, dk_tiles, spec), spec.dtype),
-               _back(ops, spec, _gather_tiles(ops, dv_tiles, spec), spec.dtype)]
-    if bias_grad:
-        results.append(ops.convert(d_bias, spec.dtype))
-    for value, var in zip(results, eqn.outvars):
-        _rename(b, value, var)
-    return b.eqns
+    return _sliced(ops, whole, 2, 0, spec.s)
 
 
 def _summed_to(ops: Ops, x: Any, shape: tuple[int, ...]) -> Any:
@@ -483,12 +476,97 @@ def _summed_to(ops: Ops, x: Any, shape: tuple[int, ...]) -> Any:
     return ops.reshape(ops.emit("reduce_sum", x, axes=axes), shape)
 
 
+def _backward_step(spec: Spec, cols: int, bias_shape: tuple[int, ...] | None, bias_carried: bool):
+    """One key tile of the backward over every query: P recomputed from the logsumexp; dq is a
+    carry, dk and dv (and a bias's gradient) come out per tile."""
+    rows = spec.t
+
+    def step(o: Ops, carry: list[Var], got: dict[str, Var]) -> list[Any]:
+        s, counted, valid = _tile_logits(o, spec, got, rows, cols)
+        p = o.emit("exp", o.emit("sub", s, o.rows(got["lse"], s)))
+        if "empty" in got:
+            uniform = o.broadcast(o.lit(1.0 / spec.s, p), o.shape(p), ())
+            if valid is not None:
+                uniform = o.emit("select", valid, uniform, o.lit(0.0, p))
+            p = o.emit("select", o.rows(got["empty"], p), uniform, p)
+        dv = o.dot(p, got["d_out"], (2, 2))
+        dp = o.dot(got["d_out"], got["v"], (3, 3))
+        ds = o.emit("mul", p, o.emit("sub", dp, o.rows(got["delta"], dp)))
+        if counted is not None:
+            ds = o.emit("select", counted, ds, o.lit(0.0, ds))
+        new_carry, ys = [o.emit("add", carry[0], o.dot(ds, got["k"], (3, 2)))], [o.dot(ds, got["q"], (2, 2)), dv]
+        if bias_shape is not None:  # summed over what the bias broadcasts along; a carry when it is one column
+            d_bias = _summed_to(o, _unfolded(o, ds, spec, rows), bias_shape[:3] + (1 if bias_carried else cols,))
+            if bias_carried:
+                new_carry.append(o.emit("add", carry[1], d_bias))
+            else:
+                ys.append(d_bias)
+        return new_carry + ys
+    return step
+
+
+def _expand_backward(eqn: Eqn) -> list[Eqn]:
+    """One scan over the key tiles, each step seeing every query (dq is its carry)."""
+    b = GraphBuilder(eqn.source)
+    ops = b.ops
+    spec, q, k, v, bias, mask, (out, lse, d_out, d_lse) = _split(eqn)
+    bias_grad = eqn.param_dict["bias_grad"]
+    keys = _Keys.of(ops, spec, k, v, backward_tile(spec))
+    inputs = _Inputs()
+    wide = lambda x: _folded(ops, ops.convert(ops.to_bnth(x, spec.layout), spec.acc), spec, spec.t)  # noqa: E731
+    d_out5 = wide(d_out)
+    lse5 = ops.reshape(lse, spec.rows)
+    inputs.add("q", _folded(ops, _scaled_q(ops, spec, q), spec, spec.t), False)
+    inputs.add("d_out", d_out5, False)
+    inputs.add("lse", lse5, False)
+    inputs.add("delta", ops.emit("sub", ops.reduce("reduce_sum", ops.emit("mul", d_out5, wide(out)), 3),
+                                 ops.reshape(d_lse, spec.rows)), False)
+    if _empty_rows(spec):  # the forward's empty rows, told apart by their logsumexp
+        inputs.add("empty", ops.emit("le", lse5, ops.lit(_empty_lse(spec) / 2, lse5)), False)
+    keys.add_to(ops, inputs, keys.count)
+    _add_extras(ops, inputs, keys, keys.count, bias, mask)
+    bias_shape = bias.type.shape if bias_grad else None
+    bias_carried = bias_grad and bias.type.shape[3] == 1
+    carries = [ops.broadcast(ops.scalar(0.0, spec.acc), spec.folded(spec.h), ())]
+    if bias_carried:
+        carries.append(ops.broadcast(ops.scalar(0.0, spec.acc), bias_shape, ()))
+    outs = list(_scan(b, carries, inputs, keys.count, _backward_step(spec, keys.tile, bias_shape, bias_carried)))
+    dq = outs.pop(0)
+    d_bias = outs.pop(0) if bias_carried else None
+    dk_tiles, dv_tiles = outs[:2]
+    if bias_grad and not bias_carried:
+        whole = ops.transpose(outs[2], (1, 2, 3, 0, 4))  # (count, B', N', T', tile) -> (B', N', T', S)
+        d_bias = _sliced(ops, ops.reshape(whole, bias_shape[:3] + (keys.count * keys.tile,)), 3, 0, spec.s)
+    dq = _unfolded(ops, ops.emit("mul", dq, ops.lit(spec.scale, dq)), spec, spec.t)
+    results = [_back(ops, spec, dq, spec.dtype), _back(ops, spec, _gathered(ops, dk_tiles, spec), spec.dtype),
+               _back(ops, spec, _gathered(ops, dv_tiles, spec), spec.dtype)]
+    if bias_grad:
+        results.append(ops.convert(d_bias, spec.dtype))
+    for value, var in zip(results, eqn.outvars):
+        b.name(value, var)
+    return b.eqns
+
+
 EXPANSIONS: dict[str, Callable[[Eqn], list[Eqn]]] = {"attention": _expand_forward,
                                                      "attention_bwd": _expand_backward}
 
 
+def _describe(eqn: Eqn) -> str:
+    spec = Spec.of(*(a.type for a in eqn.inputs[:3]), eqn.param_dict)
+    head = f"{eqn.primitive} (B={spec.b} N={spec.n} T={spec.t} S={spec.s} H={spec.h}) tiled"
+    if eqn.primitive == "attention_bwd":
+        tile = backward_tile(spec)
+        return f"{head}: one scan over {-(-spec.s // tile)} tiles of {tile} keys, no {spec.t} x {spec.s} buffer"
+    rows, cols = forward_tiles(spec)
+    n_k = -(-spec.s // cols)
+    steps = sum(min(n_k, -(-min((i + 1) * rows, spec.t) // cols)) if spec.causal else n_k
+                for i in range(-(-spec.t // rows)))
+    return (f"{head}: a scan per {rows} queries over tiles of {cols} keys, {steps} tile steps"
+            f"{' (causal: tiles above the diagonal skipped)' if spec.causal else ''}, no {spec.t} x {spec.s} buffer")
+
+
 def expand_attention(graph: Graph) -> tuple[Graph, tuple[str, ...]]:
-    """`graph` with each attention equation replaced by its tiled scan (the same graph when it
+    """`graph` with each attention equation replaced by its tiled scans (the same graph when it
     has none), and a line per equation saying how it is tiled."""
     if not any(e.primitive in EXPANSIONS for e in graph.eqns):
         return graph, ()
@@ -496,10 +574,7 @@ def expand_attention(graph: Graph) -> tuple[Graph, tuple[str, ...]]:
     notes = []
     for eqn in graph.eqns:
         if eqn.primitive in EXPANSIONS:
-            spec = Spec.of(*(a.type for a in eqn.inputs[:3]), eqn.param_dict)
-            tile = tile_size(spec)
-            notes.append(f"{eqn.primitive} (B={spec.b} N={spec.n} T={spec.t} S={spec.s} H={spec.h}) tiled: one scan "
-                         f"of {-(-spec.s // tile)} steps over {tile} keys each, no {spec.t} x {spec.s} buffer")
+            notes.append(_describe(eqn))
             eqns.extend(EXPANSIONS[eqn.primitive](eqn))
         else:
             eqns.append(eqn)
@@ -523,8 +598,8 @@ class Tiled:
 def tile_attention(graph: Graph) -> Tiled:
     """The "attention" step between the graph passes and fusion: the plain attention a
     program writes becomes `attention` equations (glue.scheduler.passes.attention), and every
-    attention equation its tiled scan (simplified again, since tiling adds layout work)."""
-    recognised, found = recognize_attention(graph)
+    attention equation its tiled scans (simplified again, since tiling adds layout work)."""
+    recognised, found = recognize_attention(graph) if config.recognize_attention else (graph, ())
     expanded, tiled = expand_attention(recognised)
     if expanded is not recognised:
         expanded = optimize(expanded)
