@@ -207,6 +207,31 @@ def unfused_attention(ops: Ops, spec: Spec, q: Any, k: Any, v: Any, bias: Any | 
     return _back(ops, spec, _unfolded(ops, out, spec, spec.t), spec.dtype), ops.reshape(lse, (spec.b, spec.n, spec.t))
 
 
+def unfused_attention_bwd(ops: Ops, spec: Spec, q: Any, k: Any, v: Any, bias: Any | None, mask: Any | None,
+                          out: Any, d_out: Any, d_lse: Any, bias_grad: bool) -> list[Any]:
+    """attention_bwd's results computed the plain way (the derivative rules' form): P from
+    the logits, as the reference has it, so a fully masked row needs no special case."""
+    q5 = _folded(ops, _scaled_q(ops, spec, q), spec, spec.t)
+    k5, v5 = _kv(ops, spec, k), _kv(ops, spec, v)
+    keep, _ = _keep(ops, spec, mask, spec.t, spec.s)
+    s = _logits(ops, spec, q5, k5, bias, keep, spec.masked_value, spec.t)
+    e = ops.emit("exp", ops.emit("sub", s, ops.rows(ops.reduce("reduce_max", s, 3), s)))
+    p = ops.emit("div", e, ops.rows(ops.reduce("reduce_sum", e, 3), e))
+    wide = lambda x: _folded(ops, ops.convert(ops.to_bnth(x, spec.layout), spec.acc), spec, spec.t)  # noqa: E731
+    do5 = wide(d_out)
+    delta = ops.emit("sub", ops.reduce("reduce_sum", ops.emit("mul", do5, wide(out)), 3), ops.reshape(d_lse, spec.rows))
+    dp = ops.dot(do5, v5, (3, 3))
+    ds = ops.emit("mul", p, ops.emit("sub", dp, ops.rows(delta, dp)))
+    if keep is not None:
+        ds = ops.emit("select", keep, ds, ops.lit(0.0, ds))
+    dq = _unfolded(ops, ops.emit("mul", ops.dot(ds, k5, (3, 2)), ops.lit(spec.scale, ds)), spec, spec.t)
+    grads = [_back(ops, spec, dq, spec.dtype), _back(ops, spec, ops.dot(ds, q5, (2, 2)), spec.dtype),
+             _back(ops, spec, ops.dot(p, do5, (2, 2)), spec.dtype)]
+    if bias_grad:
+        grads.append(ops.convert(_summed_to(ops, _unfolded(ops, ds, spec, spec.t), ops.shape(bias)), spec.dtype))
+    return grads
+
+
 # --- building graphs ---------------------------------------------------------------------
 
 class GraphBuilder:

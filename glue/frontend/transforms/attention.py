@@ -2,19 +2,19 @@
 
 The VJP of attention is the primitive `attention_bwd` (FlashAttention's backward: P recomputed
 from the saved row logsumexp, which is why attention returns it), so a gradient never holds
-T x S values either. The JVP is the unfused math differentiated (forward mode is rare for
-attention and gets no kernel of its own). vmap folds the batch axis into B.
+T x S values either. Forward mode, and derivatives of attention_bwd (second order), go through
+the unfused math (glue.scheduler.attention), with its T x S scores: they are rare enough to get
+no kernel of their own. vmap folds the batch axis into B.
 """
 from __future__ import annotations
 
 from typing import Any, Sequence
 
-from glue.errors import GlueError
-from glue.frontend.transforms.autodiff import JVP, VJP, jvp_graph
+from glue.frontend.transforms.autodiff import JVP, VJP, Linearized, jvp_graph
 from glue.frontend.transforms.batching import BATCH, move_batch
 from glue.frontend.transforms.core import aval, broadcast, closed, emit, reshape, rule_body, zeros
 from glue.ir import TensorType
-from glue.scheduler.attention import Ops, Spec, unfused_attention
+from glue.scheduler.attention import Ops, Spec, unfused_attention, unfused_attention_bwd
 
 OPS = Ops(emit, aval, lambda value, dtype: dtype.numpy.type(value))
 
@@ -28,16 +28,27 @@ def _parts(primals: Sequence[Any], params: dict[str, Any]) -> tuple[Spec, list[A
     return spec, extras, bias, mask
 
 
-def _attention_jvp(tangents: list, primals: list, out: Any, **params: Any) -> list:
-    spec, extras, _, _ = _parts(primals, params)
+def _unfused_body(primals: Sequence[Any], params: dict[str, Any], backward: bool):
+    """The closed body computing the equation the plain way, with the T x S scores."""
+    spec, _, _, _ = _parts(primals, params)
 
-    def unfused(*xs: Any) -> tuple[Any, Any]:
+    def unfused(*xs: Any) -> Sequence[Any]:
         q, k, v, *rest = xs
-        return unfused_attention(OPS, spec, q, k, v, rest[0] if spec.has_bias else None,
-                                 rest[spec.has_bias] if spec.has_mask else None)
+        bias = rest[0] if spec.has_bias else None
+        mask = rest[spec.has_bias] if spec.has_mask else None
+        if not backward:
+            return unfused_attention(OPS, spec, q, k, v, bias, mask)
+        out, _, d_out, d_lse = rest[-4:]
+        return unfused_attention_bwd(OPS, spec, q, k, v, bias, mask, out, d_out, d_lse, params["bias_grad"])
 
-    body = rule_body(unfused, [aval(x) for x in primals], False, "the attention JVP")
-    return jvp_graph(closed(body), primals, tangents)[1]
+    return closed(rule_body(unfused, [aval(x) for x in primals], False, "the unfused attention"))
+
+
+def _unfused_jvp(backward: bool):
+    """Forward mode through the unfused math (no kernel of its own: rare for attention)."""
+    def jvp(tangents: list, primals: list, out: Any, **params: Any) -> list:
+        return jvp_graph(_unfused_body(primals, params, backward), primals, tangents)[1]
+    return jvp
 
 
 def _attention_vjp(ct: list, wanted: Sequence[bool], primals: list, out: list, **params: Any) -> list:
@@ -50,10 +61,9 @@ def _attention_vjp(ct: list, wanted: Sequence[bool], primals: list, out: list, *
     return cts + [None] * spec.has_mask
 
 
-def _second_order(*_: Any, **__: Any) -> Any:
-    raise GlueError("attention_bwd: derivatives of attention's gradient (second order, forward mode over "
-                    "the backward) are not supported; differentiate a function without "
-                    "glue.nn.dot_product_attention's fused kernel, written out with softmax")
+def _attention_bwd_vjp(ct: list, wanted: Sequence[bool], primals: list, out: list, **params: Any) -> list:
+    """Second order (the gradient of a gradient) through the unfused backward."""
+    return Linearized(_unfused_body(primals, params, True), primals, wanted).transpose(ct)
 
 
 def _batched(values: Sequence[Any], bdims: Sequence[int | None], size: int, spec: Spec) -> list[Any]:
@@ -88,6 +98,6 @@ def _batch_rule(name: str):
     return rule
 
 
-JVP["attention"], VJP["attention"] = _attention_jvp, _attention_vjp
-JVP["attention_bwd"], VJP["attention_bwd"] = _second_order, _second_order
+JVP["attention"], VJP["attention"] = _unfused_jvp(False), _attention_vjp
+JVP["attention_bwd"], VJP["attention_bwd"] = _unfused_jvp(True), _attention_bwd_vjp
 BATCH["attention"], BATCH["attention_bwd"] = _batch_rule("attention"), _batch_rule("attention_bwd")
