@@ -26,7 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from glue.ir import Eqn, Graph, Literal, TensorType, Var, params_tuple
+from glue.errors import GlueTypeError
+from glue.ir import Eqn, Graph, Literal, TensorType, Var, infer_types, params_tuple
 from glue.ir.core import Atom
 from glue.ir.printer import graph_var_names
 from glue.scheduler.passes.dce import dce
@@ -159,7 +160,7 @@ def _softmax_of(g: _Graph, p: Atom) -> Atom:
     raise _NoMatch(None)
 
 
-def _four_d(g: _Graph, atom: Atom) -> Atom | tuple[Atom, tuple[int, ...]]:
+def _four_d(g: _Graph, atom: Atom) -> tuple[Atom, tuple[int, ...]]:
     """What a (B, N, T, S) broadcast value broadcasts: its source, with the rank-4 shape it
     has once reshaped (1 for the axes it stretches along)."""
     e = g.eqn(atom, "broadcast_in_dim")
@@ -236,10 +237,12 @@ def _match(g: _Graph, index: int) -> _Found:
         q, scale = _scale(g, q)
     if not q.type.dtype == k.type.dtype == v.type.dtype:
         raise _NoMatch("q, k and v differ in dtype")
-    free = lambda x, used: next(i for i in range(4) if i not in used)  # noqa: E731
-    q_axes = tuple(qb) + (free(q, qb + qc),) + tuple(qc)
-    k_axes = tuple(kb) + (free(k, kb + kc),) + tuple(kc)
-    v_axes = tuple(vb) + tuple(vc) + (free(v, vb + vc),)
+    def free(used: tuple[int, ...]) -> int:
+        return next(i for i in range(4) if i not in used)
+
+    q_axes = tuple(qb) + (free(qb + qc),) + tuple(qc)
+    k_axes = tuple(kb) + (free(kb + kc),) + tuple(kc)
+    v_axes = tuple(vb) + tuple(vc) + (free(vb + vc),)
     leaves = {id(a) for a in (q, k, v, bias, mask) if a is not None}
     found = []
     if mask is not None:
@@ -312,13 +315,17 @@ def _replacement(found: _Found, pv: Eqn) -> tuple[Eqn, ...]:
     mask = four(found.mask)
     if mask and found.drops:
         mask = [emit("not", (mask[0],), mask[0].type)]
-    from glue.ir.primitives import attention_accumulator
-
-    lse = Var(TensorType(q.type.shape[:3], attention_accumulator(q.type.dtype)))
-    out = pv.outvars[0]
     params = dict(scale=float(found.scale), causal=found.causal, layout="BNTH", masked_value=float(found.fill),
                   has_bias=bool(bias), has_mask=bool(mask))
-    eqns.append(Eqn("attention", (q, k, v, *bias, *mask), params_tuple(params), (out, lse), pv.source))
+    operands = (q, k, v, *bias, *mask)
+    try:
+        out_type, lse_type = infer_types("attention", tuple(a.type for a in operands), params)
+    except GlueTypeError as err:
+        raise _NoMatch(f"its operands do not make an attention: {err}") from None
+    out = pv.outvars[0]
+    if out_type != out.type:
+        raise _NoMatch(f"attention would give {out_type} where the program has {out.type}")
+    eqns.append(Eqn("attention", operands, params_tuple(params), (out, Var(lse_type)), pv.source))
     return tuple(eqns)
 
 
@@ -342,11 +349,12 @@ def recognize_attention(graph: Graph) -> tuple[Graph, tuple[str, ...]]:
             continue
         if found.cone & taken:
             continue
-        taken |= found.cone
-        if found.q.type.dtype != eqn.outvars[0].type.dtype:
-            notes.append(f"{out} = attention not recognised: the result's dtype differs from q's")
+        try:
+            replaced[i] = _replacement(found, eqn)
+        except _NoMatch as no:
+            notes.append(f"{out} = attention not recognised: {no.args[0]}")
             continue
-        replaced[i] = _replacement(found, eqn)
+        taken |= found.cone
         mask = "causal" if found.causal else "masked" if found.mask is not None else "no mask"
         notes.append(f"{out} = attention recognised: scores {names[found.scores.id]} (scale {found.scale:g}, "
                      f"{mask}{', bias' if found.bias is not None else ''}) over q {names[found.q.id]}, "
