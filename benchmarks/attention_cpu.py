@@ -45,7 +45,7 @@ def _time(f, args, repeats: int) -> float:
 def main(argv: list[str]) -> None:
     lengths = [int(a) for a in argv] or [1024, 2048, 4096]
     print(f"causal attention, B={B} N={N} H={H} f32, cpu ({glue.config.cpu_threads or 'all'} threads); "
-          "best of 3 after a warm-up call")
+          "best of 5 after a warm-up call")
     print("| T | program | pass | ms | GFLOP/s | peak MiB |\n| ---: | --- | --- | ---: | ---: | ---: |")
     rng = np.random.default_rng(0)
     for t in lengths:
@@ -58,7 +58,7 @@ def main(argv: list[str]) -> None:
                 for kind, program, work in (("forward", fn, flops), ("fwd+bwd", _loss(fn), 3.5 * flops)):
                     jitted = glue.jit(program, backend="cpu")
                     peak = jitted.lower(*args).compile().memory_analysis().peak_bytes / 2 ** 20
-                    seconds = _time(jitted, args, 3)
+                    seconds = _time(jitted, args, 5)
                     print(f"| {t} | {name} | {kind} | {seconds * 1e3:.1f} | {work / seconds / 1e9:.1f} | {peak:.0f} |")
                     sys.stdout.flush()
 

@@ -310,28 +310,38 @@ def _sliced(ops: Ops, x: Any, axis: int, start: int, stop: int) -> Any:
 
 
 class _Inputs:
-    """What a scan body reads besides its carries, by name: values every step sees (consts)
-    and stacked values it sees one slice of per step (xs)."""
+    """What a scan body reads besides its carries, by name: values every step sees (consts),
+    and stacks of tiles (count, ...) of which step j reads tile `index[j]`. The stacks are
+    consts too, each step gathering its tile, so that a scan over the first n tiles (a causal
+    query tile) needs no copy of them: the scan's only xs are the tile indices."""
 
-    def __init__(self) -> None:
+    def __init__(self, tiles: int) -> None:
         self.consts: dict[str, Any] = {}
-        self.xs: dict[str, Any] = {}
+        self.stacks: dict[str, Any] = {}
+        self.tiles = tiles
 
-    def add(self, name: str, value: Any, stacked: bool) -> None:
-        (self.xs if stacked else self.consts)[name] = value
+    def add(self, name: str, value: Any, stacked: bool = False) -> None:
+        (self.stacks if stacked else self.consts)[name] = value
 
 
-def _scan(b: GraphBuilder, carry: Sequence[Any], inputs: _Inputs, length: int,
-          step: Callable[[Ops, list[Var], dict[str, Var]], list[Any]]) -> Sequence[Var]:
-    """A scan of `step(ops, carries, inputs by name)` -> new carries and one slice per y."""
+def _scan(b: GraphBuilder, carry: Sequence[Any], inputs: _Inputs, tile: int,
+          step: Callable[[Ops, list[Var], dict[str, Any]], list[Any]]) -> Sequence[Var]:
+    """A scan over tiles 0 .. inputs.tiles - 1 of `step(ops, carries, inputs by name)` -> new
+    carries and one slice per y; the inputs also hold the tile's first key as "start"."""
+    ops = b.ops
     carry_in = [Var(a.type) for a in carry]
-    const_in = {name: Var(a.type) for name, a in inputs.consts.items()}
-    x_in = {name: Var(TensorType(a.type.shape[1:], a.type.dtype)) for name, a in inputs.xs.items()}
+    named = {**inputs.consts, **inputs.stacks}
+    const_in = {name: Var(a.type) for name, a in named.items()}
+    index = Var(TensorType((), dt.int32))
     body = GraphBuilder(b.source)
-    outs = step(body.ops, carry_in, {**const_in, **x_in})
-    graph = Graph((), tuple(carry_in) + tuple(const_in.values()) + tuple(x_in.values()), tuple(body.eqns), tuple(outs))
-    return b.emit("scan", *carry, *inputs.consts.values(), *inputs.xs.values(), body=graph, length=length,
-                  reverse=False, num_carry=len(carry), num_consts=len(inputs.consts))
+    got = {name: body.emit("gather", const_in[name], index, axis=0, batch_dims=0) if name in inputs.stacks
+           else var for name, var in const_in.items()}
+    got["start"] = body.emit("mul", index, body.ops.scalar(tile, dt.int32))
+    outs = step(body.ops, carry_in, got)
+    graph = Graph((), tuple(carry_in) + tuple(const_in.values()) + (index,), tuple(body.eqns), tuple(outs))
+    indices = ops.iota((inputs.tiles,), 0)
+    return b.emit("scan", *carry, *named.values(), indices, body=graph, length=inputs.tiles, reverse=False,
+                  num_carry=len(carry), num_consts=len(named))
 
 
 def _split(eqn: Eqn) -> tuple[Spec, Any, Any, Any, Any | None, Any | None, tuple]:
@@ -346,41 +356,31 @@ def _split(eqn: Eqn) -> tuple[Spec, Any, Any, Any, Any | None, Any | None, tuple
 
 @dataclass(frozen=True)
 class _Keys:
-    """k and v in the accumulation type stacked tile by tile (count, B, K, tile, H), and each
-    tile's first key."""
+    """k and v in the accumulation type stacked tile by tile (count, B, K, tile, H)."""
 
     k: Any
     v: Any
-    start: Any
     tile: int
     count: int
 
     @staticmethod
     def of(ops: Ops, spec: Spec, k: Any, v: Any, tile: int) -> "_Keys":
         count = -(-spec.s // tile)
-        starts = ops.emit("mul", ops.iota((count,), 0), ops.scalar(tile, dt.int32))
         return _Keys(_stack(ops, _kv(ops, spec, k), 2, tile, count, 0.0),
-                     _stack(ops, _kv(ops, spec, v), 2, tile, count, 0.0), starts, tile, count)
+                     _stack(ops, _kv(ops, spec, v), 2, tile, count, 0.0), tile, count)
 
-    def add_to(self, ops: Ops, inputs: _Inputs, count: int) -> None:
-        """The first `count` tiles as a scan's xs."""
-        for name in ("k", "v", "start"):
-            inputs.add(name, _sliced(ops, getattr(self, name), 0, 0, count), True)
-
-
-def _add_extras(ops: Ops, inputs: _Inputs, keys: _Keys, count: int, bias: Any | None, mask: Any | None) -> None:
-    """A bias and mask (B|1, N|1, rows|1, S|1) for a scan over the first `count` key tiles:
-    stacked tiles where they vary along the keys, else whole."""
-    for name, x, pad in (("bias", bias, 0.0), ("mask", mask, False)):
-        if x is None:
-            continue
-        if ops.shape(x)[3] == 1:
-            inputs.add(name, x, False)
-        else:
-            inputs.add(name, _sliced(ops, _stack(ops, x, 3, keys.tile, keys.count, pad), 0, 0, count), True)
+    def add_to(self, ops: Ops, inputs: _Inputs, bias: Any | None, mask: Any | None) -> None:
+        """The tiles, and a bias and mask (B|1, N|1, rows|1, S|1): stacked tiles where they
+        vary along the keys, else whole."""
+        inputs.add("k", self.k, True)
+        inputs.add("v", self.v, True)
+        for name, x, pad in (("bias", bias, 0.0), ("mask", mask, False)):
+            if x is not None:
+                varies = ops.shape(x)[3] != 1
+                inputs.add(name, _stack(ops, x, 3, self.tile, self.count, pad) if varies else x, varies)
 
 
-def _tile_logits(ops: Ops, spec: Spec, got: dict[str, Var], rows: int, cols: int) -> tuple[Any, Any, Any]:
+def _tile_logits(ops: Ops, spec: Spec, got: dict[str, Any], rows: int, cols: int) -> tuple[Any, Any, Any]:
     """One step's logits (B, K, G*rows, cols), -inf where they do not count (masked, or
     padding past S), which count and which are keys inside S (None: all). Masked logits
     take masked_value in the definition: that is -inf too wherever a row keeps anything (exp
@@ -418,7 +418,7 @@ def _rows_of(ops: Ops, x: Any | None, start: int, stop: int) -> Any | None:
 
 def _forward_step(spec: Spec, rows: int, cols: int) -> Callable[[Ops, list[Var], dict[str, Var]], list[Any]]:
     """The online softmax over one key tile: carries the running row max, row sum and output."""
-    def step(o: Ops, carry: list[Var], got: dict[str, Var]) -> list[Any]:
+    def step(o: Ops, carry: list[Var], got: dict[str, Any]) -> list[Any]:
         m, l, acc = carry
         s, _, _ = _tile_logits(o, spec, got, rows, cols)
         m_new = o.emit("max", m, o.reduce("reduce_max", s, 3))
@@ -456,16 +456,14 @@ def _expand_forward(eqn: Eqn) -> list[Eqn]:
     outs, lses = [], []
     for i in range(n_q):
         start, stop = i * rows, (i + 1) * rows
-        inputs = _Inputs()
-        inputs.add("q", ops.reshape(_sliced(ops, q_all, 3, start, stop), block + (spec.h,)), False)
+        inputs = _Inputs(_key_tiles_needed(spec, keys, min(stop, spec.t)))
+        inputs.add("q", ops.reshape(_sliced(ops, q_all, 3, start, stop), block + (spec.h,)))
         if spec.causal:
-            inputs.add("q_start", ops.scalar(start, dt.int32), False)
-        count = _key_tiles_needed(spec, keys, min(stop, spec.t))
-        keys.add_to(ops, inputs, count)
-        _add_extras(ops, inputs, keys, count, _rows_of(ops, bias_all, start, stop), _rows_of(ops, mask_all, start, stop))
+            inputs.add("q_start", ops.scalar(start, dt.int32))
+        keys.add_to(ops, inputs, _rows_of(ops, bias_all, start, stop), _rows_of(ops, mask_all, start, stop))
         init = [ops.broadcast(ops.scalar(value, spec.acc), block, ()) for value in (-math.inf, 0.0)]
         init.append(ops.broadcast(ops.scalar(0.0, spec.acc), block + (spec.hv,), ()))
-        m, l, acc = _scan(b, init, inputs, count, _forward_step(spec, rows, cols))
+        m, l, acc = _scan(b, init, inputs, cols, _forward_step(spec, rows, cols))
         out = ops.emit("div", acc, ops.rows(l, acc))
         lse = ops.emit("add", m, ops.emit("log", l))
         if mean_v is not None:
@@ -506,7 +504,7 @@ def _backward_step(spec: Spec, cols: int, bias_shape: tuple[int, ...] | None, bi
     carry, dk and dv (and a bias's gradient) come out per tile."""
     rows = spec.t
 
-    def step(o: Ops, carry: list[Var], got: dict[str, Var]) -> list[Any]:
+    def step(o: Ops, carry: list[Var], got: dict[str, Any]) -> list[Any]:
         s, counted, valid = _tile_logits(o, spec, got, rows, cols)
         p = o.emit("exp", o.emit("sub", s, o.rows(got["lse"], s)))
         if "empty" in got:
@@ -537,25 +535,24 @@ def _expand_backward(eqn: Eqn) -> list[Eqn]:
     spec, q, k, v, bias, mask, (out, lse, d_out, d_lse) = _split(eqn)
     bias_grad = eqn.param_dict["bias_grad"]
     keys = _Keys.of(ops, spec, k, v, backward_tile(spec))
-    inputs = _Inputs()
+    inputs = _Inputs(keys.count)
     wide = lambda x: _folded(ops, ops.convert(ops.to_bnth(x, spec.layout), spec.acc), spec, spec.t)  # noqa: E731
     d_out5 = wide(d_out)
     lse5 = ops.reshape(lse, spec.rows)
-    inputs.add("q", _folded(ops, _scaled_q(ops, spec, q), spec, spec.t), False)
-    inputs.add("d_out", d_out5, False)
-    inputs.add("lse", lse5, False)
+    inputs.add("q", _folded(ops, _scaled_q(ops, spec, q), spec, spec.t))
+    inputs.add("d_out", d_out5)
+    inputs.add("lse", lse5)
     inputs.add("delta", ops.emit("sub", ops.reduce("reduce_sum", ops.emit("mul", d_out5, wide(out)), 3),
-                                 ops.reshape(d_lse, spec.rows)), False)
+                                 ops.reshape(d_lse, spec.rows)))
     if _empty_rows(spec):  # the forward's empty rows, told apart by their logsumexp
-        inputs.add("empty", ops.emit("le", lse5, ops.lit(_empty_lse(spec) / 2, lse5)), False)
-    keys.add_to(ops, inputs, keys.count)
-    _add_extras(ops, inputs, keys, keys.count, bias, mask)
+        inputs.add("empty", ops.emit("le", lse5, ops.lit(_empty_lse(spec) / 2, lse5)))
+    keys.add_to(ops, inputs, bias, mask)
     bias_shape = bias.type.shape if bias_grad else None
     bias_carried = bias_grad and bias.type.shape[3] == 1
     carries = [ops.broadcast(ops.scalar(0.0, spec.acc), spec.folded(spec.h), ())]
     if bias_carried:
         carries.append(ops.broadcast(ops.scalar(0.0, spec.acc), bias_shape, ()))
-    outs = list(_scan(b, carries, inputs, keys.count, _backward_step(spec, keys.tile, bias_shape, bias_carried)))
+    outs = list(_scan(b, carries, inputs, keys.tile, _backward_step(spec, keys.tile, bias_shape, bias_carried)))
     dq = outs.pop(0)
     d_bias = outs.pop(0) if bias_carried else None
     dk_tiles, dv_tiles = outs[:2]
