@@ -25,11 +25,9 @@ from glue.settings import config
 from glue.scheduler.passes import optimize
 from glue.scheduler.passes.attention import recognize_attention
 
-# A forward step's scores over every (B, N) hold at most this many elements (1 MiB in float32:
-# the tile, its exponentials and the running output stay in the CPU's L2); a backward step, which
-# sees every query, at most BACKWARD_TILE_ELEMENTS (the last-level cache).
+# A step's scores over every (B, N) hold at most this many elements (1 MiB in float32: the tile,
+# its exponentials and the running output stay in the CPU's L2).
 TILE_ELEMENTS = 1 << 18
-BACKWARD_TILE_ELEMENTS = 1 << 20
 MIN_TILE, MAX_TILE = 16, 256
 
 
@@ -277,13 +275,6 @@ def forward_tiles(spec: Spec) -> tuple[int, int]:
     return min(side, _round8(spec.t)), min(side, _round8(spec.s))
 
 
-def backward_tile(spec: Spec) -> int:
-    """Keys per backward step (each step sees every query): a power of two whose scores tile
-    fits BACKWARD_TILE_ELEMENTS, within [MIN_TILE, MAX_TILE]."""
-    size = _power_of_two_below(max(BACKWARD_TILE_ELEMENTS // (spec.b * spec.n * spec.t), 1))
-    return min(min(max(size, MIN_TILE), MAX_TILE), _round8(spec.s))
-
-
 def _stack(ops: Ops, x: Any, axis: int, tile: int, count: int, pad_value: Any) -> Any:
     """x cut along `axis` into `count` tiles of `tile` (padded with `pad_value`), the tile index
     first: (count, ..., tile, ...)."""
@@ -315,19 +306,19 @@ class _Inputs:
     consts too, each step gathering its tile, so that a scan over the first n tiles (a causal
     query tile) needs no copy of them: the scan's only xs are the tile indices."""
 
-    def __init__(self, tiles: int) -> None:
+    def __init__(self, tiles: int, first: int = 0) -> None:
         self.consts: dict[str, Any] = {}
         self.stacks: dict[str, Any] = {}
-        self.tiles = tiles
+        self.tiles, self.first = tiles, first
 
     def add(self, name: str, value: Any, stacked: bool = False) -> None:
         (self.stacks if stacked else self.consts)[name] = value
 
 
-def _scan(b: GraphBuilder, carry: Sequence[Any], inputs: _Inputs, tile: int,
+def _scan(b: GraphBuilder, carry: Sequence[Any], inputs: _Inputs,
           step: Callable[[Ops, list[Var], dict[str, Any]], list[Any]]) -> Sequence[Var]:
-    """A scan over tiles 0 .. inputs.tiles - 1 of `step(ops, carries, inputs by name)` -> new
-    carries and one slice per y; the inputs also hold the tile's first key as "start"."""
+    """A scan over tiles first .. first + tiles - 1 of `step(ops, carries, inputs by name)` ->
+    new carries and one slice per y; the inputs also hold the tile's number as "index"."""
     ops = b.ops
     carry_in = [Var(a.type) for a in carry]
     named = {**inputs.consts, **inputs.stacks}
@@ -336,10 +327,12 @@ def _scan(b: GraphBuilder, carry: Sequence[Any], inputs: _Inputs, tile: int,
     body = GraphBuilder(b.source)
     got = {name: body.emit("gather", const_in[name], index, axis=0, batch_dims=0) if name in inputs.stacks
            else var for name, var in const_in.items()}
-    got["start"] = body.emit("mul", index, body.ops.scalar(tile, dt.int32))
+    got["index"] = index
     outs = step(body.ops, carry_in, got)
     graph = Graph((), tuple(carry_in) + tuple(const_in.values()) + (index,), tuple(body.eqns), tuple(outs))
     indices = ops.iota((inputs.tiles,), 0)
+    if inputs.first:
+        indices = ops.emit("add", indices, ops.scalar(inputs.first, dt.int32))
     return b.emit("scan", *carry, *named.values(), indices, body=graph, length=inputs.tiles, reverse=False,
                   num_carry=len(carry), num_consts=len(named))
 
@@ -370,22 +363,29 @@ class _Keys:
                      _stack(ops, _kv(ops, spec, v), 2, tile, count, 0.0), tile, count)
 
     def add_to(self, ops: Ops, inputs: _Inputs, bias: Any | None, mask: Any | None) -> None:
-        """The tiles, and a bias and mask (B|1, N|1, rows|1, S|1): stacked tiles where they
-        vary along the keys, else whole."""
+        """The tiles, and a bias and mask cut along the keys as they are."""
         inputs.add("k", self.k, True)
         inputs.add("v", self.v, True)
-        for name, x, pad in (("bias", bias, 0.0), ("mask", mask, False)):
-            if x is not None:
-                varies = ops.shape(x)[3] != 1
-                inputs.add(name, _stack(ops, x, 3, self.tile, self.count, pad) if varies else x, varies)
+        _add_bias_mask(ops, inputs, bias, mask, 3, self.tile, self.count)
 
 
-def _tile_logits(ops: Ops, spec: Spec, got: dict[str, Any], rows: int, cols: int) -> tuple[Any, Any, Any]:
+def _add_bias_mask(ops: Ops, inputs: _Inputs, bias: Any | None, mask: Any | None, axis: int, tile: int,
+                   count: int) -> None:
+    """A bias and mask (B|1, N|1, T|1, S|1) for a scan along `axis` (2: queries, 3: keys):
+    stacked tiles where they vary along it, else whole."""
+    for name, x, pad in (("bias", bias, 0.0), ("mask", mask, False)):
+        if x is not None:
+            varies = ops.shape(x)[axis] != 1
+            inputs.add(name, _stack(ops, x, axis, tile, count, pad) if varies else x, varies)
+
+
+def _tile_logits(ops: Ops, spec: Spec, got: dict[str, Any], rows: int, cols: int, q_start: Any | None,
+                 k_start: Any) -> tuple[Any, Any, Any]:
     """One step's logits (B, K, G*rows, cols), -inf where they do not count (masked, or
     padding past S), which count and which are keys inside S (None: all). Masked logits
     take masked_value in the definition: that is -inf too wherever a row keeps anything (exp
     underflows to 0 either way), and rows that keep nothing are the `_empty_rows` case."""
-    keep, valid = _keep(ops, spec, got.get("mask"), rows, cols, got.get("q_start"), got["start"])
+    keep, valid = _keep(ops, spec, got.get("mask"), rows, cols, q_start, k_start)
     counted = keep if valid is None else valid if keep is None else ops.emit("and", keep, valid)
     return _logits(ops, spec, got["q"], got["k"], got.get("bias"), counted, -math.inf, rows), counted, valid
 
@@ -408,19 +408,26 @@ def _safe_max(ops: Ops, m: Any) -> Any:
     return ops.emit("select", ops.emit("eq", m, ops.lit(-math.inf, m)), ops.lit(0.0, m), m)
 
 
-def _rows_of(ops: Ops, x: Any | None, start: int, stop: int) -> Any | None:
-    """A (.., T|1, S|1) bias or mask cut to the queries start..stop (as it is when it does not
-    vary along the queries)."""
-    if x is None or ops.shape(x)[2] == 1:
+def _whole_tiles(ops: Ops, x: Any | None, axis: int, size: int) -> Any | None:
+    """A bias or mask padded along `axis` to `size` (when it varies along it; a mask with
+    False, a bias with 0)."""
+    if x is None or ops.shape(x)[axis] == 1:
         return x
-    return _sliced(ops, x, 2, start, stop)
+    return _padded(ops, x, axis, size, False if x.type.dtype == dt.bool_ else 0.0)
+
+
+def _cut(ops: Ops, x: Any | None, axis: int, start: int, stop: int) -> Any | None:
+    """A bias or mask cut to start..stop along `axis` (as it is when it does not vary along it)."""
+    if x is None or ops.shape(x)[axis] == 1:
+        return x
+    return _sliced(ops, x, axis, start, stop)
 
 
 def _forward_step(spec: Spec, rows: int, cols: int) -> Callable[[Ops, list[Var], dict[str, Var]], list[Any]]:
     """The online softmax over one key tile: carries the running row max, row sum and output."""
     def step(o: Ops, carry: list[Var], got: dict[str, Any]) -> list[Any]:
         m, l, acc = carry
-        s, _, _ = _tile_logits(o, spec, got, rows, cols)
+        s, _, _ = _tile_logits(o, spec, got, rows, cols, got.get("q_start"), _first(o, got, cols))
         m_new = o.emit("max", m, o.reduce("reduce_max", s, 3))
         shift = _safe_max(o, m_new)
         alpha = o.emit("exp", o.emit("sub", m, shift))
@@ -429,6 +436,11 @@ def _forward_step(spec: Spec, rows: int, cols: int) -> Callable[[Ops, list[Var],
         acc_new = o.emit("add", o.emit("mul", acc, o.rows(alpha, acc)), o.dot(p, got["v"], (3, 2)))
         return [m_new, l_new, acc_new]
     return step
+
+
+def _first(ops: Ops, got: dict[str, Any], tile: int) -> Any:
+    """The first position of the step's tile."""
+    return ops.emit("mul", got["index"], ops.scalar(tile, dt.int32))
 
 
 def _key_tiles_needed(spec: Spec, keys: _Keys, stop: int) -> int:
@@ -448,8 +460,7 @@ def _expand_forward(eqn: Eqn) -> list[Eqn]:
     n_q = -(-spec.t // rows)
     grouped = (spec.b, spec.kv, spec.group)
     q_all = _padded(ops, ops.reshape(_scaled_q(ops, spec, q), grouped + (spec.t, spec.h)), 3, n_q * rows, 0.0)
-    bias_all = None if bias is None else _padded(ops, bias, 2, n_q * rows if bias.type.shape[2] != 1 else 1, 0.0)
-    mask_all = None if mask is None else _padded(ops, mask, 2, n_q * rows if mask.type.shape[2] != 1 else 1, False)
+    bias_all, mask_all = _whole_tiles(ops, bias, 2, n_q * rows), _whole_tiles(ops, mask, 2, n_q * rows)
     block = spec.b, spec.kv, spec.group * rows
     mean_v = ops.emit("div", ops.reduce("reduce_sum", _kv(ops, spec, v), 2), ops.scalar(spec.s, spec.acc)) \
         if _empty_rows(spec) else None
@@ -460,10 +471,10 @@ def _expand_forward(eqn: Eqn) -> list[Eqn]:
         inputs.add("q", ops.reshape(_sliced(ops, q_all, 3, start, stop), block + (spec.h,)))
         if spec.causal:
             inputs.add("q_start", ops.scalar(start, dt.int32))
-        keys.add_to(ops, inputs, _rows_of(ops, bias_all, start, stop), _rows_of(ops, mask_all, start, stop))
+        keys.add_to(ops, inputs, _cut(ops, bias_all, 2, start, stop), _cut(ops, mask_all, 2, start, stop))
         init = [ops.broadcast(ops.scalar(value, spec.acc), block, ()) for value in (-math.inf, 0.0)]
         init.append(ops.broadcast(ops.scalar(0.0, spec.acc), block + (spec.hv,), ()))
-        m, l, acc = _scan(b, init, inputs, cols, _forward_step(spec, rows, cols))
+        m, l, acc = _scan(b, init, inputs, _forward_step(spec, rows, cols))
         out = ops.emit("div", acc, ops.rows(l, acc))
         lse = ops.emit("add", m, ops.emit("log", l))
         if mean_v is not None:
@@ -499,74 +510,141 @@ def _summed_to(ops: Ops, x: Any, shape: tuple[int, ...]) -> Any:
     return ops.reshape(ops.emit("reduce_sum", x, axes=axes), shape)
 
 
-def _backward_step(spec: Spec, cols: int, bias_shape: tuple[int, ...] | None, bias_carried: bool):
-    """One key tile of the backward over every query: P recomputed from the logsumexp; dq is a
-    carry, dk and dv (and a bias's gradient) come out per tile."""
-    rows = spec.t
+def _probabilities(o: Ops, spec: Spec, got: dict[str, Any], rows: int, cols: int, q_start: Any | None,
+                   k_start: Any) -> tuple[Any, Any]:
+    """A backward step's P, recomputed from the saved logsumexp (a row the forward found
+    empty averages v: P is 1/S on every key), and ds = P * (dP - delta), 0 where not counted."""
+    s, counted, valid = _tile_logits(o, spec, got, rows, cols, q_start, k_start)
+    p = o.emit("exp", o.emit("sub", s, o.rows(got["lse"], s)))
+    if "empty" in got:
+        uniform = o.broadcast(o.lit(1.0 / spec.s, p), o.shape(p), ())
+        if valid is not None:
+            uniform = o.emit("select", valid, uniform, o.lit(0.0, p))
+        p = o.emit("select", o.rows(got["empty"], p), uniform, p)
+    dp = o.dot(got["d_out"], got["v"], (3, 3))
+    ds = o.emit("mul", p, o.emit("sub", dp, o.rows(got["delta"], dp)))
+    return p, ds if counted is None else o.emit("select", counted, ds, o.lit(0.0, ds))
 
+
+def _dq_step(spec: Spec, rows: int, cols: int, bias_shape: tuple[int, ...] | None):
+    """dq of a query tile over one key tile (a carry), and the bias's gradient: a y per key
+    tile where the bias varies along the keys, else a carry."""
     def step(o: Ops, carry: list[Var], got: dict[str, Any]) -> list[Any]:
-        s, counted, valid = _tile_logits(o, spec, got, rows, cols)
-        p = o.emit("exp", o.emit("sub", s, o.rows(got["lse"], s)))
-        if "empty" in got:
-            uniform = o.broadcast(o.lit(1.0 / spec.s, p), o.shape(p), ())
-            if valid is not None:
-                uniform = o.emit("select", valid, uniform, o.lit(0.0, p))
-            p = o.emit("select", o.rows(got["empty"], p), uniform, p)
-        dv = o.dot(p, got["d_out"], (2, 2))
-        dp = o.dot(got["d_out"], got["v"], (3, 3))
-        ds = o.emit("mul", p, o.emit("sub", dp, o.rows(got["delta"], dp)))
-        if counted is not None:
-            ds = o.emit("select", counted, ds, o.lit(0.0, ds))
-        new_carry, ys = [o.emit("add", carry[0], o.dot(ds, got["k"], (3, 2)))], [o.dot(ds, got["q"], (2, 2)), dv]
-        if bias_shape is not None:  # summed over what the bias broadcasts along; a carry when it is one column
-            d_bias = _summed_to(o, _unfolded(o, ds, spec, rows), bias_shape[:3] + (1 if bias_carried else cols,))
-            if bias_carried:
-                new_carry.append(o.emit("add", carry[1], d_bias))
-            else:
+        _, ds = _probabilities(o, spec, got, rows, cols, got.get("q_start"), _first(o, got, cols))
+        new_carry, ys = [o.emit("add", carry[0], o.dot(ds, got["k"], (3, 2)))], []
+        if bias_shape is not None:  # summed over what the bias broadcasts along
+            along_keys = bias_shape[3] != 1
+            d_bias = _summed_to(o, _unfolded(o, ds, spec, rows),
+                                bias_shape[:2] + (rows if bias_shape[2] != 1 else 1, cols if along_keys else 1))
+            if along_keys:
                 ys.append(d_bias)
+            else:
+                new_carry.append(o.emit("add", carry[1], d_bias))
         return new_carry + ys
     return step
 
 
+def _dkv_step(spec: Spec, rows: int, cols: int):
+    """dk and dv of a key tile over one query tile (carries)."""
+    def step(o: Ops, carry: list[Var], got: dict[str, Any]) -> list[Any]:
+        p, ds = _probabilities(o, spec, got, rows, cols, _first(o, got, rows), got.get("k_start"))
+        return [o.emit("add", carry[0], o.dot(ds, got["q"], (2, 2))),
+                o.emit("add", carry[1], o.dot(p, got["d_out"], (2, 2)))]
+    return step
+
+
+def _query_tiles(ops: Ops, spec: Spec, x: Any, rows: int, n_q: int) -> Any:
+    """A (B, N, T, cols) value as query tiles (n_q, B, K, G*rows, cols), zero past T."""
+    cols = ops.shape(x)[-1]
+    grouped = ops.reshape(x, (spec.b, spec.kv, spec.group, spec.t, cols))
+    split = ops.reshape(_padded(ops, grouped, 3, n_q * rows, 0.0),
+                        (spec.b, spec.kv, spec.group, n_q, rows, cols))
+    return ops.reshape(ops.transpose(split, (3, 0, 1, 2, 4, 5)), (n_q, spec.b, spec.kv, spec.group * rows, cols))
+
+
 def _expand_backward(eqn: Eqn) -> list[Eqn]:
-    """One scan over the key tiles, each step seeing every query (dq is its carry)."""
+    """Two passes over the tiles, each recomputing P from the saved logsumexp: per query tile
+    a scan over the key tiles it reads gives dq (and the bias's gradient); per key tile a scan
+    over the query tiles that read it gives dk and dv. Causal tiles above the diagonal are
+    skipped by both."""
     b = GraphBuilder(eqn.source)
     ops = b.ops
     spec, q, k, v, bias, mask, (out, lse, d_out, d_lse) = _split(eqn)
     bias_grad = eqn.param_dict["bias_grad"]
-    keys = _Keys.of(ops, spec, k, v, backward_tile(spec))
-    inputs = _Inputs(keys.count)
-    wide = lambda x: _folded(ops, ops.convert(ops.to_bnth(x, spec.layout), spec.acc), spec, spec.t)  # noqa: E731
-    d_out5 = wide(d_out)
-    lse5 = ops.reshape(lse, spec.rows)
-    inputs.add("q", _folded(ops, _scaled_q(ops, spec, q), spec, spec.t))
-    inputs.add("d_out", d_out5)
-    inputs.add("lse", lse5)
-    inputs.add("delta", ops.emit("sub", ops.reduce("reduce_sum", ops.emit("mul", d_out5, wide(out)), 3),
-                                 ops.reshape(d_lse, spec.rows)))
+    rows, cols = forward_tiles(spec)
+    keys = _Keys.of(ops, spec, k, v, cols)
+    n_q = -(-spec.t // rows)
+    wide = lambda x: ops.convert(ops.to_bnth(x, spec.layout), spec.acc)  # noqa: E731
+    column = lambda x: ops.reshape(x, (spec.b, spec.n, spec.t, 1))  # noqa: E731
+    d_out_ = wide(d_out)
+    delta = ops.emit("sub", ops.reduce("reduce_sum", ops.emit("mul", d_out_, wide(out)), 3), d_lse)
+    per_row = {"q": _scaled_q(ops, spec, q), "d_out": d_out_, "lse": column(lse), "delta": column(delta)}
     if _empty_rows(spec):  # the forward's empty rows, told apart by their logsumexp
-        inputs.add("empty", ops.emit("le", lse5, ops.lit(_empty_lse(spec) / 2, lse5)))
-    keys.add_to(ops, inputs, bias, mask)
+        per_row["empty"] = column(ops.emit("le", lse, ops.lit(_empty_lse(spec) / 2, lse)))
+    block = spec.b, spec.kv, spec.group * rows
+    tiles = {name: _query_tiles(ops, spec, x, rows, n_q) for name, x in per_row.items()}
+    for name in ("lse", "delta", "empty"):  # one value per row: (n_q, B, K, G*rows)
+        if name in tiles:
+            tiles[name] = ops.reshape(tiles[name], (n_q,) + block)
+    bias_all, mask_all = _whole_tiles(ops, bias, 2, n_q * rows), _whole_tiles(ops, mask, 2, n_q * rows)
     bias_shape = bias.type.shape if bias_grad else None
-    bias_carried = bias_grad and bias.type.shape[3] == 1
-    carries = [ops.broadcast(ops.scalar(0.0, spec.acc), spec.folded(spec.h), ())]
-    if bias_carried:
-        carries.append(ops.broadcast(ops.scalar(0.0, spec.acc), bias_shape, ()))
-    outs = list(_scan(b, carries, inputs, keys.tile, _backward_step(spec, keys.tile, bias_shape, bias_carried)))
-    dq = outs.pop(0)
-    d_bias = outs.pop(0) if bias_carried else None
-    dk_tiles, dv_tiles = outs[:2]
-    if bias_grad and not bias_carried:
-        whole = ops.transpose(outs[2], (1, 2, 3, 0, 4))  # (count, B', N', T', tile) -> (B', N', T', S)
-        d_bias = _sliced(ops, ops.reshape(whole, bias_shape[:3] + (keys.count * keys.tile,)), 3, 0, spec.s)
-    dq = _unfolded(ops, ops.emit("mul", dq, ops.lit(spec.scale, dq)), spec, spec.t)
-    results = [_back(ops, spec, dq, spec.dtype), _back(ops, spec, _gathered(ops, dk_tiles, spec), spec.dtype),
-               _back(ops, spec, _gathered(ops, dv_tiles, spec), spec.dtype)]
+    dqs, d_biases = [], []
+    for i in range(n_q):
+        start, stop = i * rows, (i + 1) * rows
+        inputs = _Inputs(_key_tiles_needed(spec, keys, min(stop, spec.t)))
+        for name, stacked in tiles.items():
+            inputs.add(name, ops.reshape(_sliced(ops, stacked, 0, i, i + 1), ops.shape(stacked)[1:]))
+        if spec.causal:
+            inputs.add("q_start", ops.scalar(start, dt.int32))
+        keys.add_to(ops, inputs, _cut(ops, bias_all, 2, start, stop), _cut(ops, mask_all, 2, start, stop))
+        carries = [ops.broadcast(ops.scalar(0.0, spec.acc), block + (spec.h,), ())]
+        along_keys = bias_grad and bias_shape[3] != 1
+        if bias_grad and not along_keys:
+            carries.append(ops.broadcast(ops.scalar(0.0, spec.acc),
+                                         bias_shape[:2] + (rows if bias_shape[2] != 1 else 1, 1), ()))
+        outs = list(_scan(b, carries, inputs, _dq_step(spec, rows, cols, bias_shape)))
+        dqs.append(ops.reshape(outs[0], (spec.b, spec.kv, spec.group, rows, spec.h)))
+        if bias_grad:
+            d_bias = outs[1]
+            if along_keys:  # (count, B', N', rows', cols) -> (B', N', rows', S), zero past the diagonal
+                count = inputs.tiles
+                whole = ops.transpose(d_bias, (1, 2, 3, 0, 4))
+                d_bias = ops.reshape(whole, ops.shape(whole)[:3] + (count * cols,))
+                d_bias = _sliced(ops, _padded(ops, d_bias, 3, keys.count * cols, 0.0), 3, 0, spec.s)
+            d_biases.append(d_bias)
+    dq = _sliced(ops, _joined(ops, dqs, 3), 3, 0, spec.t)
+    dq = ops.reshape(ops.emit("mul", dq, ops.lit(spec.scale, dq)), (spec.b, spec.n, spec.t, spec.h))
+    dks, dvs = [], []
+    for j in range(keys.count):
+        first = (j * cols) // rows if spec.causal else 0
+        inputs = _Inputs(n_q - first, first)
+        for name, stacked in tiles.items():
+            inputs.add(name, stacked, True)
+        for name in ("k", "v"):
+            stacked = getattr(keys, name)
+            inputs.add(name, ops.reshape(_sliced(ops, stacked, 0, j, j + 1), ops.shape(stacked)[1:]))
+        inputs.add("k_start", ops.scalar(j * cols, dt.int32))
+        key_cols = lambda x: _cut(ops, _whole_tiles(ops, x, 3, keys.count * cols), 3, j * cols, (j + 1) * cols)  # noqa: E731
+        _add_bias_mask(ops, inputs, key_cols(bias), key_cols(mask), 2, rows, n_q)
+        zeros = [ops.broadcast(ops.scalar(0.0, spec.acc), (spec.b, spec.kv, cols, width), ()) for width in (spec.h, spec.hv)]
+        dk, dv = _scan(b, zeros, inputs, _dkv_step(spec, rows, cols))
+        dks.append(dk)
+        dvs.append(dv)
+    results = [_back(ops, spec, dq, spec.dtype)] + [
+        _back(ops, spec, _sliced(ops, _joined(ops, parts, 2), 2, 0, spec.s), spec.dtype) for parts in (dks, dvs)]
     if bias_grad:
-        results.append(ops.convert(d_bias, spec.dtype))
+        d_bias = _joined(ops, d_biases, 2) if bias_shape[2] != 1 else _summed(ops, d_biases)
+        results.append(ops.convert(_sliced(ops, d_bias, 2, 0, bias_shape[2]), spec.dtype))
     for value, var in zip(results, eqn.outvars):
         b.name(value, var)
     return b.eqns
+
+
+def _summed(ops: Ops, parts: list[Any]) -> Any:
+    total = parts[0]
+    for part in parts[1:]:
+        total = ops.emit("add", total, part)
+    return total
 
 
 EXPANSIONS: dict[str, Callable[[Eqn], list[Eqn]]] = {"attention": _expand_forward,
@@ -575,16 +653,14 @@ EXPANSIONS: dict[str, Callable[[Eqn], list[Eqn]]] = {"attention": _expand_forwar
 
 def _describe(eqn: Eqn) -> str:
     spec = Spec.of(*(a.type for a in eqn.inputs[:3]), eqn.param_dict)
-    head = f"{eqn.primitive} (B={spec.b} N={spec.n} T={spec.t} S={spec.s} H={spec.h}) tiled"
-    if eqn.primitive == "attention_bwd":
-        tile = backward_tile(spec)
-        return f"{head}: one scan over {-(-spec.s // tile)} tiles of {tile} keys, no {spec.t} x {spec.s} buffer"
     rows, cols = forward_tiles(spec)
-    n_k = -(-spec.s // cols)
-    steps = sum(min(n_k, -(-min((i + 1) * rows, spec.t) // cols)) if spec.causal else n_k
-                for i in range(-(-spec.t // rows)))
-    return (f"{head}: a scan per {rows} queries over tiles of {cols} keys, {steps} tile steps"
-            f"{' (causal: tiles above the diagonal skipped)' if spec.causal else ''}, no {spec.t} x {spec.s} buffer")
+    n_q, n_k = -(-spec.t // rows), -(-spec.s // cols)
+    steps = sum(min(n_k, -(-min((i + 1) * rows, spec.t) // cols)) if spec.causal else n_k for i in range(n_q))
+    passes = "a scan per query tile" if eqn.primitive == "attention" else \
+        "a scan per query tile (dq) and one per key tile (dk, dv)"
+    return (f"{eqn.primitive} (B={spec.b} N={spec.n} T={spec.t} S={spec.s} H={spec.h}) tiled {rows} x {cols}: "
+            f"{passes}, {steps} of {n_q * n_k} tile pairs{' (causal: those above the diagonal skipped)' if spec.causal else ''}, "
+            f"no {spec.t} x {spec.s} buffer")
 
 
 def expand_attention(graph: Graph) -> tuple[Graph, tuple[str, ...]]:

@@ -205,3 +205,22 @@ def test_long_causal_attention_plans_no_t_by_t_buffer():
             plan = glue.jit(fn, backend=backend).lower(q, q, q).lowering["plan"]
             biggest = max(p.type.size for p in plan.memory.placements.values())
             assert biggest < t * t // 8, (backend, biggest)
+
+
+@pytest.mark.parametrize("bias_shape,causal", [((1, 1, 300, 1), True), ((1, 2, 1, 290), False),
+                                               ((1, 2, 300, 290), True)])
+def test_several_tiles_and_every_bias_broadcast(bias_shape, causal):
+    """Query and key tiles of 256 (two of each, the last partial), with the bias's gradient
+    summed over whatever it broadcasts along."""
+    rng = np.random.default_rng(9)
+    q = rng.standard_normal((1, 300, 2, 8)).astype(np.float32)
+    k, v = (rng.standard_normal((1, 290, 1, 8)).astype(np.float32) for _ in range(2))
+    bias = rng.standard_normal(bias_shape).astype(np.float32)
+    loss = lambda fn: lambda *a: gnp.sum(gnp.sin(fn(*a)))  # noqa: E731
+    fused = lambda q, k, v, b: nn.dot_product_attention(q, k, v, b, is_causal=causal)  # noqa: E731
+    plain = lambda q, k, v, b: unfused(q, k, v, b, causal=causal)  # noqa: E731
+    grad = glue.jit(glue.grad(loss(fused), argnums=(0, 1, 2, 3)), backend="cpu")
+    assert "tiled 256 x 256" in grad.lower(q, k, v, bias).as_text("fusion")
+    want = glue.jit(glue.grad(loss(plain), argnums=(0, 1, 2, 3)), backend="reference")(q, k, v, bias)
+    for g, w in zip(grad(q, k, v, bias), want):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-4, atol=1e-4)
