@@ -1,15 +1,21 @@
-"""How `attention` and `attention_bwd` run: tiled over the key/value positions, as scans whose
-body handles one K/V tile, so that no buffer of T x S scores is ever made (FlashAttention's
-online softmax: a running row max, row sum and output accumulator are the scan's carries).
+"""How `attention` and `attention_bwd` run: tiled, as scans whose body handles one tile of
+queries against one tile of keys, so that no buffer of T x S scores is ever made.
 
-`expand_attention(graph)` replaces every attention equation by such a scan with the layout
-work around it (q folded to (B, K, G*T, H) so a group of query heads shares its kv head, k and
-v padded to whole tiles and stacked tile by tile); both backends then run the scan as the
-call kernel they already have, compiling its body once. The backward is one scan too: P is
-recomputed from the saved row logsumexp, dq is a carry, dk and dv come out tile by tile.
+`expand_attention(graph)` replaces every attention equation, before fusion, by:
+- forward: one scan per query tile over the key tiles it reads (causal: none above the
+  diagonal; the diagonal tile is masked), FlashAttention's online softmax with the running
+  row max, row sum and output as carries; the tiles' outputs and row logsumexps concatenated;
+- backward: P recomputed from the saved logsumexp in two passes, a scan per query tile over
+  its key tiles (dq, and the bias's gradient) and a scan per key tile over the query tiles
+  that read it (dk, dv), both skipping the causal tiles above the diagonal.
+q is folded to (B, K, G*rows, H), so a group of query heads shares its kv head's tiles; k and
+v are stacked tile by tile once, and each step gathers its tile (a scan over the first n tiles
+copies none). Both backends run the scans as the call kernels they already have, each body
+compiled once; `tile_attention` is the scheduler step that recognises hand-written attention
+and then tiles every attention equation.
 
 The math is written once against `Ops`, over any emitter (`GraphBuilder` here; the frontend's
-`emit` for the JVP rule, which uses `unfused_attention`).
+`emit` for the derivative rules, which use `unfused_attention` and `unfused_attention_bwd`).
 """
 from __future__ import annotations
 
@@ -21,9 +27,9 @@ from glue.ir import Eqn, Graph, Literal, TensorType, Var, infer_types, params_tu
 from glue.ir import dtypes as dt
 from glue.ir.primitives import attention_accumulator, attention_dims
 from glue.scheduler.fusion import Fusion, fuse
-from glue.settings import config
 from glue.scheduler.passes import optimize
 from glue.scheduler.passes.attention import recognize_attention
+from glue.settings import config
 
 # A step's scores over every (B, N) hold at most this many elements (1 MiB in float32: the tile,
 # its exponentials and the running output stay in the CPU's L2).
@@ -120,10 +126,6 @@ class Spec:
     def rows(self) -> tuple[int, ...]:
         """(B, K, G*T): one row per query of each head, grouped under its kv head."""
         return self.b, self.kv, self.group * self.t
-
-    def folded(self, cols: int) -> tuple[int, ...]:
-        """(B, K, G*T, cols): q's rows grouped under the kv head they read."""
-        return self.b, self.kv, self.group * self.t, cols
 
 
 def _folded(ops: Ops, x: Any, spec: Spec, rows: int) -> Any:
@@ -495,13 +497,6 @@ def _joined(ops: Ops, parts: list[Any], axis: int) -> Any:
     return parts[0] if len(parts) == 1 else ops.emit("concatenate", *parts, dimension=axis)
 
 
-def _gathered(ops: Ops, stacked: Any, spec: Spec) -> Any:
-    """(count, B, K, tile, cols) tiles back as (B, K, S, cols)."""
-    count, bb, heads, tile, cols = ops.shape(stacked)
-    whole = ops.reshape(ops.transpose(stacked, (1, 2, 0, 3, 4)), (bb, heads, count * tile, cols))
-    return _sliced(ops, whole, 2, 0, spec.s)
-
-
 def _summed_to(ops: Ops, x: Any, shape: tuple[int, ...]) -> Any:
     """x (rank 4) summed over the axes where `shape` has 1 and x does not, kept as 1s."""
     axes = tuple(i for i, (n, m) in enumerate(zip(shape, ops.shape(x))) if n == 1 and m != 1)
@@ -624,9 +619,10 @@ def _expand_backward(eqn: Eqn) -> list[Eqn]:
             stacked = getattr(keys, name)
             inputs.add(name, ops.reshape(_sliced(ops, stacked, 0, j, j + 1), ops.shape(stacked)[1:]))
         inputs.add("k_start", ops.scalar(j * cols, dt.int32))
-        key_cols = lambda x: _cut(ops, _whole_tiles(ops, x, 3, keys.count * cols), 3, j * cols, (j + 1) * cols)  # noqa: E731
-        _add_bias_mask(ops, inputs, key_cols(bias), key_cols(mask), 2, rows, n_q)
-        zeros = [ops.broadcast(ops.scalar(0.0, spec.acc), (spec.b, spec.kv, cols, width), ()) for width in (spec.h, spec.hv)]
+        columns = [_cut(ops, _whole_tiles(ops, x, 3, keys.count * cols), 3, j * cols, (j + 1) * cols) for x in (bias, mask)]
+        _add_bias_mask(ops, inputs, *columns, 2, rows, n_q)
+        zeros = [ops.broadcast(ops.scalar(0.0, spec.acc), (spec.b, spec.kv, cols, width), ())
+                 for width in (spec.h, spec.hv)]
         dk, dv = _scan(b, zeros, inputs, _dkv_step(spec, rows, cols))
         dks.append(dk)
         dvs.append(dv)
@@ -656,11 +652,11 @@ def _describe(eqn: Eqn) -> str:
     rows, cols = forward_tiles(spec)
     n_q, n_k = -(-spec.t // rows), -(-spec.s // cols)
     steps = sum(min(n_k, -(-min((i + 1) * rows, spec.t) // cols)) if spec.causal else n_k for i in range(n_q))
+    skipped = " (causal: those above the diagonal skipped)" if spec.causal else ""
     passes = "a scan per query tile" if eqn.primitive == "attention" else \
         "a scan per query tile (dq) and one per key tile (dk, dv)"
     return (f"{eqn.primitive} (B={spec.b} N={spec.n} T={spec.t} S={spec.s} H={spec.h}) tiled {rows} x {cols}: "
-            f"{passes}, {steps} of {n_q * n_k} tile pairs{' (causal: those above the diagonal skipped)' if spec.causal else ''}, "
-            f"no {spec.t} x {spec.s} buffer")
+            f"{passes}, {steps} of {n_q * n_k} tile pairs{skipped}, no {spec.t} x {spec.s} buffer")
 
 
 def expand_attention(graph: Graph) -> tuple[Graph, tuple[str, ...]]:
