@@ -175,10 +175,10 @@ def glue_times(f: Callable, exe: Any, args: list) -> dict[str, float]:
     for _ in range(WARMUP):
         f(*args).block_until_ready()
     per_call = median_us(lambda: f(*args).block_until_ready())
-    args = [a.buffer for a in args]  # the executable takes raw buffers
-    out = exe(*args)
+    buffers = [a.buffer for a in args]  # the executable takes raw buffers
+    out = exe(*buffers)
     graph = exe.last_graph if exe.graph_stats.direct == 0 else None
-    run = (lambda: graph.launch(stream)) if graph is not None else (lambda: exe(*args))
+    run = (lambda: graph.launch(stream)) if graph is not None else (lambda: exe(*buffers))
     bursts = []
     for _ in range(5):
         start, end = Event(stream.ctx, timing=True), Event(stream.ctx, timing=True)

@@ -121,6 +121,9 @@ _FLAGS: tuple[Flag, ...] = (
          "who serves contractions on the GPU: the faster per shape, cuBLASLt, or glue's own kernels"),
     # scheduler knobs
     Flag("fold_limit", 1 << 12, _int, "largest constant (elements) the folding pass evaluates"),
+    Flag("recognize_attention", True, _bool,
+         "rewrite hand-written attention (scores, softmax, product with v) to the tiled attention kernel",
+         traced=True),
 )
 
 FLAGS: dict[str, Flag] = {f.name: f for f in _FLAGS}

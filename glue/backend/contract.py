@@ -31,10 +31,10 @@ from glue import profiler
 from glue.codegen.analysis import CostAnalysis, MemoryAnalysis
 from glue.errors import GlueError
 from glue.ir import Graph
-from glue.scheduler.fusion import fuse
 from glue.scheduler.memory import plan_memory
 from glue.scheduler.plan import STAGES as PLAN_STAGES
-from glue.scheduler.plan import Plan, simplify
+from glue.scheduler.passes import optimize
+from glue.scheduler.plan import Plan, prepare
 from glue.scheduler.streams import plan_streams
 
 
@@ -229,8 +229,9 @@ def add_plan_stages(lowering: Lowering, max_streams: int = 1) -> None:
     """The scheduler's stages, shared by the compiling backends, each timed on its own: the
     internal "passes" (the simplified Graph), "fuse" (kernels) and "plan" (streams and memory
     too), and the Plan's printable views."""
-    lowering.add_stage("passes", lambda lw: simplify(lw.graph), text=None)
-    lowering.add_stage("fuse", lambda lw: fuse(lw["passes"]), text=None)
+    lowering.add_stage("passes", lambda lw: optimize(lw.graph), text=None)
+    lowering.add_stage("attention", lambda lw: prepare(lw["passes"]), text=None)
+    lowering.add_stage("fuse", lambda lw: lw["attention"].fused(), text=None)
     lowering.add_stage("plan", lambda lw: _plan(lw, max_streams), text=None)
     for stage in PLAN_STAGES:
         lowering.add_stage(stage, lambda lw: lw["plan"], text=_plan_text(stage))
@@ -238,7 +239,7 @@ def add_plan_stages(lowering: Lowering, max_streams: int = 1) -> None:
 
 def _plan(lowering: Lowering, max_streams: int) -> Plan:
     """`glue.scheduler.plan.schedule`, from the stages before it."""
-    graph, fusion = lowering["passes"], lowering["fuse"]
+    graph, fusion = lowering["attention"].graph, lowering["fuse"]
     streams = plan_streams(fusion.kernels, max_streams)
     return Plan(graph, fusion, streams, plan_memory(graph, fusion.kernels, lowering.donated, streams))
 

@@ -193,13 +193,15 @@ class Executable:
             for k, (use, f) in enumerate(zip(program.uses, self.kernels))]
         self._scratch = max((f.scratch_bytes for f in self.kernels if isinstance(f, KernelFunction)), default=0)
         self._free: list[_Workspace] = []
-        self._dtypes = [t.dtype.numpy for t in program.arg_types]
+        self._arg_types = program.arg_types
+        self._results = program.results  # (the plan builds them on each access)
+        self._dtypes = [t.dtype.numpy for t in self._arg_types]
         self._outputs = [(t.shape, t.dtype.numpy) for t in program.output_types]
         self._table = ctypes.c_void_p * (len(program.arg_types) + len(program.output_types) + 1)
         self._layout: tuple[BodyLayout, list[TensorType], list[int]] | None = None  # run_at's, made once
 
     def _arguments(self, args: Sequence[Any]) -> list[np.ndarray]:
-        types = self.program.arg_types
+        types = self._arg_types
         if len(args) != len(types):
             raise BackendError(f"cpu: the program takes {len(types)} arguments, got {len(args)}")
         arrays = []
@@ -215,7 +217,7 @@ class Executable:
         arrays = self._arguments(args)
         outputs = [np.empty(shape, dtype) for shape, dtype in self._outputs]
         self._run(list(map(_address, arrays)), list(map(_address, outputs)))
-        return assemble(self.program.results, outputs, arrays, _HOST)
+        return assemble(self._results, outputs, arrays, _HOST)
 
     def run_at(self, arguments: Sequence[int], results: Sequence[int]) -> None:
         """Run as the body of a call kernel: the arguments and every result are at the given

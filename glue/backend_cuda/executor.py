@@ -161,7 +161,8 @@ class CudaExecutable:
             out_bytes += -(-t.nbytes // ALIGNMENT) * ALIGNMENT
         self._slabs = SlabPool(self.ctx.allocator, out_bytes, self.stream)
         # When every result is a fresh output (the usual case), results need no case analysis.
-        self._plain_results = plain_outputs(program.results)
+        self._results = program.results  # (the plan builds them on each access)
+        self._plain_results = plain_outputs(self._results)
         self._copy = drv.load().cuMemcpyDtoDAsync
 
     @property
@@ -316,7 +317,7 @@ class CudaExecutable:
                 self._enqueue(self._bases(buffers, outputs), buffers, prof)
         if self._plain_results is not None:
             return [outputs[slot] for slot in self._plain_results]
-        return assemble(program.results, outputs, buffers, _DeviceMemory(self.stream, self._copy))
+        return assemble(self._results, outputs, buffers, _DeviceMemory(self.stream, self._copy))
 
     def _bases(self, buffers: list[DeviceBuffer], outputs: list[DeviceBuffer]) -> list[int]:
         """The address of every memory place of the call: arguments, outputs, the arena, the

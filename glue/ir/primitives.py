@@ -618,6 +618,86 @@ for _name, _rule in (("scan", _scan), ("while", _while), ("cond", _cond),
 _register("debug_print", "call", _debug_print, variadic=True, multiple_results=True, opaque=True, effect=True)
 
 
+# --- attention ------------------------------------------------------------------------------
+#
+# softmax(q k^T * scale + bias, masked) v over heads, as jax.nn.dot_product_attention computes
+# it, one equation: the scheduler runs it tiled (glue/scheduler/attention.py) so that no
+# T x S buffer is ever made. Operands q, k, v, then the bias and the boolean mask where
+# `has_bias` / `has_mask` say so. q is (B, T, N, H) in layout "BTNH" or (B, N, T, H) in "BNTH";
+# k and v have K heads, K dividing N (grouped-query: head n reads kv head n // (N // K)), and
+# S positions; v may have another head size. The bias and mask are rank 4 and broadcast to
+# (B, N, T, S). Logits a mask (or, with `causal`, key j > query i) removes take `masked_value`
+# (JAX's large negative finite number, or what the recognised program used). Results: the
+# output (q's layout with v's head size, q's dtype) and each row's logsumexp (B, N, T) in the
+# accumulation type (float32 for 16-bit inputs), which the backward recomputes P from.
+
+ATTENTION_LAYOUTS = ("BTNH", "BNTH")
+
+
+def attention_dims(q: TensorType, k: TensorType, v: TensorType, layout: str) -> tuple[int, ...]:
+    """(B, N, T, H, K, S, Hv) of an attention's operands (checked)."""
+    _require(layout in ATTENTION_LAYOUTS, f"layout must be one of {ATTENTION_LAYOUTS}, not {layout!r}")
+    _require(q.ndim == k.ndim == v.ndim == 4, "query, key and value must be rank 4")
+    order = (0, 2, 1, 3) if layout == "BTNH" else (0, 1, 2, 3)
+    (b, n, t, h), (bk, kh, s, hk), (bv, vh, sv, hv) = (tuple(x.shape[i] for i in order) for x in (q, k, v))
+    _require(b == bk == bv, "query, key and value differ in batch size")
+    _require(k.shape == v.shape[:3] + (hk,) and kh == vh and s == sv, "key and value differ in heads or length")
+    _require(h == hk, f"query head size {h} differs from key head size {hk}")
+    _require(kh >= 1 and n % kh == 0, f"{n} query heads are no multiple of {kh} key/value heads")
+    _require(q.dtype == k.dtype == v.dtype and q.dtype.is_float, "query, key and value need one float dtype")
+    return b, n, t, h, kh, s, hv
+
+
+def attention_accumulator(dtype: DType) -> DType:
+    """What attention computes in: float32 for 16-bit inputs, else their own type."""
+    return dt.float32 if dtype.bits < 32 else dtype
+
+
+def _attention_extras(extras: Sequence[TensorType], dims: tuple[int, ...], dtype: DType,
+                      has_bias: bool, has_mask: bool) -> None:
+    b, n, t, _, _, s, _ = dims
+    _require(len(extras) == has_bias + has_mask, f"{len(extras)} bias/mask operands where "
+             f"has_bias={has_bias} and has_mask={has_mask} ask for {has_bias + has_mask}")
+    for x, what, want in zip(extras, ("bias", "mask")[not has_bias:], (dtype, dt.bool_)[not has_bias:]):
+        _require(x.ndim == 4 and all(m in (1, full) for m, full in zip(x.shape, (b, n, t, s))),
+                 f"the {what} {x} does not broadcast to (B, N, T, S) = {(b, n, t, s)}")
+        _require(x.dtype == want, f"the {what} must be {want}, not {x.dtype}")
+
+
+def _attention_params(scale: Any, causal: Any, masked_value: Any) -> None:
+    _require(isinstance(scale, float) and isinstance(masked_value, float), "scale and masked_value must be floats")
+    _require(isinstance(causal, bool), "causal must be a bool")
+
+
+def _attention(q: TensorType, k: TensorType, v: TensorType, *extras: TensorType, scale: float, causal: bool,
+               layout: str, masked_value: float, has_bias: bool, has_mask: bool) -> tuple[TensorType, ...]:
+    dims = attention_dims(q, k, v, layout)
+    _attention_extras(extras, dims, q.dtype, has_bias, has_mask)
+    _attention_params(scale, causal, masked_value)
+    b, n, t, _, _, _, hv = dims
+    out = (b, t, n, hv) if layout == "BTNH" else (b, n, t, hv)
+    return TensorType(out, q.dtype), TensorType((b, n, t), attention_accumulator(q.dtype))
+
+
+def _attention_bwd(q: TensorType, k: TensorType, v: TensorType, *rest: TensorType, scale: float, causal: bool,
+                   layout: str, masked_value: float, has_bias: bool, has_mask: bool,
+                   bias_grad: bool) -> tuple[TensorType, ...]:
+    """Operands: those of the forward, then its output and logsumexp and their cotangents.
+    Results: the cotangents of q, k, v, and of the bias when `bias_grad`."""
+    _require(len(rest) == has_bias + has_mask + 4, "attention_bwd takes the forward's operands, out, lse, "
+             "and the cotangents of out and lse")
+    extras, (out, lse, d_out, d_lse) = rest[:-4], rest[-4:]
+    want = _attention(q, k, v, *extras, scale=scale, causal=causal, layout=layout, masked_value=masked_value,
+                      has_bias=has_bias, has_mask=has_mask)
+    _same_types((out, lse, d_out, d_lse), want + want, "the forward's results and their cotangents")
+    _require(isinstance(bias_grad, bool) and (has_bias or not bias_grad), "bias_grad needs a bias")
+    return (q, k, v) + ((extras[0],) if bias_grad else ())
+
+
+_register("attention", "call", _attention, variadic=True, multiple_results=True, opaque=True)
+_register("attention_bwd", "call", _attention_bwd, variadic=True, multiple_results=True, opaque=True)
+
+
 def has_effects(name: str, params: dict[str, Any] | tuple) -> bool:
     """Whether an equation of `name` with `params` has a side effect (prints), itself or in a
     body: then its first operand and first result are the effect token."""

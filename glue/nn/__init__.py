@@ -20,6 +20,7 @@ from glue.frontend.tracing import bind, type_of
 from glue.ir import dtypes as dt
 from glue.numpy import _fail
 from glue.nn import initializers  # noqa: F401  (glue.nn.initializers)
+from glue.nn.attention import dot_product_attention  # noqa: F401
 from glue.scipy.special import logsumexp  # noqa: F401  (jax.nn has it too)
 
 

@@ -97,6 +97,7 @@ class Fusion:
     outputs: list[list[Var]]
     kernels: list[Kernel]
     refusals: list[Refusal] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what was recognised before fusing (attention)
 
     def __str__(self) -> str:
         names = graph_var_names(self.graph)
@@ -113,6 +114,9 @@ class Fusion:
                 params = " ".join(f"{key}={format_param(v)}" for key, v in e.params)
                 args = " ".join(names[a.id] if isinstance(a, Var) else str(a) for a in e.inputs)
                 lines.append(f"    {results(e)} = {e.primitive}{'[' + params + ']' if params else ''} {args}")
+        if self.notes:
+            lines.append("recognised:")
+            lines.extend(f"    {note}" for note in self.notes)
         if self.refusals:
             lines.append("refused:")
             for r in self.refusals:

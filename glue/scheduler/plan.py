@@ -2,12 +2,13 @@
 text of each scheduler stage ("optimized", "fusion", "kernels", "streams", "memory", "graph")."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 from glue.ir import Graph, Literal, TensorType, Var
 from glue.ir.printer import graph_var_names
-from glue.scheduler.fusion import Fusion, fuse
+from glue.scheduler.attention import Tiled, tile_attention
+from glue.scheduler.fusion import Fusion
 from glue.scheduler.kernel_ir import Kernel
 from glue.scheduler.memory import MemoryPlan, plan_memory
 from glue.scheduler.passes import optimize
@@ -76,18 +77,21 @@ class Plan:
         raise KeyError(stage)
 
 
-def simplify(graph: Graph) -> Graph:
-    """The Graph fusion starts from: `optimize`d, then rematerialized (glue/scheduler/remat.py:
-    after optimize, whose CSE would merge the recomputed copies back)."""
-    return rematerialize(optimize(graph))
+def prepare(optimized: Graph) -> Tiled:
+    """What fusion starts from, given the optimized Graph: hand-written attention recognised and
+    every attention tiled (glue/scheduler/attention.py), then rematerialized (remat.py: after
+    optimize, whose CSE would merge the recomputed copies back, and after attention tiling,
+    whose recognition a recomputed copy of the scores would defeat)."""
+    tiled = tile_attention(optimized)
+    return replace(tiled, graph=rematerialize(tiled.graph))
 
 
 def schedule(graph: Graph, donated: Sequence[int] = (), max_streams: int = 1) -> Plan:
     """The Plan for `graph`; `donated` lists invar positions whose buffers outputs may reuse;
     independent kernels go on up to `max_streams` streams (1 for a target that runs kernels one
     at a time)."""
-    optimized = simplify(graph)
-    fusion = fuse(optimized)
+    tiled = prepare(optimize(graph))
+    optimized, fusion = tiled.graph, tiled.fused()
     streams = plan_streams(fusion.kernels, max_streams)
     return Plan(optimized, fusion, streams, plan_memory(optimized, fusion.kernels, donated, streams))
 

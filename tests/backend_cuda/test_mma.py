@@ -36,6 +36,14 @@ FORMS = {
 }
 
 
+@pytest.fixture(autouse=True)
+def small_products_on_tensor_cores():
+    """The small products these tests use take tensor cores too (left alone, a product of fewer
+    than MIN_MMA_BLOCKS tiles goes to the CUDA-core kernel): the smallest tile, named."""
+    with glue.config.override(cuda_mma_tile="64x64x32/2x2"):
+        yield
+
+
 def _lower(fn, args, **options):
     closed = glue.make_ir(fn)(*args)
     return closed, CudaBackend().lower(closed.graph, name="mma", **{"arch": "sm_90", "gemm": "codegen", **options})
@@ -83,13 +91,26 @@ def test_a_fused_prologue_stages_through_registers_with_16_byte_loads():
 
 
 @pytest.mark.skipif(not ptxas_available(), reason="needs ptxas")
-def test_ptxas_accepts_every_tile_without_spilling():
-    for m, n in [(512, 512), (300, 130), (64, 64)]:  # the three tiles
-        x, w = np.ones((m, 64), BF16), np.ones((64, n), BF16)
-        closed, low = _lower(lambda a, b: nn.gelu(a @ b), [x, w])
-        for ptx in low["ptx"].modules.values():
-            assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in ptx and "ldmatrix" in ptx
-            assert "0 bytes spill stores" in assemble(ptx, "sm_90")
+@pytest.mark.parametrize("tile", sorted(KNOWN_TILES))
+def test_ptxas_accepts_every_tile_without_spilling(tile):
+    with glue.config.override(cuda_mma_tile=tile):
+        _assemble_without_spills(512, 512)
+
+
+def test_the_tile_follows_the_products_size_and_small_ones_stay_on_cuda_cores():
+    with glue.config.override(cuda_mma_tile=None):
+        for (m, n), want in [((2048, 2048), "128x128x32 warps 2x2"), ((1536, 1024), "128x64x32 warps 2x2"),
+                             ((512, 512), "64x64x32 warps 2x2"), ((64, 256), "tiled")]:
+            x, w = np.ones((m, 64), BF16), np.ones((64, n), BF16)
+            assert want in _strategies(_lower(lambda a, b: a @ b, [x, w])[1])[0], (m, n)
+
+
+def _assemble_without_spills(m, n):
+    x, w = np.ones((m, 64), BF16), np.ones((64, n), BF16)
+    closed, low = _lower(lambda a, b: nn.gelu(a @ b), [x, w])
+    for ptx in low["ptx"].modules.values():
+        assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in ptx and "ldmatrix" in ptx
+        assert "0 bytes spill stores" in assemble(ptx, "sm_90")
 
 
 @needs_cc

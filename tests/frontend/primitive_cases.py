@@ -498,6 +498,43 @@ def _debug_print(draw, smooth: bool) -> Case:
     return Case(fn, [_uniform(rng, _shape(draw), -2, 2)])
 
 
+def _attention_operands(draw, rng):
+    """q, k, v (B, T, N, H) with K kv heads dividing N, a bias and a mask (or None), params."""
+    b, t, s, kv, group, h = (draw(st.integers(1, 2)), draw(st.integers(1, 3)), draw(st.integers(1, 3)),
+                             draw(st.integers(1, 2)), draw(st.integers(1, 2)), draw(st.integers(1, 3)))
+    n = kv * group
+    args = [_uniform(rng, (b, t, n, h), -1, 1), _uniform(rng, (b, s, kv, h), -1, 1), _uniform(rng, (b, s, kv, h), -1, 1)]
+    has_bias, has_mask = draw(st.booleans()), draw(st.booleans())
+    if has_bias:
+        args.append(_uniform(rng, (1, n, t, s), -1, 1))
+    if has_mask:
+        args.append(rng.random((b, 1, t, s)) > 0.3)
+    params = dict(scale=draw(st.sampled_from([0.5, 1.0])), causal=draw(st.booleans()), layout="BTNH",
+                  masked_value=-1e30, has_bias=has_bias, has_mask=has_mask)
+    return args, params
+
+
+@st.composite
+def _attention(draw, smooth: bool) -> Case:
+    args, params = _attention_operands(draw, _rng(draw))
+    return Case(lambda *xs: bind("attention", *xs, **params)[0], args)
+
+
+@st.composite
+def _attention_bwd(draw, smooth: bool) -> Case:
+    rng = _rng(draw)
+    args, params = _attention_operands(draw, rng)
+    d_out = _uniform(rng, args[0].shape, -1, 1)
+
+    def fn(*xs):
+        *operands, g = xs
+        out, lse = bind("attention", *operands, **params)
+        return bind("attention_bwd", *operands, out, lse, g, bind("mul", lse, 0.0), bias_grad=params["has_bias"],
+                    **params)[0]
+
+    return Case(fn, args + [d_out])
+
+
 CASES: dict[str, Callable[..., st.SearchStrategy[Case]]] = {
     **{name: _unary(name) for name in list(_UNARY_DOMAINS) + ["abs", "sign", "floor", "ceil", "round"]},
     "not": _not,
@@ -517,5 +554,5 @@ CASES: dict[str, Callable[..., st.SearchStrategy[Case]]] = {
     "dot_general": _dot_general, "gather": _gather, "scatter_add": _scatter_add,
     "scan": _scan, "while": _while, "cond": _cond, "custom_jvp_call": _custom_jvp_call,
     "custom_vjp_call": _custom_vjp_call, "checkpoint": _checkpoint, "optimization_barrier": _optimization_barrier,
-    "debug_print": _debug_print,
+    "debug_print": _debug_print, "attention": _attention, "attention_bwd": _attention_bwd,
 }

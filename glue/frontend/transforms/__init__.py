@@ -3,7 +3,7 @@ Jacobians), batching (vmap), stop_gradient, custom derivatives and checkpointing
 of control flow and calls. Each works on Graphs and composes with jit and with itself."""
 from glue.frontend.transforms.api import (TransformError, grad, hessian, jacfwd, jacrev, jvp, value_and_grad,
                                           vjp, vmap)
-from glue.frontend.transforms import calls, control  # noqa: F401  (their rules fill the tables)
+from glue.frontend.transforms import attention, calls, control  # noqa: F401  (their rules fill the tables)
 from glue.frontend.transforms.custom import checkpoint, checkpoint_policies, custom_jvp, custom_vjp, remat
 from glue.frontend.transforms.stop_gradient import stop_gradient
 
