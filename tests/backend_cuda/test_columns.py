@@ -34,6 +34,9 @@ CASES = {
     "row sums stay rows": (lambda x: x.sum(-1), [(256, 1024)], np.float32, False),
     "with an element output": (lambda x, y: ((x * y).sum(0), x * y + 1.0), [(512, 128), (512, 128)], np.float32, True),
     "element output needing the sum": (lambda x: x - x.sum(0), [(512, 128)], np.float32, False),
+    # the stored value is the summed one (an SGD step's weight gradient and its momentum update)
+    "element output the sum shares": (lambda x, y: ((x * y - x).sum(0), x * y - x), [(32, 10), (32, 10)],
+                                      np.float32, True),
 }
 
 

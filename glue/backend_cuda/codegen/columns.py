@@ -114,14 +114,16 @@ def emit_columns(ke: KernelEmitter, plan: ColumnPlan) -> tuple[int, int, str]:
         it = iter(values)
         lanes = LaneGroup(ke, plan.vec, coords + unflatten(b, r, k.reduce))
         lanes.preload([red.value for red in k.reductions] + [s.value for s in element_stores])
-        with when(b, valid):
-            for s in element_stores:
-                lanes.store(s)
         out = []
         for lane, em in enumerate(lanes.emitters):
             for red, n in zip(k.reductions, shapes):
                 p = Partial.start(red).with_values([next(it) for _ in range(n)])
                 out += list(p.add(b, em.value(red.value), r, None).values)
+        for s in element_stores:  # evaluated here, so that no value the sums share is first
+            lanes.values(s.value)  # computed inside the store's branch (it would not dominate)
+        with when(b, valid):
+            for s in element_stores:
+                lanes.store(s)
         return out
 
     carried = [v for lane in starts for p in lane for v in p.values]
