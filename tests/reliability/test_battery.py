@@ -40,10 +40,20 @@ def _run_batch(names: list[str]) -> dict[str, dict]:
         with tempfile.NamedTemporaryFile("r", suffix=".jsonl") as log:
             proc = subprocess.Popen([sys.executable, "-m", "tests.reliability.battery_runner", log.name, *names],
                                     cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-            running, since, lines = None, time.monotonic(), []
+            running, since, lines, partial = None, time.monotonic(), [], ""
+
+            def complete_records(final: bool = False) -> list[dict]:
+                """The records written since the last look; a line the case is still writing
+                (no newline yet) waits for the next look, unless the process has ended."""
+                nonlocal partial
+                *done, partial = (partial + log.read()).split("\n")
+                if final:
+                    done, partial = done + [partial], ""
+                return [json.loads(line) for line in done if line]
+
             while proc.poll() is None:
                 time.sleep(0.05)
-                lines += [json.loads(line) for line in log.readlines()]
+                lines += complete_records()
                 for record in lines:
                     if record.get("started"):
                         running, since = record["name"], time.monotonic()
@@ -57,8 +67,7 @@ def _run_batch(names: list[str]) -> dict[str, dict]:
                     proc.kill()
                     proc.wait()
                     break
-            for line in log.readlines():
-                record = json.loads(line)
+            for record in complete_records(final=True):
                 if record.get("started"):
                     running = record["name"]
                 else:
