@@ -47,12 +47,15 @@ def default_arch() -> str:
 class CudaOptions(Options):
     """arch: the PTX target; gemm: who may serve contractions ("auto" races glue's kernels
     against cuBLASLt, "library" and "codegen" force one); streams: at most how many streams the
-    program's kernels spread over (the body of a call kernel runs on one, its caller's)."""
+    program's kernels spread over (the body of a call kernel runs on one, its caller's);
+    aligned: every operand starts 16-byte aligned (a call kernel's body reads and writes slices
+    of its caller's buffers, a scan's step t at t times a slice's bytes: no vector access)."""
 
     arch: str = DEFAULT_ARCH
     opt_level: int = 3
     gemm: str = "auto"
     streams: int = MAX_STREAMS
+    aligned: bool = True
 
     def __post_init__(self) -> None:
         if self.arch not in PTX_FEATURES:
@@ -97,7 +100,7 @@ class CudaBackend(Backend):
     def body(self, graph: Graph, options: CudaOptions) -> Lowering:
         """The lowering of a call kernel's body (on one stream), shared by every program that
         uses it; each program's executable loads it with memory of its own."""
-        return Lowering(self, graph, (), "body", replace(options, streams=1))
+        return Lowering(self, graph, (), "body", replace(options, streams=1, aligned=False, gemm="codegen"))
 
     def device_put(self, value: Any) -> Any:
         from glue.backend_cuda.executor import device_put
@@ -118,7 +121,7 @@ class CudaBackend(Backend):
 def _program(lowering: Lowering) -> CudaProgram:
     options = lowering.options
     return build_program(lowering["plan"], lowering.name, options.arch, options.gemm, options.opt_level,
-                         lowering.kernel_stats, lambda graph: lowering.backend.body(graph, options))
+                         lowering.kernel_stats, lambda graph: lowering.backend.body(graph, options), options.aligned)
 
 
 def _llvm_text(program: CudaProgram) -> str:

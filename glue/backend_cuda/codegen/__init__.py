@@ -86,11 +86,12 @@ class _Recipe:
     written: frozenset[Place]
     columns: bool = False              # a reduction over columns (columns.py), not rows
     extra: tuple[Place, ...] = ()      # its working memory, when split over blocks
+    aligned: bool = True               # operands start 16-byte aligned (else no vector access)
 
     def emit(self) -> tuple[str, KernelShape]:
         module = ir.Module(name=self.symbol)
         ke = KernelEmitter(module, self.kernel, self.symbol, list(self.inputs), list(self.outputs), self.arch,
-                           self.written, list(self.extra))
+                           self.written, list(self.extra), self.aligned)
         if self.columns:
             shape = emit_columns(ke, ColumnPlan(self.kernel, ke.analysis))
         else:
@@ -263,12 +264,13 @@ class _Memory:
 class _Builder:
     """Finds or emits the code of each launch of one program."""
 
-    def __init__(self, arch: str, opt_level: int, written: frozenset[Place], stats: dict[str, KernelStats]):
-        self.arch = arch
+    def __init__(self, arch: str, opt_level: int, written: frozenset[Place], stats: dict[str, KernelStats],
+                 aligned: bool = True):
+        self.arch, self.aligned = arch, aligned
         self.written = written
         self.stats = stats
         settings = ",".join(f"{name}={config.read(name)!r}" for name in CODEGEN_SETTINGS)
-        self.context = ("cuda kernel", code_version(), arch, f"opt_level={opt_level}",
+        self.context = ("cuda kernel", code_version(), arch, f"opt_level={opt_level}", f"aligned={aligned}",
                         f"llvmlite {llvmlite.__version__}", settings)
         self.kernels: dict[str, DeviceKernel] = {}
         self._by_key: dict[bytes, DeviceKernel] = {}
@@ -283,7 +285,7 @@ class _Builder:
         if found is not None:
             return found
         recipe = _Recipe(kernel, f"glue_{label}_{key.hex()[:16]}", tuple(inputs), tuple(outputs), self.arch,
-                         self.written, columns, extra)
+                         self.written, columns, extra, self.aligned)
         start = time.perf_counter()
         found, source = _known.get(key), "memory"
         if found is None:
@@ -304,7 +306,7 @@ class _Builder:
         """A launch of glue's own kernel over these places (a column reduction claims working
         memory from `memory`, on `stream`; without it, it reduces by rows)."""
         columns, extra = False, ()
-        if kernel.kind == "reduction" and memory is not None and columns_fit(kernel, Analysis()):
+        if kernel.kind == "reduction" and memory is not None and self.aligned and columns_fit(kernel, Analysis()):
             columns, plan = True, ColumnPlan(kernel, Analysis())
             if plan.splits > 1:
                 extra = (memory.claim_scratch(stream, plan.scratch_bytes), memory.claim_counters(plan.counter_bytes))
@@ -347,16 +349,18 @@ def _note_once(message: str) -> None:
 
 def build_program(plan: Plan, name: str = "fn", arch: str = DEFAULT_ARCH, gemm: str = "auto",
                   opt_level: int = 3, stats: dict[str, KernelStats] | None = None,
-                  lower_body: Callable[[Graph], Any] | None = None) -> CudaProgram:
+                  lower_body: Callable[[Graph], Any] | None = None, aligned: bool = True) -> CudaProgram:
     """The launches of `plan`'s kernels for `arch` (and of each contraction's library variant),
     each distinct kernel's code found or emitted once; `stats` receives each distinct kernel's
-    source and timings. `lower_body` lowers each body of a call kernel as a program of its own."""
+    source and timings. `lower_body` lowers each body of a call kernel as a program of its own;
+    `aligned` False: operands may start anywhere (a body's slices), so no kernel accesses 16 bytes
+    at once."""
     placements = plan.memory.placements
     launches: list[Launch] = []
     memory = _Memory()
     bodies: dict[int, list[Any]] = {}
     written = frozenset(_place(placements[b.value_id]) for kernel in plan.kernels for b in kernel.outputs)
-    builder = _Builder(arch, opt_level, written, {} if stats is None else stats)
+    builder = _Builder(arch, opt_level, written, {} if stats is None else stats, aligned)
     for i, kernel in enumerate(plan.kernels):
         inputs = [_place(placements[b.value_id]) for b in kernel.inputs]
         outputs = [_place(placements[b.value_id]) for b in kernel.outputs]

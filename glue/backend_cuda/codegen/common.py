@@ -128,10 +128,12 @@ class KernelEmitter(BufferAccess):
 
     def __init__(self, module: ir.Module, kernel: Kernel, symbol: str, inputs: Sequence[Place],
                  outputs: Sequence[Place], arch: str = DEFAULT_ARCH, written: frozenset[Place] = frozenset(),
-                 extra: Sequence[Place] = ()):
+                 extra: Sequence[Place] = (), aligned: bool = True):
         """`written`: every place some kernel of the program writes; the program's arguments
         outside it hold the same values from the call's start to its end. `extra`: places of
-        the kernel's own working memory (scratch, counters), after its operands (`extra_ptrs`)."""
+        the kernel's own working memory (scratch, counters), after its operands (`extra_ptrs`).
+        `aligned` False: an operand may start at any element, so nothing moves 16 bytes at once."""
+        self.aligned = aligned
         self.module = module
         self.arch = arch
         self.constant_inputs = frozenset(i for i, p in enumerate(inputs) if p.kind == "argument" and p not in written)
@@ -145,7 +147,8 @@ class KernelEmitter(BufferAccess):
         self.fn.calling_convention = "ptx_kernel"
         for arg in self.fn.args:
             arg.add_attribute("noalias")
-            arg.attributes.align = VECTOR_BYTES
+            if aligned:
+                arg.attributes.align = VECTOR_BYTES
         self.in_ptrs = [self.fn.args[self.places.index(p)] for p in inputs]
         self.out_ptrs = [self.fn.args[self.places.index(p)] for p in outputs]
         self.extra_ptrs = [self.fn.args[self.places.index(p)] for p in extra]

@@ -234,7 +234,7 @@ def emit_mma(ke: KernelEmitter, a_expr: Expr, b_expr: Expr, m_dims: list[int], n
     """Emit the tensor-core kernel; None where it does not apply (operand types, target)."""
     k = ke.kernel
     fmt = operand_format(k, a_expr, b_expr)
-    if ke.sm < 80 or fmt is None or not k.reduce:  # (no contracting dim: an outer product)
+    if ke.sm < 80 or fmt is None or not k.reduce or not ke.aligned:  # (no contracting dim: an outer product)
         return None
     chunk, element = fmt.chunk, fmt.element
     extent = lambda dims: math.prod(k.parallel[d] for d in dims)  # noqa: E731

@@ -23,7 +23,7 @@ def emit_pointwise(ke: KernelEmitter) -> tuple[int, int, str]:
     k, b = ke.kernel, ke.b
     points = math.prod(k.parallel)
     v = len(k.parallel) - 1 if k.parallel else None
-    vec = Vectorization(k, ke.analysis, v, k.parallel[-1] if k.parallel else 1)
+    vec = Vectorization(k, ke.analysis, v if ke.aligned else None, k.parallel[-1] if k.parallel else 1)
     groups = points // vec.width
     block = min(BLOCK, max(32, pow2_at_least(groups)))
     unroll = max(1, min(UNROLL, -(-groups // block)))

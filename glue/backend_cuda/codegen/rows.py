@@ -79,7 +79,8 @@ class _RowEmitter:
         self.ke, self.b, self.k = ke, ke.b, ke.kernel
         k = self.k
         self.rows = math.prod(k.parallel)
-        self.vec = Vectorization(k, ke.analysis, k.rank - 1 if k.reduce else None, k.reduce[-1] if k.reduce else 1)
+        self.vec = Vectorization(k, ke.analysis, k.rank - 1 if k.reduce and ke.aligned else None,
+                                 k.reduce[-1] if k.reduce else 1)
         self.width = self.vec.width
         self.groups = math.prod(k.reduce) // self.width
         per_thread = max(1, TARGET // self.width)
