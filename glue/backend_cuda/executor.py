@@ -125,9 +125,12 @@ class CudaExecutable:
         # glue has no byte dtype; arena and scratch sizes are multiples of 256 bytes.
         self.arena = DeviceBuffer((program.arena_bytes // 4,), np.int32, self.stream) if program.arena_bytes else None
         self._scratch = [DeviceBuffer((max(n, 4) // 4,), np.int32, self.streams[s]) for s, n in enumerate(program.scratch)]
-        # Counters start at zero and every kernel that counts leaves them at zero again.
-        self._counters = DeviceBuffer((program.counters // 4,), np.int32, self.stream).fill_bytes(0) \
-            if program.counters else None
+        # Counters start at zero and every kernel that counts leaves them at zero again. The
+        # fill is queued on stream 0, which another thread's call may be capturing into a graph.
+        self._counters = None
+        if program.counters:
+            with self.ctx.enqueue_lock:
+                self._counters = DeviceBuffer((program.counters // 4,), np.int32, self.stream).fill_bytes(0)
         self._workspaces: dict[int, DeviceBuffer] = {}
         self._matmuls: dict[str, Any] = {}
         self._events = {k: Event(self.ctx) for k in plan.recorded}

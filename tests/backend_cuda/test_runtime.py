@@ -168,7 +168,7 @@ def test_upload_copies_the_source_before_returning(n):
 @pytest.mark.cuda
 def test_narrow_numpy_dtypes_are_stored_as_their_glue_dtype():
     buf = DeviceBuffer.from_numpy(np.array([1, -2, 3], dtype=np.int8))
-    assert buf.dtype == dt.int32 and buf.to_host().tolist() == [1, -2, 3]
+    assert buf.dtype == dt.int8 and buf.to_host().tolist() == [1, -2, 3]
 
 
 def launch_axpy(axpy, x, y, out, alpha, n, stream=None, **kw):
