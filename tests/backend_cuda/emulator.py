@@ -106,43 +106,29 @@ void emu_ldmatrix(const uint16_t *address, int32_t trans, uint32_t *out) {
     pthread_barrier_wait(&barrier);
 }
 
+/* kind 0: bfloat16, 1: float16 (m16n8k16, two per word), 2: TF32 (m16n8k8, one per word).
+   A (m, k) is in word (m / 8) + 2 (k / g) of lane 4 (m % 8) + (k % g) / per, B (k, n) in word
+   4 + k / g of lane 4 n + (k % g) / per, with g = 4 per: the PTX ISA's fragment layouts. */
 void emu_mma(int32_t kind, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1,
              float c0, float c1, float c2, float c3, float *out) {
     uint32_t *mine = frags + 6 * tid;
     mine[0] = a0; mine[1] = a1; mine[2] = a2; mine[3] = a3; mine[4] = b0; mine[5] = b1;
     pthread_barrier_wait(&barrier);
     int32_t warp = tid & ~31, lane = tid & 31, group = lane / 4, pair = (lane % 4) * 2;
+    int32_t per = kind == 2 ? 1 : 2, g = 4 * per;
     float c[4] = {c0, c1, c2, c3};
     for (int r = 0; r < 4; r++) {
         int32_t m = group + 8 * (r / 2), n = pair + r % 2;
         float sum = c[r];
-        for (int k = 0; k < 16; k++) {  /* A(m, k) and B(k, n) as the fragment layouts place them */
-            const uint32_t *fa = frags + 6 * (warp + (m % 8) * 4 + (k % 8) / 2);
-            const uint32_t *fb = frags + 6 * (warp + n * 4 + (k % 8) / 2);
-            uint32_t wa = fa[(m / 8) + 2 * (k / 8)], wb = fb[4 + k / 8];
-            sum += sixteen((uint16_t)(wa >> (16 * (k % 2))), kind) * sixteen((uint16_t)(wb >> (16 * (k % 2))), kind);
-        }
-        out[r] = sum;
-    }
-    pthread_barrier_wait(&barrier);
-}
-
-/* m16n8k8 on TF32 words: A (m, k) in a[(m / 8) + 2 (k / 4)] of lane (m % 8) 4 + k % 4, B (k, n)
-   in b[k / 4] of lane 4 n + k % 4 */
-void emu_mma_tf32(uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1,
-                  float c0, float c1, float c2, float c3, float *out) {
-    uint32_t *mine = frags + 6 * tid;
-    mine[0] = a0; mine[1] = a1; mine[2] = a2; mine[3] = a3; mine[4] = b0; mine[5] = b1;
-    pthread_barrier_wait(&barrier);
-    int32_t warp = tid & ~31, lane = tid & 31, group = lane / 4, pair = (lane % 4) * 2;
-    float c[4] = {c0, c1, c2, c3};
-    for (int r = 0; r < 4; r++) {
-        int32_t m = group + 8 * (r / 2), n = pair + r % 2;
-        float sum = c[r];
-        for (int k = 0; k < 8; k++) {
-            uint32_t wa = frags[6 * (warp + (m % 8) * 4 + k % 4) + (m / 8) + 2 * (k / 4)];
-            uint32_t wb = frags[6 * (warp + n * 4 + k % 4) + 4 + k / 4];
-            float fa, fb; memcpy(&fa, &wa, 4); memcpy(&fb, &wb, 4);
+        for (int k = 0; k < 2 * g; k++) {
+            uint32_t wa = frags[6 * (warp + (m % 8) * 4 + (k % g) / per) + (m / 8) + 2 * (k / g)];
+            uint32_t wb = frags[6 * (warp + n * 4 + (k % g) / per) + 4 + k / g];
+            float fa, fb;
+            if (per == 1) { memcpy(&fa, &wa, 4); memcpy(&fb, &wb, 4); }
+            else {
+                fa = sixteen((uint16_t)(wa >> (16 * (k % 2))), kind);
+                fb = sixteen((uint16_t)(wb >> (16 * (k % 2))), kind);
+            }
             sum += fa * fb;
         }
         out[r] = sum;
@@ -255,7 +241,7 @@ def _runtime() -> ctypes.CDLL:
         f.write(_RUNTIME)
     subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-pthread", source, "-o", library, "-lm"], check=True)
     lib = ctypes.CDLL(library)
-    for name in set(_INTRINSICS.values()) | {"emu_bf16x2", "emu_ldmatrix", "emu_mma", "emu_mma_tf32"}:
+    for name in set(_INTRINSICS.values()) | {"emu_bf16x2", "emu_ldmatrix", "emu_mma"}:
         llvm.add_symbol(name, ctypes.cast(getattr(lib, name), ctypes.c_void_p).value)
     lib.emu_launch.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_void_p),
                                ctypes.c_int32, ctypes.c_int32]
@@ -281,8 +267,7 @@ def host_ir(nvptx_ir: str) -> str:
         text = text.replace(f'@"{name}"', f"@{shim}").replace(f"@{name}(", f"@{shim}(") + definition
     if used:
         text += ("declare void @emu_ldmatrix(ptr, i32, ptr)\n"
-                 "declare void @emu_mma(i32, i32, i32, i32, i32, i32, i32, float, float, float, float, ptr)\n"
-                 "declare void @emu_mma_tf32(i32, i32, i32, i32, i32, i32, float, float, float, float, ptr)\n")
+                 "declare void @emu_mma(i32, i32, i32, i32, i32, i32, i32, float, float, float, float, ptr)\n")
     return text
 
 
@@ -293,19 +278,6 @@ define internal {{i32, i32, i32, i32}} @{name}(ptr %p) {{
   call void @emu_ldmatrix(ptr %p, i32 {trans}, ptr %out)
   %r = load {{i32, i32, i32, i32}}, ptr %out
   ret {{i32, i32, i32, i32}} %r
-}}
-"""
-
-
-def _tf32_shim(name: str) -> str:
-    return f"""
-define internal {{float, float, float, float}} @{name}({", ".join(f"i32 %a{i}" for i in range(6))},
-    float %c0, float %c1, float %c2, float %c3) {{
-  %out = alloca [4 x float]
-  call void @emu_mma_tf32({", ".join(f"i32 %a{i}" for i in range(6))}, float %c0, float %c1, float %c2, float %c3,
-      ptr %out)
-  %r = load {{float, float, float, float}}, ptr %out
-  ret {{float, float, float, float}} %r
 }}
 """
 
@@ -332,7 +304,7 @@ _COLLECTIVES = {
         ("emu_ldmatrix_x4_trans", _ldmatrix_shim("emu_ldmatrix_x4_trans", 1)),
     "llvm.nvvm.mma.m16n8k16.row.col.bf16": ("emu_mma_bf16", _mma_shim("emu_mma_bf16", "i32", 0)),
     "llvm.nvvm.mma.m16n8k16.row.col.f32.f32": ("emu_mma_f16", _mma_shim("emu_mma_f16", "<2 x half>", 1)),
-    "llvm.nvvm.mma.m16n8k8.row.col.tf32": ("emu_mma_tf32_shim", _tf32_shim("emu_mma_tf32_shim")),
+    "llvm.nvvm.mma.m16n8k8.row.col.tf32": ("emu_mma_tf32", _mma_shim("emu_mma_tf32", "i32", 2)),
 }
 
 
