@@ -1,28 +1,31 @@
-"""Contractions of 16-bit operands on tensor cores: warp-level `mma.sync` (sm_80 on).
+"""Contractions on tensor cores: warp-level `mma.sync` (sm_80 on).
 
-Applies where both operands of the kernel's product are bfloat16 (or both float16) values
-widened to the float32 accumulator: the products are exact in either form and the sums stay in
-float32, so the result is the reference's up to the order of the additions.
+Applies where both operands of the kernel's float32-accumulated product are bfloat16 (or both
+float16) values widened to float32 (the products are exact and the sums stay in float32, so the
+result is the reference's up to the order of the additions), or float32 operands at a precision
+other than "highest", which round to TF32 as on jax.jit's GPU backend (`Format`).
 
 A block of `warps_m x warps_n` warps computes a BM x BN tile of one batch; each warp a
-(BM / warps_m) x (BN / warps_n) piece as m16n8k16 fragments. Every step over K stages a BM x BK
-tile of A and a BN x BK tile of B in shared memory as 16-bit values: each thread evaluates the
-operand expressions (loads, casts, any fused prologue) at 8 consecutive points of the staged
-layout and stores them as one 16-byte vector. The staged layout follows the operand's memory:
-K fastest when its loads advance with K (a row-major lhs), else M (or N) fastest, so that a
-warp's loads are consecutive either way; `ldmatrix` (`.trans` for the second layout) then gives
-each lane its fragment. Rows are padded by 8 elements so that the eight 16-byte rows an
-`ldmatrix` reads fall in distinct banks.
+(BM / warps_m) x (BN / warps_n) piece as m16n8 fragments. Every step over K stages a BM x BK
+tile of A and a BN x BK tile of B in shared memory: each thread evaluates the operand
+expressions (loads, casts, any fused prologue) at the 16 bytes' worth of consecutive points of
+a chunk and stores them as one vector. The staged layout follows the operand's memory: K fastest
+when its loads advance with K (a row-major lhs), else M (or N) fastest, so that a warp's loads
+are consecutive either way; `ldmatrix` (`.trans` for the second layout) then gives each lane its
+16-bit fragments, and TF32 fragments load word by word. Rows are padded by 16 bytes so that the
+rows a fragment load reads fall in distinct banks.
 
-Where both operands are plain loads whose chunks are 16 aligned bytes (the usual case: bf16
+Where both operands are plain loads whose chunks are 16 aligned bytes (the usual case:
 activations and weights), `cp.async` copies them straight from global into shared memory, with
-no register on the way, through STAGES stages in dynamic shared memory: while the warps
-multiply out one step, the copies of the next STAGES - 1 are in flight, and a step costs one
-barrier. Any other operand (a fused prologue: a cast, a scale) is evaluated into registers:
-two static buffers alternate, the next step's loads issued before this step's multiplies and
-stored into the other buffer after them.
-Out-of-range points (M, N or K not a multiple of the tile) stage as zero. The epilogue runs the
-kernel's stores (bias, activation, cast, residual) on each accumulator where it lies.
+no register on the way, through STAGES stages: while the warps multiply out one step, the copies
+of the next STAGES - 1 are in flight, and a step costs one barrier. Any other operand (a fused
+prologue: a cast, a scale) is evaluated into registers into two alternating stages, the next
+step's loads issued before this step's multiplies and stored after them. Both live in dynamic
+shared memory (more than the 48 KiB a static array may hold). Out-of-range points (M, N or K
+not a multiple of the tile) stage as zero. The epilogue runs the kernel's stores (bias,
+activation, cast, residual, an optimizer update) on each accumulator where it lies. Products
+too small to fill the GPU, and kernels whose operands may be unaligned (a call kernel's body),
+stay on the CUDA-core kernel (contraction.py).
 """
 from __future__ import annotations
 
