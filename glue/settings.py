@@ -115,7 +115,8 @@ _FLAGS: tuple[Flag, ...] = (
     Flag("cuda_tensor_cores", True, _bool,
          "glue's own kernels multiply 16-bit operands on tensor cores (mma.sync, sm_80 on)"),
     Flag("cuda_mma_tile", None, _text,
-         "tensor-core tile, BMxBNxBK/WARPS_MxWARPS_N (e.g. 128x128x32/2x2; default: chosen by the product's size)"),
+         "tensor-core tile, BMxBNxBK/WARPS_MxWARPS_N (e.g. 128x128x32/2x2), used for every product it can serve, "
+         "small ones too (default: chosen by the product's size)"),
     Flag("autotune", True, _bool, "race tile configurations (and the library) per contraction shape"),
     Flag("gemm", "auto", _choice("auto", "library", "codegen"),
          "who serves contractions on the GPU: the faster per shape, cuBLASLt, or glue's own kernels"),

@@ -227,8 +227,9 @@ class Backend(ABC):
 
 def add_plan_stages(lowering: Lowering, max_streams: int = 1) -> None:
     """The scheduler's stages, shared by the compiling backends, each timed on its own: the
-    internal "passes" (the simplified Graph), "fuse" (kernels) and "plan" (streams and memory
-    too), and the Plan's printable views."""
+    internal "passes" (the optimized Graph), "attention" (attention recognised and tiled, then
+    the graph rematerialised: `glue.scheduler.plan.prepare`), "fuse" (kernels) and "plan"
+    (streams and memory too), and the Plan's printable views."""
     lowering.add_stage("passes", lambda lw: optimize(lw.graph), text=None)
     lowering.add_stage("attention", lambda lw: prepare(lw["passes"]), text=None)
     lowering.add_stage("fuse", lambda lw: lw["attention"].fused(), text=None)

@@ -74,7 +74,6 @@ class MmaTile:
     def frags_n(self) -> int:
         return self.bn // self.warps_n // 8
 
-
     def __str__(self) -> str:
         return f"{self.bm}x{self.bn}x{self.bk}/{self.warps_m}x{self.warps_n}"
 
@@ -221,15 +220,19 @@ def _async_call(ke: KernelEmitter, name: str, *immediate: int) -> None:
     ke.b.call(fn, [ir.Constant(I32, n) for n in immediate])
 
 
-def _tile(batches: int, m_size: int, n_size: int) -> MmaTile:
-    """The tile `config.cuda_mma_tile` names, else the largest that gives about a block per
-    multiprocessor (else the smallest)."""
+def _tile(batches: int, m_size: int, n_size: int) -> MmaTile | None:
+    """The tile `config.cuda_mma_tile` names (whatever the product's size), else the largest
+    that gives about a block per multiprocessor, else the smallest; None for a product of fewer
+    than MIN_MMA_BLOCKS smallest tiles (the CUDA-core kernel shrinks its tiles for these)."""
     chosen = config.cuda_mma_tile
     if chosen:
         if chosen not in KNOWN_TILES:
             raise GlueError(f"cuda_mma_tile={chosen!r}: the tensor-core emitter knows {sorted(KNOWN_TILES)}")
         return KNOWN_TILES[chosen]
-    return next((t for t in TILES if batches * -(-m_size // t.bm) * -(-n_size // t.bn) >= MIN_BLOCKS), TILES[-1])
+    blocks = [batches * -(-m_size // t.bm) * -(-n_size // t.bn) for t in TILES]
+    if blocks[-1] < MIN_MMA_BLOCKS:
+        return None
+    return next((t for t, n in zip(TILES, blocks) if n >= MIN_BLOCKS), TILES[-1])
 
 
 def emit_mma(ke: KernelEmitter, a_expr: Expr, b_expr: Expr, m_dims: list[int], n_dims: list[int],
@@ -243,8 +246,8 @@ def emit_mma(ke: KernelEmitter, a_expr: Expr, b_expr: Expr, m_dims: list[int], n
     extent = lambda dims: math.prod(k.parallel[d] for d in dims)  # noqa: E731
     m_size, n_size, batches, depth = extent(m_dims), extent(n_dims), extent(batch_dims), math.prod(k.reduce)
     tile = _tile(batches, m_size, n_size)
-    if batches * -(-m_size // TILES[-1].bm) * -(-n_size // TILES[-1].bn) < MIN_MMA_BLOCKS and not config.cuda_mma_tile:
-        return None  # too few tiles to fill the GPU: the CUDA-core kernel shrinks its tiles for these
+    if tile is None:
+        return None
     b = ke.b
     c = lambda v: ir.Constant(I64, v)  # noqa: E731
     tiles_m, tiles_n = -(-m_size // tile.bm), -(-n_size // tile.bn)
@@ -273,7 +276,7 @@ def emit_mma(ke: KernelEmitter, a_expr: Expr, b_expr: Expr, m_dims: list[int], n
     warp_n = b.mul(b.urem(warp, c(tile.warps_n)), c(tile.bn // tile.warps_n))
 
     def checked_points(outer: ir.Value, kk: ir.Value, s: _Staged) -> list[ir.Value]:
-        """The operand at the chunk's 8 points from (outer, kk) on, 0 outside the product."""
+        """The operand at the chunk's points from (outer, kk) on, 0 outside the product."""
         values = []
         for e in range(chunk):
             o, q = (outer, b.add(kk, c(e))) if s.k_fastest else (b.add(outer, c(e)), kk)
