@@ -92,7 +92,9 @@ def reads_only_where_written(kernel: Kernel, input_slot: int, output_slot: int,
     contraction's epilogue that reads the input only at the output element it then writes (an
     optimizer update fused after a weight gradient): every backend runs the epilogue of an
     element once, after the element's sum, and keeps the sum itself apart from the outputs.
-    `loads` are the kernel's loads, when already known."""
+    Several outputs may each take an input this way, crossed (a new first moment over the old
+    second moment): every backend computes all the values it stores at a point before it
+    stores any of them. `loads` are the kernel's loads, when already known."""
     stores = [s for s in kernel.stores if s.output == output_slot]
     level = "row" if kernel.kind == "contraction" else "element"
     if kernel.kind not in ("pointwise", "reduction", "contraction") or len(stores) != 1 \

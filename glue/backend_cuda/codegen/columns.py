@@ -122,8 +122,7 @@ def emit_columns(ke: KernelEmitter, plan: ColumnPlan) -> tuple[int, int, str]:
         for s in element_stores:  # evaluated here, so that no value the sums share is first
             lanes.values(s.value)  # computed inside the store's branch (it would not dominate)
         with when(b, valid):
-            for s in element_stores:
-                lanes.store(s)
+            lanes.store_all(element_stores)
         return out
 
     carried = [v for lane in starts for p in lane for v in p.values]
@@ -215,7 +214,5 @@ def _store_rows(ke: KernelEmitter, plan: ColumnPlan, coords: list[ir.Value], par
                 dims[-1] = b.add(dims[-1], ir.Constant(I64, lane))
             em = ke.emitter(dims + [None] * len(k.reduce))
             em.rows = [p.result(b) for p in lane_partials]
-            for s in k.stores:
-                if s.level == "row":
-                    ke.store(em, s)
+            ke.store_all(em, [s for s in k.stores if s.level == "row"])
     b.ret_void()

@@ -185,6 +185,16 @@ class KernelEmitter(BufferAccess):
         value = convert(self.b, em.stored(store.value), store.value.dtype, dtype)
         self.b.store(to_memory(self.b, value, dtype), self.output_address(em, store))
 
+    def store_all(self, em: GpuEmitter, stores: Sequence[Store]) -> None:
+        """Plain stores of one point, every value computed before the first store: an output
+        written in place over an input shares its parameter, so a value computed after an
+        earlier store would read that store back (a fused AdamW writes the new moment where
+        the old second moment was, and then reads the second moment)."""
+        for s in stores:
+            em.stored(s.value)
+        for s in stores:
+            self.store(em, s)
+
     def shared(self, ty: ir.Type, count: int) -> ir.Value:
         """A fresh shared-memory array of `count` elements of `ty`."""
         array = ir.ArrayType(ty, max(count, 1))
@@ -515,7 +525,16 @@ class LaneGroup:
     def values(self, e: Expr) -> list[ir.Value]:
         return [em.value(e) for em in self.emitters]
 
-    def store(self, store: Store) -> None:
+    def store_all(self, stores: Sequence[Store]) -> None:
+        """The group's stores, every value of every lane computed first (see
+        `KernelEmitter.store_all`)."""
+        for s in stores:
+            for em in self.emitters:
+                em.stored(s.value)
+        for s in stores:
+            self._store(s)
+
+    def _store(self, store: Store) -> None:
         ke, b = self.ke, self.ke.b
         if store not in self.vec.stores:
             for em in self.emitters:

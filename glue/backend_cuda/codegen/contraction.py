@@ -203,8 +203,7 @@ def emit_contraction(ke: KernelEmitter) -> tuple[int, int, str] | None:
                 dims = point(m, n, None)[:len(k.parallel)] + [None] * len(k.reduce)
                 em = ke.emitter(dims)
                 em.rows = [accs[i * rn + j]]
-                for s in k.stores:
-                    ke.store(em, s)
+                ke.store_all(em, k.stores)
     b.ret_void()
     sliced = f" k-slices {slices}" if slices > 1 else ""
     return batches * tiles_m * tiles_n, threads, f"tiled {tm}x{tn}x{tk} micro {rm}x{rn}{sliced}"

@@ -475,8 +475,7 @@ def emit_mma(ke: KernelEmitter, a_expr: Expr, b_expr: Expr, m_dims: list[int], n
                 with b.if_then(ok):
                     em = ke.emitter(point(m, n, None)[:len(k.parallel)] + [None] * len(k.reduce))
                     em.rows = [accs[4 * (i * tile.frags_n + j) + r]]
-                    for store in k.stores:
-                        ke.store(em, store)
+                    ke.store_all(em, k.stores)
     b.ret_void()
     layouts = "".join("k" if s.k_fastest else "o" for s in (a, bb))
     how = f"cp.async {STAGES} stages" if pipelined else "through registers"

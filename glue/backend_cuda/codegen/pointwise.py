@@ -40,8 +40,7 @@ def emit_pointwise(ke: KernelEmitter) -> tuple[int, int, str]:
                 lanes = LaneGroup(ke, vec, unflatten(b, first, k.parallel) if k.parallel else [])
                 lanes.share_invariant(values)
                 lanes.preload(values)
-                for s in k.stores:
-                    lanes.store(s)
+                lanes.store_all(k.stores)
 
     if groups % per_block == 0:
         groups_of_thread(guarded=False)

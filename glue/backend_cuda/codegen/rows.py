@@ -145,8 +145,7 @@ class _RowEmitter:
         if row_stores:
             first_lane = b.icmp_unsigned("==", self.lane, ir.Constant(I64, 0))
             with when(b, self.both(first_lane, self.row_ok)):
-                for s in row_stores:
-                    ke.store(self.outer, s)
+                ke.store_all(self.outer, row_stores)
         b.ret_void()
         partials = sum(len(Partial.start(r).values) for r in k.reductions)
         short = self.slots * VECTOR_BYTES < SHORT_BYTES
@@ -258,8 +257,7 @@ class _RowEmitter:
             with when(self.b, self.both(valid, self.row_ok)):
                 self.refresh(lanes)
                 lanes.preload(values)
-                for s in stores:
-                    lanes.store(s)
+                lanes.store_all(stores)
 
         if not self.looping:
             for lanes, valid, _ in slots:
