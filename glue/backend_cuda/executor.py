@@ -136,11 +136,13 @@ class CudaExecutable:
         self._events = {k: Event(self.ctx) for k in plan.recorded}
         self._regions: list[DeviceBuffer] = []
         self._host_steps: dict[tuple, list[_Step]] = {}
-        self.gemm_choices = choose_variants(self, program)
+        with self.ctx.enqueue_lock:  # the race launches on stream 0, which a capture may be taking in
+            self.gemm_choices = choose_variants(self, program)
         self.kernels = [l for l in program.launches if self.gemm_choices.get(l.group, "codegen") == l.variant]
         plans, self._planner = plan_program(program, self.kernels if not as_body else [], self._n_bases,
                                             self._source, _load_body)
-        self._regions = [self._region(r) for r in self._planner.regions]
+        with self.ctx.enqueue_lock:  # constants upload on stream 0
+            self._regions = [self._region(r) for r in self._planner.regions]
         if any(r.fill is not None for r in self._planner.regions):
             self.ctx.synchronize()  # constants uploaded once, before any stream reads them
         self._steps = self._materialize(plans)

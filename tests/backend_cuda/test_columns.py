@@ -6,6 +6,8 @@ repeated graph replays (the counters must come back to zero)."""
 import ml_dtypes
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import glue
 import glue.numpy as gnp
@@ -34,6 +36,9 @@ CASES = {
     "row sums stay rows": (lambda x: x.sum(-1), [(256, 1024)], np.float32, False),
     "with an element output": (lambda x, y: ((x * y).sum(0), x * y + 1.0), [(512, 128), (512, 128)], np.float32, True),
     "element output needing the sum": (lambda x: x - x.sum(0), [(512, 128)], np.float32, False),
+    # a norm's gradients at GPT-2 width: 24 tiles of 32 row groups, slices and splits
+    "wide norm grads": (_norm_grads, [(2048, 768), (2048, 768), (768,)], np.float32, True),
+    "fewer points than slices": (lambda dy: (dy.sum(0), dy.max(0)), [(3, 1000)], np.float32, True),
     # the stored value is the summed one (an SGD step's weight gradient and its momentum update)
     "element output the sum shares": (lambda x, y: ((x * y - x).sum(0), x * y - x), [(32, 10), (32, 10)],
                                       np.float32, True),
@@ -67,6 +72,21 @@ def test_column_reductions_compute_the_reference(name):
     want = run_graph(closed.graph, list(closed.consts) + args, float64=True)
     for i, (got, w, d) in enumerate(zip(outs, want, tolerance_dtypes(closed.graph, tf32=CudaBackend.rounds_to_tf32))):
         assert mismatch(got, w, d, scale=8.0) is None, (name, i, mismatch(got, w, d, scale=8.0))
+
+
+@needs_cc
+@settings(max_examples=10)
+@given(points=st.integers(1, 3000), rows=st.integers(1, 600), op=st.sampled_from(["sum", "max"]))
+def test_any_shape_of_column_reduction_computes_the_reference(points, rows, op):
+    """Every split of the points over blocks and slices, ragged tiles and runs, against the
+    reference: each point is folded exactly once and each row group's slices meet in order."""
+    fn = (lambda x: x.sum(0)) if op == "sum" else (lambda x: x.max(0))
+    args = _args([(points, rows)], np.float32)
+    closed, low = _program(fn, args)
+    outs = emulator.run_program(low["llvm"], list(closed.consts) + args)
+    want = run_graph(closed.graph, list(closed.consts) + args, float64=True)
+    d = tolerance_dtypes(closed.graph)[0]
+    assert mismatch(outs[0], want[0], d, scale=8.0) is None, [l.strategy for l in low["llvm"].launches]
 
 
 def test_the_splits_use_scratch_and_counters_and_ptxas_accepts_them():

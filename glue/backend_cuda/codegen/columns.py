@@ -5,13 +5,18 @@ a bias gradient, summed over the tokens of each feature (with the optimizer upda
 The row strategy (rows.py) would give each row a group of threads reading it at a stride: a
 warp's loads touch 32 lines for 4 bytes of each. Here a thread owns `width` consecutive rows
 (one 16-byte vector of the narrowest contiguous operand, so a warp's loads are consecutive
-memory) and folds a slice of the reduced points into registers. The reduced points split over
-`splits` blocks so that the whole GPU works; each block writes its partials to the stream's
+memory) and folds a run of the reduced points into registers. A block holds up to 32 such row
+groups (a tile), each folded by `slices` threads over consecutive runs of the points; the
+slices' partials meet in shared memory, folded in slice order. The reduced points also split
+over `splits` blocks so that the whole GPU works; each block writes its partials to the stream's
 scratch region, and the last block of a tile to finish — counted with an atomic increment on a
-zeroed counter, after a fence that makes the partials visible — combines every split's partials
-in split order (so the result does not depend on which block finished last), runs the kernel's
-row-level stores (the epilogue) and sets the counter back to zero for the next call or graph
-replay. With one split, a thread folds all reduced points and stores directly.
+zeroed counter, after a fence that makes the partials visible — folds every split's partials
+(slice s takes splits s, s + slices, ..., in order, then the slices meet again), runs the
+kernel's row-level stores (the epilogue) and sets the counter back to zero for the next call or
+graph replay. The order of every fold is fixed, so the result does not depend on which block
+finished last. Narrow tiles keep the partials the last block reads small (a norm's nine
+reductions over 768 rows in one tile of 256 splits were 14 MB for one block to read); the
+slices keep the blocks busy with fewer splits.
 
 Element-level stores that need no row value (a gradient a sibling kernel merged in, computed
 from the same loads) are written as the points are folded. It takes kernels whose reductions
@@ -33,7 +38,8 @@ from glue.codegen.types import I32, I64
 from glue.scheduler.kernel_ir import Kernel, Load, subexpressions
 
 BLOCK = 256
-ROWS_PER_THREAD = 16   # reduced points a thread folds before its split's partials are written
+GROUPS_PER_BLOCK = 32  # a warp's row groups: its loads of one point are 32 consecutive vectors
+ROWS_PER_THREAD = 8    # reduced points a thread folds, at least, before its partials are written
 TARGET_BLOCKS = 264    # two blocks per H200 multiprocessor
 SLOT_BYTES = 8         # a partial's slot in scratch holds any register type up to 64 bits
 
@@ -63,8 +69,9 @@ def columns_fit(kernel: Kernel, analysis: Analysis) -> bool:
 
 
 class ColumnPlan:
-    """How a column reduction maps onto the GPU: `width` rows per thread, `block` threads per
-    block over `groups` row groups, the reduced points split over `splits` blocks."""
+    """How a column reduction maps onto the GPU: `width` rows per thread, `per_block` of the
+    `groups` row groups per block (a tile), each folded by `slices` threads, the reduced points
+    split over `splits` blocks per tile."""
 
     def __init__(self, kernel: Kernel, analysis: Analysis):
         self.vec = Vectorization(kernel, analysis, len(kernel.parallel) - 1, kernel.parallel[-1])
@@ -72,11 +79,14 @@ class ColumnPlan:
         self.rows = math.prod(kernel.parallel)
         self.points = math.prod(kernel.reduce)
         self.groups = self.rows // self.width
-        self.block = min(BLOCK, max(32, pow2_at_least(self.groups)))
-        self.tiles = -(-self.groups // self.block)
-        most = max(1, self.points // ROWS_PER_THREAD)
+        self.per_block = min(GROUPS_PER_BLOCK, pow2_at_least(self.groups))
+        self.block = BLOCK
+        self.slices = BLOCK // self.per_block
+        self.tiles = -(-self.groups // self.per_block)
+        most = max(1, self.points // (ROWS_PER_THREAD * self.slices))
         self.splits = max(1, min(most, -(-TARGET_BLOCKS // self.tiles)))
         self.per_split = -(-self.points // self.splits)
+        self.per_slice = -(-self.per_split // self.slices)
         self.reductions = len(kernel.reductions)
 
     @property
@@ -96,15 +106,16 @@ def emit_columns(ke: KernelEmitter, plan: ColumnPlan) -> tuple[int, int, str]:
     ke.await_producers()
     block_id, tid = ke.block_index(), ke.thread_index()
     split, tile = b.udiv(block_id, c(plan.tiles)), b.urem(block_id, c(plan.tiles))
-    group = b.add(b.mul(tile, c(plan.block)), tid)
-    valid = b.icmp_unsigned("<", group, c(plan.groups)) if plan.groups % plan.block else None
+    column, slice_ = b.urem(tid, c(plan.per_block)), b.udiv(tid, c(plan.per_block))
+    group = b.add(b.mul(tile, c(plan.per_block)), column)
+    valid = b.icmp_unsigned("<", group, c(plan.groups)) if plan.groups % plan.per_block else None
     if valid is not None:
         group = b.select(valid, group, c(0))
     first = b.mul(group, c(plan.width))
     coords = unflatten(b, first, k.parallel)
-    lo = b.mul(split, c(plan.per_split))
-    hi = b.select(b.icmp_unsigned("<", b.add(lo, c(plan.per_split)), c(plan.points)), b.add(lo, c(plan.per_split)),
-                  c(plan.points))
+    end = _smaller(b, b.add(b.mul(split, c(plan.per_split)), c(plan.per_split)), c(plan.points))
+    lo = _smaller(b, b.add(b.mul(split, c(plan.per_split)), b.mul(slice_, c(plan.per_slice))), end)
+    hi = _smaller(b, b.add(lo, c(plan.per_slice)), end)
     starts = [[Partial.start(r) for r in k.reductions] for _ in range(plan.width)]
     shapes = [len(p.values) for p in starts[0]]
 
@@ -127,12 +138,19 @@ def emit_columns(ke: KernelEmitter, plan: ColumnPlan) -> tuple[int, int, str]:
 
     carried = [v for lane in starts for p in lane for v in p.values]
     folded = loop(b, lo, hi, body, carried, name="point", vectorize=False)
-    partials = _unpack(folded, k, plan.width, shapes)
+    partials = _combine_slices(ke, plan, _unpack(folded, k, plan.width, shapes), slice_, column)
+    first_slice = b.icmp_unsigned("==", slice_, c(0))
+    writer = b.and_(valid, first_slice) if valid is not None else first_slice
     if plan.splits > 1:
-        partials = _combine_splits(ke, plan, partials, split, tile, group, valid)
-    _store_rows(ke, plan, coords, partials, valid)
-    strategy = f"columns x{plan.width} splits {plan.splits}" + (" (last block combines)" if plan.splits > 1 else "")
+        partials = _combine_splits(ke, plan, partials, split, tile, group, writer, slice_, column)
+    _store_rows(ke, plan, coords, partials, writer)
+    strategy = f"columns x{plan.width} slices {plan.slices} splits {plan.splits}" + \
+        (" (last block combines)" if plan.splits > 1 else "")
     return plan.tiles * plan.splits, plan.block, strategy
+
+
+def _smaller(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
+    return b.select(b.icmp_unsigned("<", x, y), x, y)
 
 
 def _unpack(values: list[ir.Value], k: Kernel, width: int, shapes: list[int]) -> list[list[Partial]]:
@@ -149,19 +167,55 @@ def _slot(ke: KernelEmitter, plan: ColumnPlan, split: ir.Value, reduction: int, 
     return b.gep(ke.extra_ptrs[0], [b.mul(index, c(SLOT_BYTES))], inbounds=True, source_etype=ir.IntType(8))
 
 
+def _combine_slices(ke: KernelEmitter, plan: ColumnPlan, partials: list[list[Partial]], slice_: ir.Value,
+                    column: ir.Value) -> list[list[Partial]]:
+    """Every thread's partials folded with those of the other slices of its row group, in slice
+    order, through shared memory: afterwards every slice of a group holds the same result."""
+    if plan.slices == 1:
+        return partials
+    b = ke.b
+    c = lambda v: ir.Constant(I64, v)  # noqa: E731
+    arrays: dict[str, ir.Value] = {}  # one per register type, reused reduction after reduction
+
+    def at(array: ir.Value, lane: int, s: ir.Value, ty: ir.Type) -> ir.Value:
+        # [lane][slice][column]: a warp's 32 columns are consecutive words, no bank conflicts
+        index = b.add(b.mul(b.add(b.mul(c(lane), c(plan.slices)), s), c(plan.per_block)), column)
+        return ke.shared_at(array, index, ty)
+
+    combined: list[list[Partial]] = [[] for _ in partials]
+    for i in range(plan.reductions):
+        ty = partials[0][i].values[0].type
+        array = arrays.get(str(ty))
+        if array is None:
+            array = arrays[str(ty)] = ke.shared(ty, plan.width * plan.block)
+        else:
+            ke.barrier()  # every thread has read the previous reduction's partials
+        for lane, lane_partials in enumerate(partials):
+            b.store(lane_partials[i].values[0], at(array, lane, slice_, ty))
+        ke.barrier()
+        for lane, lane_partials in enumerate(partials):
+            acc = lane_partials[i].with_values([b.load(at(array, lane, c(0), ty), typ=ty)])
+            for s in range(1, plan.slices):
+                acc = acc.combine(b, lane_partials[i].with_values([b.load(at(array, lane, c(s), ty), typ=ty)]))
+            combined[lane].append(acc)
+    ke.barrier()  # the shared arrays may be used again (the last block's second meeting)
+    return combined
+
+
 def _combine_splits(ke: KernelEmitter, plan: ColumnPlan, partials: list[list[Partial]], split: ir.Value,
-                    tile: ir.Value, group: ir.Value, valid: ir.Value | None) -> list[list[Partial]]:
-    """Write this split's partials, count the block in, and in the tile's last block read every
-    split's partials back in split order and fold them; the other blocks return here.""" 
+                    tile: ir.Value, group: ir.Value, writer: ir.Value, slice_: ir.Value,
+                    column: ir.Value) -> list[list[Partial]]:
+    """Write this split's partials (the first slice of each row group does), count the block
+    in, and in the tile's last block fold every split's partials back — slice s takes splits s,
+    s + slices, ... in order, then the slices meet — the other blocks return here."""
     b = ke.b
     c = lambda v: ir.Constant(I64, v)  # noqa: E731
     first = b.mul(group, c(plan.width))
-    with when(b, valid):
+    with when(b, writer):
         for lane, lane_partials in enumerate(partials):
             row = b.add(first, c(lane))
             for i, p in enumerate(lane_partials):
-                value = p.values[0]
-                b.store(value, _slot(ke, plan, split, i, row))
+                b.store(p.values[0], _slot(ke, plan, split, i, row))
     _fence(ke)
     ke.barrier()
     flag = ke.shared(I32, 1)
@@ -182,19 +236,22 @@ def _combine_splits(ke: KernelEmitter, plan: ColumnPlan, partials: list[list[Par
     b.position_at_end(go_on)
     _fence(ke)
     reductions = ke.kernel.reductions
-    combined = []
+    folded = []
     for lane, lane_partials in enumerate(partials):
         row = b.add(first, c(lane))
-        folded = []
+        lane_folded = []
         for i, p in enumerate(lane_partials):
             ty = p.values[0].type
-            acc = Partial.start(reductions[i]).with_values([b.load(_slot(ke, plan, c(0), i, row), typ=ty)])
-            for s in range(1, plan.splits):
-                other = p.with_values([b.load(_slot(ke, plan, c(s), i, row), typ=ty)])
-                acc = acc.combine(b, other)
-            folded.append(acc)
-        combined.append(folded)
-    return combined
+            identity = Partial.start(reductions[i])
+            acc = identity
+            for round_ in range(-(-plan.splits // plan.slices)):
+                s = b.add(slice_, c(round_ * plan.slices))
+                inside = b.icmp_unsigned("<", s, c(plan.splits))
+                value = b.load(_slot(ke, plan, _smaller(b, s, c(plan.splits - 1)), i, row), typ=ty)
+                acc = acc.combine(b, p.with_values([b.select(inside, value, identity.values[0])]))
+            lane_folded.append(acc)
+        folded.append(lane_folded)
+    return _combine_slices(ke, plan, folded, slice_, column)
 
 
 def _fence(ke: KernelEmitter) -> None:

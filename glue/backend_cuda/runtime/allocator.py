@@ -7,7 +7,10 @@ Reuse is safe without any host wait because a block goes back to the stream it w
 work on one stream runs in order. A block another stream also used (`record_use`) waits in a
 pending list until events recorded on those streams have completed. A request with nothing cached
 on its stream takes a block cached on another stream and makes its stream wait, on the device,
-for the work queued there so far.
+for the work queued there so far. Those events are recorded and waited for only under the
+context's enqueue lock and never while a graph is being captured (a capture takes in whatever
+lands on its streams, from any thread); meanwhile such a block stays uncached and requests
+take no block from another stream.
 
 On out-of-memory the allocator waits for the device, returns its whole cache to the driver and
 retries once; if that fails it raises `CudaOutOfMemoryError` reporting what glue holds.
@@ -147,18 +150,44 @@ class CachingAllocator:
 
     # Everything below runs with the lock held.
 
+    def _streams_free(self) -> bool:
+        """Take the context's enqueue lock if an event may be recorded on, or waited for by, its
+        streams now: not while a graph is being captured (by another thread, the capture would
+        take the event in; by this one, it would become a node of the graph). True: the caller
+        releases the lock."""
+        lock = self.ctx.enqueue_lock
+        if not lock.acquire(blocking=False):
+            return False
+        if self.ctx.capturing:
+            lock.release()
+            return False
+        return True
+
     def _take_released(self) -> None:
-        while self._released:
-            block = self._released.pop()
-            del self._live[block.ptr]
-            self._in_use -= block.size
-            self._requested -= block.requested
-            self._cached += block.size
-            if block.other_streams:
-                self._pending.append((block, [s.record() for s in block.other_streams]))
-                block.other_streams = set()
-            else:
-                self._free.setdefault((block.stream, block.size), []).append(block)
+        held: bool | None = None  # whether this call holds the enqueue lock (None: not tried)
+        kept: list[Block] = []  # blocks other streams used, while no event can be recorded
+        try:
+            while self._released:
+                block = self._released.pop()
+                if block.other_streams:
+                    if held is None:
+                        held = self._streams_free()
+                    if not held:
+                        kept.append(block)
+                        continue
+                del self._live[block.ptr]
+                self._in_use -= block.size
+                self._requested -= block.requested
+                self._cached += block.size
+                if block.other_streams:
+                    self._pending.append((block, [s.record() for s in block.other_streams]))
+                    block.other_streams = set()
+                else:
+                    self._free.setdefault((block.stream, block.size), []).append(block)
+        finally:
+            if held:
+                self.ctx.enqueue_lock.release()
+            self._released.extend(kept)
 
     def _from_cache(self, size: int, stream: Stream) -> Block | None:
         blocks = self._free.get((stream, size))
@@ -167,8 +196,11 @@ class CachingAllocator:
         if self._pending and self._collect_pending():
             return self._from_cache(size, stream)
         for (other, other_size), blocks in self._free.items():
-            if other_size == size and blocks:
-                stream.wait(other.record())
+            if other_size == size and blocks and self._streams_free():
+                try:
+                    stream.wait(other.record())
+                finally:
+                    self.ctx.enqueue_lock.release()
                 return blocks.pop()
         return None
 

@@ -87,6 +87,7 @@ class Context:
         # Reentrant: a program's launches wait for their inputs' events, which may be recorded
         # then.
         self.enqueue_lock = threading.RLock()
+        self.capturing = False  # set, under enqueue_lock, while a graph is being captured
         self.make_current()
         self._compute: list[Stream] = [self.stream]
 

@@ -77,10 +77,13 @@ class _Shared:
     __slots__ = ("pool", "block")
 
     def __init__(self, pool: SlabPool):
-        self.pool, self.block = pool, pool.take()
+        self.block = pool.take()
+        self.pool = pool
 
     def __del__(self) -> None:
-        self.pool.give_back(self.block)
+        pool = getattr(self, "pool", None)  # None: taking the block failed
+        if pool is not None:
+            pool.give_back(self.block)
 
 
 class DeviceBuffer:

@@ -45,6 +45,7 @@ def capture(stream: Stream, enqueue: Callable[[], None]) -> Graph:
     stream.ctx.make_current()
     drv.call(driver.cuStreamBeginCapture, stream.handle,
              driver.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+    stream.ctx.capturing = True
     try:
         enqueue()
     except BaseException:
@@ -52,6 +53,8 @@ def capture(stream: Stream, enqueue: Callable[[], None]) -> Graph:
         if not err and int(graph):
             driver.cuGraphDestroy(graph)
         raise
+    finally:
+        stream.ctx.capturing = False
     graph = drv.call(driver.cuStreamEndCapture, stream.handle)
     try:
         nodes = drv.call(driver.cuGraphGetNodes, graph, 0)[1]
