@@ -57,6 +57,8 @@ def choose_variants(exe: "CudaExecutable", program: "CudaProgram") -> dict[int, 
         log.info("glue.cuda: %s runs on glue's own kernel: cuBLASLt refuses it (%s)",
                  program.plan.kernels[group].name, why_not)
         choices[group] = "codegen"
+    bases: list[int] | None = None  # the memory every race runs in, made at the first race
+    keep: list[DeviceBuffer] = []
     for group in sorted(g for g, v in variants.items() if len(v) > 1 and g not in choices):
         if not config.autotune:
             choices[group] = "library"
@@ -66,9 +68,11 @@ def choose_variants(exe: "CudaExecutable", program: "CudaProgram") -> dict[int, 
         if cached in (b"codegen", b"library"):
             choices[group] = cached.decode()
             continue
+        if bases is None:
+            bases = race_memory(exe, program, keep)
         try:
             with profiler.span("compile", f"race {program.plan.kernels[group].name}"), profiler.suspended():
-                times = race(exe, program, group)
+                times = race(exe, program, group, bases)
         except BackendError as exc:  # the library failed to run it: glue's kernel serves
             log.info("glue.cuda: %s runs on glue's own kernel: cuBLASLt failed on it (%s)",
                      program.plan.kernels[group].name, exc)
@@ -98,23 +102,32 @@ def _library_fails(exe: "CudaExecutable", program: "CudaProgram", group: int) ->
 def _random_buffer(shape: tuple[int, ...], dtype: Any, rng: np.random.Generator, stream: Any) -> DeviceBuffer:
     numpy = dtype.numpy
     if dtype.is_float:
-        values = rng.standard_normal(shape).astype(np.float32).astype(numpy)
+        values = rng.standard_normal(shape, dtype=np.float32).astype(numpy)
     else:
         values = rng.integers(0, 2 if dtype.kind == "bool" else 16, shape).astype(numpy)
     return DeviceBuffer.from_numpy(values, stream)
 
 
-def race(exe: "CudaExecutable", program: "CudaProgram", group: int) -> dict[str, float]:
-    """Microseconds per run of each variant of plan kernel `group` (median of RUNS event-timed
-    runs after WARMUP), on random arguments; every launch on the executable's first stream."""
+def race_memory(exe: "CudaExecutable", program: "CudaProgram", keep: list[DeviceBuffer]) -> list[int]:
+    """The call's memory for races, made once per program (a GPT step's arguments are hundreds
+    of megabytes of random numbers): random arguments, outputs, and the arena filled with small
+    finite floats wherever an intermediate would be. `keep` holds the buffers."""
     rng = np.random.default_rng(0)
     stream = exe.stream
     args = [_random_buffer(t.shape, t.dtype, rng, stream) for t in program.arg_types]
     outs = [DeviceBuffer(t.shape, t.dtype, stream) for t in program.output_types]
+    keep += args + outs
     if exe.arena is not None:
-        exe.arena.fill_bytes(0x3C)  # small finite floats wherever an intermediate would be
-    bases = exe._bases(args, outs)
+        exe.arena.fill_bytes(0x3C)
     exe.ctx.synchronize()
+    return exe._bases(args, outs)
+
+
+def race(exe: "CudaExecutable", program: "CudaProgram", group: int, bases: list[int]) -> dict[str, float]:
+    """Microseconds per run of each variant of plan kernel `group` (median of RUNS event-timed
+    runs after WARMUP) in the memory `race_memory` made; every launch on the executable's
+    first stream."""
+    stream = exe.stream
     times = {}
     for variant in ("codegen", "library"):
         launches = [l for l in program.launches if l.group == group and l.variant == variant]
