@@ -7,7 +7,9 @@ weights cast to bfloat16 for the forward and backward, norms, softmax and the lo
 Per implementation and config: ms/step (the median of 3 timed loops of STEPS steps, each step's
 weights and optimizer state feeding the next, one sync per loop), tokens/s, compile seconds
 (the first step: tracing, compiling, loading), peak device memory (glue: its allocator's peak
-bytes in use; torch: max_memory_allocated; jax: the device's peak_bytes_in_use), and the loss
+bytes in use during this config's run, loading included; torch: max_memory_allocated, reset per
+run; jax: the device's peak_bytes_in_use, which cannot be reset: the highest of every jax run
+in the process so far), and the loss
 after STEPS steps from the same start, which should agree across implementations.
 
 `python -m benchmarks cuda --suite step` runs it on the GPU; `python -m benchmarks step --cpu`
@@ -168,6 +170,14 @@ def glue_step_fn(cfg: Config, bf16: bool) -> Callable:
 def glue_step(cfg: Config, backend: str, bf16: bool) -> Result:
     import glue
 
+    # The previous config's step, its arena and its state go before this one's peak is measured.
+    GLUE_STEPS.clear()
+    _LAST_STATE.clear()
+    gc.collect()
+    if backend == "cuda":
+        from glue.backend_cuda.runtime import get_context
+
+        get_context().allocator.reset_peak_stats()
     jitted = glue.jit(glue_step_fn(cfg, bf16), backend=backend, donate_argnums=(0, 1, 2))
     GLUE_STEPS.append(jitted)
     params0, tokens, targets = init(cfg)
@@ -203,8 +213,6 @@ def glue_step(cfg: Config, backend: str, bf16: bool) -> Result:
     _LAST_STATE[jitted] = [*state, tokens, targets, c1, c2]
     peak = None
     if backend == "cuda":
-        from glue.backend_cuda.runtime import get_context
-
         peak = get_context().allocator.stats().peak_bytes_in_use / 2 ** 20
     return Result("glue", ms, compile_s, peak, final)
 

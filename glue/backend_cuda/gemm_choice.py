@@ -57,8 +57,9 @@ def choose_variants(exe: "CudaExecutable", program: "CudaProgram") -> dict[int, 
         log.info("glue.cuda: %s runs on glue's own kernel: cuBLASLt refuses it (%s)",
                  program.plan.kernels[group].name, why_not)
         choices[group] = "codegen"
-    bases: list[int] | None = None  # the memory every race runs in, made at the first race
-    keep: list[DeviceBuffer] = []
+    rng = np.random.default_rng(0)
+    if config.autotune and exe.arena is not None and any(len(v) > 1 for v in variants.values()):
+        exe.arena.fill_bytes(0x3C)  # small finite floats wherever an intermediate would be
     for group in sorted(g for g, v in variants.items() if len(v) > 1 and g not in choices):
         if not config.autotune:
             choices[group] = "library"
@@ -68,11 +69,9 @@ def choose_variants(exe: "CudaExecutable", program: "CudaProgram") -> dict[int, 
         if cached in (b"codegen", b"library"):
             choices[group] = cached.decode()
             continue
-        if bases is None:
-            bases = race_memory(exe, program, keep)
         try:
             with profiler.span("compile", f"race {program.plan.kernels[group].name}"), profiler.suspended():
-                times = race(exe, program, group, bases)
+                times = race(exe, program, group, rng)
         except BackendError as exc:  # the library failed to run it: glue's kernel serves
             log.info("glue.cuda: %s runs on glue's own kernel: cuBLASLt failed on it (%s)",
                      program.plan.kernels[group].name, exc)
@@ -108,37 +107,39 @@ def _random_buffer(shape: tuple[int, ...], dtype: Any, rng: np.random.Generator,
     return DeviceBuffer.from_numpy(values, stream)
 
 
-def race_memory(exe: "CudaExecutable", program: "CudaProgram", keep: list[DeviceBuffer]) -> list[int]:
-    """The call's memory for races, made once per program (a GPT step's arguments are hundreds
-    of megabytes of random numbers): random arguments, outputs, and the arena filled with small
-    finite floats wherever an intermediate would be. `keep` holds the buffers."""
-    rng = np.random.default_rng(0)
-    stream = exe.stream
-    args = [_random_buffer(t.shape, t.dtype, rng, stream) for t in program.arg_types]
-    outs = [DeviceBuffer(t.shape, t.dtype, stream) for t in program.output_types]
-    keep += args + outs
-    if exe.arena is not None:
-        exe.arena.fill_bytes(0x3C)
-    exe.ctx.synchronize()
-    return exe._bases(args, outs)
+class _Absent:
+    """A place no raced launch touches: address 0."""
+
+    ptr = 0
 
 
-def race(exe: "CudaExecutable", program: "CudaProgram", group: int, bases: list[int]) -> dict[str, float]:
+def race(exe: "CudaExecutable", program: "CudaProgram", group: int, rng: np.random.Generator) -> dict[str, float]:
     """Microseconds per run of each variant of plan kernel `group` (median of RUNS event-timed
-    runs after WARMUP) in the memory `race_memory` made; every launch on the executable's
-    first stream."""
+    runs after WARMUP), every launch on the executable's first stream. The arguments and outputs
+    the variants touch are made for the race, random (a GPT step's arguments are hundreds of
+    megabytes, and each product reads a few of them); intermediates are in the arena."""
     stream = exe.stream
+    steps = {variant: exe._build_steps(program, [l for l in program.launches
+                                                 if l.group == group and l.variant == variant])
+             for variant in ("codegen", "library")}
+    touched = {base for variant_steps in steps.values() for step in variant_steps
+               for base, _ in step.sources + ((step.copy[0], step.copy[1]) if step.copy else ())}
+    n_args = len(program.arg_types)
+    args = [_random_buffer(t.shape, t.dtype, rng, stream) if i in touched else _Absent()
+            for i, t in enumerate(program.arg_types)]
+    outs = [DeviceBuffer(t.shape, t.dtype, stream) if n_args + j in touched else _Absent()
+            for j, t in enumerate(program.output_types)]
+    bases = exe._bases(args, outs)
+    exe.ctx.synchronize()
     times = {}
-    for variant in ("codegen", "library"):
-        launches = [l for l in program.launches if l.group == group and l.variant == variant]
-        steps = exe._build_steps(program, launches)
-        for step in steps:
+    for variant, variant_steps in steps.items():
+        for step in variant_steps:
             step.stream, step.waits, step.record, step.dependent = stream, (), None, None
         samples = []
         for run in range(WARMUP + RUNS):
             start, end = Event(exe.ctx, timing=True), Event(exe.ctx, timing=True)
             start.record(stream)
-            exe.run_steps(steps, bases)
+            exe.run_steps(variant_steps, bases)
             end.record(stream)
             end.synchronize()
             if run >= WARMUP:

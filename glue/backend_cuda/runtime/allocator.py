@@ -140,6 +140,14 @@ class CachingAllocator:
                 self._peak_in_use, self._peak_reserved, len(self._live),
                 sum(map(len, self._free.values())) + len(self._pending), **self._counts)
 
+    def reset_peak_stats(self) -> None:
+        """Start the peaks over from what is in use and reserved now (as
+        `torch.cuda.reset_peak_memory_stats`): the peak of one phase of a program."""
+        with self._lock:
+            self._take_released()
+            self._peak_in_use = self._in_use
+            self._peak_reserved = self._in_use + self._cached
+
     def describe(self) -> str:
         """What glue holds on the device, for error messages."""
         largest = sorted((b.size for b in self._live.values()), reverse=True)[:5]
