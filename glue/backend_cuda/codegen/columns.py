@@ -6,8 +6,8 @@ The row strategy (rows.py) would give each row a group of threads reading it at 
 warp's loads touch 32 lines for 4 bytes of each. Here a thread owns `width` consecutive rows
 (one 16-byte vector of the narrowest contiguous operand, so a warp's loads are consecutive
 memory) and folds a run of the reduced points into registers. A block holds up to 32 such row
-groups (a tile), each folded by `slices` threads over consecutive runs of the points; the
-slices' partials meet in shared memory, folded in slice order. The reduced points also split
+groups (a tile), each folded by up to 8 threads (`slices`) over consecutive runs of the points;
+the slices' partials meet in shared memory, folded in slice order. The reduced points also split
 over `splits` blocks so that the whole GPU works; each block writes its partials to the stream's
 scratch region, and the last block of a tile to finish — counted with an atomic increment on a
 zeroed counter, after a fence that makes the partials visible — folds every split's partials
@@ -39,6 +39,7 @@ from glue.scheduler.kernel_ir import Kernel, Load, subexpressions
 
 BLOCK = 256
 GROUPS_PER_BLOCK = 32  # a warp's row groups: its loads of one point are 32 consecutive vectors
+SLICES = 8             # threads per row group: each folds the others' partials, one by one
 ROWS_PER_THREAD = 8    # reduced points a thread folds, at least, before its partials are written
 TARGET_BLOCKS = 264    # two blocks per H200 multiprocessor
 SLOT_BYTES = 8         # a partial's slot in scratch holds any register type up to 64 bits
@@ -80,8 +81,8 @@ class ColumnPlan:
         self.points = math.prod(kernel.reduce)
         self.groups = self.rows // self.width
         self.per_block = min(GROUPS_PER_BLOCK, pow2_at_least(self.groups))
-        self.block = BLOCK
-        self.slices = BLOCK // self.per_block
+        self.slices = min(SLICES, BLOCK // self.per_block)
+        self.block = self.per_block * self.slices
         self.tiles = -(-self.groups // self.per_block)
         most = max(1, self.points // (ROWS_PER_THREAD * self.slices))
         self.splits = max(1, min(most, -(-TARGET_BLOCKS // self.tiles)))
