@@ -2,7 +2,7 @@
 
 A plan kernel that has both variants (see codegen/library.py) is timed both ways on the GPU when
 the program loads, on random data in buffers of the program's types, and the faster variant
-runs (the library's only when it wins by LIBRARY_MARGIN); the choice is kept in the disk cache (namespace "gemm"), keyed by the kernel's text, the
+runs; the choice is kept in the disk cache (namespace "gemm"), keyed by the kernel's text, the
 arch, the library's version and both variants' launch strategies, so a later process does not
 race again. `glue.config.gemm` forces one variant ("library" | "codegen"); with
 `glue.config.autotune` off, a kernel with both takes the library's. The choices and their
@@ -30,9 +30,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("glue")
 DISK = DiskCache("gemm")
 WARMUP, RUNS = 2, 10
-# The library serves a contraction only when it is this much faster: glue's own kernel keeps its
-# fusion and needs no scratch, and a choice that timing noise decides differs from run to run.
-LIBRARY_MARGIN = 1.05
 
 
 def _key(program: "CudaProgram", group: int) -> bytes:
@@ -40,8 +37,7 @@ def _key(program: "CudaProgram", group: int) -> bytes:
 
     launches = [l for l in program.launches if l.group == group]
     strategies = "|".join(f"{l.variant}:{l.strategy}" for l in launches)
-    return digest("gemm choice", str(LIBRARY_MARGIN), program.arch, cublaslt.version(), str(program.plan.kernels[group]),
-                  strategies)
+    return digest("gemm choice", program.arch, cublaslt.version(), str(program.plan.kernels[group]), strategies)
 
 
 def choose_variants(exe: "CudaExecutable", program: "CudaProgram") -> dict[int, str]:
@@ -82,7 +78,7 @@ def choose_variants(exe: "CudaExecutable", program: "CudaProgram") -> dict[int, 
             choices[group] = "codegen"
             continue
         exe.gemm_timings[group] = times
-        choices[group] = "library" if times["library"] * LIBRARY_MARGIN < times["codegen"] else "codegen"
+        choices[group] = min(times, key=times.get)
         DISK.store(key, choices[group].encode())
         log.debug("glue.cuda: %s: %s (codegen %.1f us, library %.1f us)", program.plan.kernels[group].name,
                   choices[group], times["codegen"], times["library"])
