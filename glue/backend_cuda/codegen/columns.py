@@ -139,12 +139,11 @@ def emit_columns(ke: KernelEmitter, plan: ColumnPlan) -> tuple[int, int, str]:
 
     carried = [v for lane in starts for p in lane for v in p.values]
     folded = loop(b, lo, hi, body, carried, name="point", vectorize=False)
-    meeting = _Meeting(ke, plan, slice_, column)
-    partials = meeting.fold(_unpack(folded, k, plan.width, shapes))
+    partials = _combine_slices(ke, plan, _unpack(folded, k, plan.width, shapes), slice_, column)
     first_slice = b.icmp_unsigned("==", slice_, c(0))
     writer = b.and_(valid, first_slice) if valid is not None else first_slice
     if plan.splits > 1:
-        partials = _combine_splits(ke, plan, partials, split, tile, group, writer, slice_, meeting)
+        partials = _combine_splits(ke, plan, partials, split, tile, group, writer, slice_, column)
     _store_rows(ke, plan, coords, partials, writer)
     strategy = f"columns x{plan.width} slices {plan.slices} splits {plan.splits}" + \
         (" (last block combines)" if plan.splits > 1 else "")
@@ -169,52 +168,44 @@ def _slot(ke: KernelEmitter, plan: ColumnPlan, split: ir.Value, reduction: int, 
     return b.gep(ke.extra_ptrs[0], [b.mul(index, c(SLOT_BYTES))], inbounds=True, source_etype=ir.IntType(8))
 
 
-class _Meeting:
-    """Where the slices of each row group fold their partials together, in slice order, through
-    shared memory: one array per register type, which every reduction and both meetings of a
-    kernel (after the fold, and in the last block) reuse."""
+def _combine_slices(ke: KernelEmitter, plan: ColumnPlan, partials: list[list[Partial]], slice_: ir.Value,
+                    column: ir.Value) -> list[list[Partial]]:
+    """Every thread's partials folded with those of the other slices of its row group, in slice
+    order, through shared memory: afterwards every slice of a group holds the same result."""
+    if plan.slices == 1:
+        return partials
+    b = ke.b
+    c = lambda v: ir.Constant(I64, v)  # noqa: E731
+    arrays: dict[str, ir.Value] = {}  # one per register type, reused reduction after reduction
 
-    def __init__(self, ke: KernelEmitter, plan: ColumnPlan, slice_: ir.Value, column: ir.Value):
-        self.ke, self.plan, self.slice, self.column = ke, plan, slice_, column
-        self.arrays: dict[str, ir.Value] = {}
+    def at(array: ir.Value, lane: int, s: ir.Value, ty: ir.Type) -> ir.Value:
+        # [lane][slice][column]: a warp's 32 columns are consecutive words, no bank conflicts
+        index = b.add(b.mul(b.add(b.mul(c(lane), c(plan.slices)), s), c(plan.per_block)), column)
+        return ke.shared_at(array, index, ty)
 
-    def _at(self, array: ir.Value, lane: int, s: ir.Value, ty: ir.Type) -> ir.Value:
-        # [lane][slice][column]: a warp's consecutive columns are consecutive words, no bank conflicts
-        b, plan = self.ke.b, self.plan
-        c = lambda v: ir.Constant(I64, v)  # noqa: E731
-        index = b.add(b.mul(b.add(b.mul(c(lane), c(plan.slices)), s), c(plan.per_block)), self.column)
-        return self.ke.shared_at(array, index, ty)
-
-    def fold(self, partials: list[list[Partial]]) -> list[list[Partial]]:
-        """Every thread's partials folded with those of the other slices of its row group:
-        afterwards every slice of a group holds the same result."""
-        ke, plan = self.ke, self.plan
-        if plan.slices == 1:
-            return partials
-        b = ke.b
-        combined: list[list[Partial]] = [[] for _ in partials]
-        for i in range(plan.reductions):
-            ty = partials[0][i].values[0].type
-            array = self.arrays.get(str(ty))
-            if array is None:
-                array = self.arrays[str(ty)] = ke.shared(ty, plan.width * plan.block)
-            else:
-                ke.barrier()  # every thread has read what the array held before
-            for lane, lane_partials in enumerate(partials):
-                b.store(lane_partials[i].values[0], self._at(array, lane, self.slice, ty))
-            ke.barrier()
-            for lane, lane_partials in enumerate(partials):
-                acc = lane_partials[i].with_values([b.load(self._at(array, lane, ir.Constant(I64, 0), ty), typ=ty)])
-                for s in range(1, plan.slices):
-                    slot = self._at(array, lane, ir.Constant(I64, s), ty)
-                    acc = acc.combine(b, lane_partials[i].with_values([b.load(slot, typ=ty)]))
-                combined[lane].append(acc)
-        return combined
+    combined: list[list[Partial]] = [[] for _ in partials]
+    for i in range(plan.reductions):
+        ty = partials[0][i].values[0].type
+        array = arrays.get(str(ty))
+        if array is None:
+            array = arrays[str(ty)] = ke.shared(ty, plan.width * plan.block)
+        else:
+            ke.barrier()  # every thread has read the previous reduction's partials
+        for lane, lane_partials in enumerate(partials):
+            b.store(lane_partials[i].values[0], at(array, lane, slice_, ty))
+        ke.barrier()
+        for lane, lane_partials in enumerate(partials):
+            acc = lane_partials[i].with_values([b.load(at(array, lane, c(0), ty), typ=ty)])
+            for s in range(1, plan.slices):
+                acc = acc.combine(b, lane_partials[i].with_values([b.load(at(array, lane, c(s), ty), typ=ty)]))
+            combined[lane].append(acc)
+    ke.barrier()  # the shared arrays may be used again (the last block's second meeting)
+    return combined
 
 
 def _combine_splits(ke: KernelEmitter, plan: ColumnPlan, partials: list[list[Partial]], split: ir.Value,
                     tile: ir.Value, group: ir.Value, writer: ir.Value, slice_: ir.Value,
-                    meeting: _Meeting) -> list[list[Partial]]:
+                    column: ir.Value) -> list[list[Partial]]:
     """Write this split's partials (the first slice of each row group does), count the block
     in, and in the tile's last block fold every split's partials back — slice s takes splits s,
     s + slices, ... in order, then the slices meet — the other blocks return here."""
@@ -261,7 +252,7 @@ def _combine_splits(ke: KernelEmitter, plan: ColumnPlan, partials: list[list[Par
                 acc = acc.combine(b, p.with_values([b.select(inside, value, identity.values[0])]))
             lane_folded.append(acc)
         folded.append(lane_folded)
-    return meeting.fold(folded)
+    return _combine_slices(ke, plan, folded, slice_, column)
 
 
 def _fence(ke: KernelEmitter) -> None:
