@@ -189,6 +189,19 @@ def test_random_programs_match_the_reference(data):
         _check(graph, inputs, emulator.run_program(program, inputs, poison), "random program")
 
 
+@needs_cc
+@given(st.data())
+@settings(max_examples=25, deadline=None)
+def test_random_programs_with_every_argument_donated_match_the_reference(data):
+    """Donation lets outputs take the memory of inputs their kernel reads where it writes, and
+    several outputs of one kernel may cross (one takes what another reads): each kernel must
+    read all of a point's inputs before it writes any output there."""
+    graph = data.draw(programs(dtypes=ALL_DTYPES, max_eqns=8))
+    inputs = data.draw(graph_inputs(graph))
+    program = build_program(schedule(graph, donated=range(len(graph.invars))), "donated")
+    _check(graph, inputs, emulator.run_program(program, [np.array(a) for a in inputs]), "random program, donated")
+
+
 @needs_ptxas
 @given(programs(dtypes=ALL_DTYPES, max_eqns=6))
 @settings(max_examples=10, deadline=None)
