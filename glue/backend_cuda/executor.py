@@ -60,18 +60,24 @@ from glue.backend_cuda.runtime.device_array import DeviceBuffer, SlabPool
 from glue.backend_cuda.runtime.graph import Graph, capture
 from glue.backend_cuda.runtime.module import ArgPack, Kernel
 from glue.backend_cuda.runtime.stream import Event, Stream, device_span
-from glue.backend_cuda.runtime.transfer import download
+from glue.backend_cuda.runtime.transfer import DIRECT_MAX, download, upload
 from glue.backend_cuda.steps import HostCall, Region, StepPlan, plan_program, resolve_ref
 from glue.codegen.analysis import CostAnalysis, MemoryAnalysis, analyse_memory, estimate_cost
 from glue.errors import BackendError
 from glue.ir import TensorType
 from glue.scheduler.calls import Ref, run_call
+from glue.scheduler.plan import Result
 from glue.scheduler.memory import ALIGNMENT
 from glue.settings import config
 
 log = logging.getLogger("glue")
 
 GRAPH_CACHE = 8  # graphs kept per executable (distinct sets of buffer addresses)
+# Host values (a step count, a learning rate, a small batch) up to this size are copied into a
+# buffer the executable keeps for that argument, on stream 0 just before the launch: the call's
+# addresses stay the same, so its graph replays. A fresh buffer per call would make every call a
+# new capture, and past a few of those the program launches its kernels one by one.
+STAGED_BYTES = DIRECT_MAX
 
 
 @dataclass
@@ -155,6 +161,7 @@ class CudaExecutable:
                      name)
         self._fork = Event(self.ctx) if len(self.streams) > 1 else None
         self._joins = [(self.streams[s], Event(self.ctx)) for s in sorted(plan.tails()) if s]
+        self._staging: dict[int, DeviceBuffer] = {}  # argument -> where its host values are copied
         self._arg_dtypes = [t.dtype.numpy for t in program.arg_types]
         self._arg_specs = [(t.shape, t.dtype) for t in program.arg_types]
         # A call's outputs share one allocation: one allocator call, and a loop that feeds its
@@ -166,7 +173,10 @@ class CudaExecutable:
             out_bytes += -(-t.nbytes // ALIGNMENT) * ALIGNMENT
         self._slabs = SlabPool(self.ctx.allocator, out_bytes, self.stream)
         # When every result is a fresh output (the usual case), results need no case analysis.
-        self._results = program.results  # (the plan builds them on each access)
+        self._results, self._homes = _homed(program.results, program.plan.memory.spare_donors, program.arg_types,
+                                            len(program.plan.graph.constvars))
+        # A donated argument's buffer becomes a result, which the next call must not overwrite.
+        self._unstaged = {r.slot for r in self._results if r.kind == "donated"}
         self._plain_results = plain_outputs(self._results)
         self._copy = drv.load().cuMemcpyDtoDAsync
 
@@ -275,7 +285,9 @@ class CudaExecutable:
         return sum(step.dependent is not None for step in self._steps)
 
     # --- arguments ---------------------------------------------------------------------------
-    def _to_device(self, i: int, a: Any, t: TensorType) -> DeviceBuffer:
+    def _to_device(self, i: int, a: Any, t: TensorType, staged: list[tuple[DeviceBuffer, np.ndarray]]) -> DeviceBuffer:
+        """Argument `i` as a device buffer. A small host value goes into argument i's staging
+        buffer, and (buffer, value) onto `staged` for the call to copy in."""
         buf = a if isinstance(a, DeviceBuffer) else None
         if buf is not None and buf.stream.ctx is self.ctx:
             if buf.shape != t.shape or (buf.dtype is not t.dtype and buf.dtype != t.dtype):
@@ -286,6 +298,13 @@ class CudaExecutable:
         if x.shape != t.shape:
             raise BackendError(f"cuda: argument {i} of {self.name} has shape {x.shape}; the program "
                                f"was compiled for {t}")
+        if t.nbytes <= STAGED_BYTES and i not in self._unstaged:
+            slot = self._staging.get(i)
+            if slot is None:
+                slot = self._staging[i] = DeviceBuffer(t.shape, t.dtype, self.stream)
+                slot.mark_pending(self.stream)
+            staged.append((slot, np.ascontiguousarray(x)))
+            return slot
         with profiler.span("copy", f"upload {t}"):
             return DeviceBuffer.from_numpy(x, self.ctx.copy_stream)
 
@@ -298,11 +317,12 @@ class CudaExecutable:
         buffers: list[DeviceBuffer] = []
         key: list[int] = []  # what a graph depends on: the arguments' and the outputs' addresses
         unordered: list[DeviceBuffer] = []  # arguments stream 0 is not yet ordered after
+        staged: list[tuple[DeviceBuffer, np.ndarray]] = []  # host values to copy in on stream 0
         for a, (shape, dtype) in zip(args, self._arg_specs):
             buf = a if a.__class__ is DeviceBuffer else None  # the usual case, checked inline
             if buf is None or buf.shape != shape or buf.dtype is not dtype or buf.stream.ctx is not ctx:
                 i = len(buffers)
-                buf = self._to_device(i, a, program.arg_types[i])
+                buf = self._to_device(i, a, program.arg_types[i], staged)
             buffers.append(buf)
             key.append(buf.ptr)
             if buf.waited_on is not s0 and (buf.written_on is not s0 or buf.stream is not s0):
@@ -316,7 +336,11 @@ class CudaExecutable:
             for buf in outputs:  # written next by the kernels, not by the fill
                 buf.mark_pending(s0)
         prof = profiler.active()
-        with ctx.enqueue_lock:
+        with ctx.enqueue_lock:  # another thread's call stages its values only after this one's launch
+            for slot, value in staged:
+                with device_span(s0, "copy", f"upload {slot.dtype}{list(slot.shape)}", bytes=slot.nbytes) \
+                        if prof is not None else nullcontext():
+                    upload(slot.ptr, value, s0)
             if prof is not None or not self.use_graphs or not self._replay(tuple(key), buffers, outputs, unordered):
                 self.graph_stats.direct += 1
                 self._enqueue(self._bases(buffers, outputs), buffers, prof)
@@ -390,6 +414,10 @@ class CudaExecutable:
             self._run_step(step, bases, buffers, prof)
         for stream, event in self._joins:
             s0.wait(event.record(stream))
+        n_args = len(self._arg_specs)
+        for slot, donor, nbytes in self._homes:
+            drv.check(self._copy(bases[donor], bases[n_args + slot], nbytes, s0.handle), "cuMemcpyDtoDAsync",
+                      f"{self.name}: output {slot} into the buffer of donated argument {donor}")
 
     def run_steps(self, steps: list[_Step], bases: list[int]) -> None:
         """Queue `steps` alone (a variant being timed), on the streams they name."""
@@ -506,6 +534,30 @@ def device_copy(value: Any) -> DeviceBuffer:
         return DeviceBuffer.from_numpy(np.asarray(value))
     stream = value.stream
     return _DeviceMemory(stream, drv.load().cuMemcpyDtoDAsync).copy(value, TensorType(value.shape, value.dtype))
+
+
+def _homed(results: list[Result], spare: Sequence[int], arg_types: Sequence[TensorType], n_consts: int
+           ) -> tuple[list[Result], list[tuple[int, int, int]]]:
+    """The results with each fresh output that has a spare donor of its type moved into that
+    donor's buffer at the end of the call (the donor at the result's own position if it can),
+    and those moves (output slot, argument, bytes).
+    A training step whose updated state all comes back in donated buffers calls with the same
+    addresses every time (its buffers permute among the argument positions, a cycle), so its
+    graphs replay; a state value in a fresh buffer would, as the next call's donated argument,
+    become the home of another output and keep its call's output block alive, so that every
+    call's outputs land at new addresses."""
+    free = list(spare)
+    homed, moves = [], []
+    for j, r in enumerate(results):
+        fitting = [d for d in free if arg_types[d] == r.type] if r.kind == "output" else []
+        donor = n_consts + j if n_consts + j in fitting else next(iter(fitting), None)
+        if donor is None:
+            homed.append(r)
+            continue
+        free.remove(donor)
+        moves.append((r.slot, donor, r.type.nbytes))
+        homed.append(Result("donated", donor, r.type))
+    return homed, moves
 
 
 class _DeviceMemory:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Iterable, Sequence
 
 from glue.ir import Graph, TensorType, Var
 from glue.scheduler.kernel_ir import Kernel, Load, loads_under
@@ -42,6 +42,8 @@ class MemoryPlan:
     output_bytes: int
     naive_bytes: int
     lifetimes: dict[int, tuple[int, int]]
+    # Donated argument slots whose buffers no output took: free once a call's kernels are done.
+    spare_donors: tuple[int, ...] = ()
 
     @property
     def peak_bytes(self) -> int:
@@ -84,6 +86,10 @@ def _align(n: int) -> int:
     return (n + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
 
 
+# The store levels at which each kind of kernel may write over an input it reads only there.
+_IN_PLACE_LEVELS = {"pointwise": ("element",), "reduction": ("element", "row"), "contraction": ("row",)}
+
+
 def reads_only_where_written(kernel: Kernel, input_slot: int, output_slot: int,
                              loads: Sequence[Load] | None = None) -> bool:
     """True when the kernel reads input `input_slot` only at the points it writes output
@@ -94,11 +100,12 @@ def reads_only_where_written(kernel: Kernel, input_slot: int, output_slot: int,
     element once, after the element's sum, and keeps the sum itself apart from the outputs.
     Several outputs may each take an input this way, crossed (a new first moment over the old
     second moment): every backend computes all the values it stores at a point before it
-    stores any of them. `loads` are the kernel's loads, when already known."""
+    stores any of them. A reduction's row-level store (the update fused after a bias gradient)
+    is the contraction's case again: a row's stores follow all of its folds, wherever they ran,
+    and a fold of that row may read the input there too (the bias inside the gradient it
+    sums); no other row reads it. `loads` are the kernel's loads, when already known."""
     stores = [s for s in kernel.stores if s.output == output_slot]
-    level = "row" if kernel.kind == "contraction" else "element"
-    if kernel.kind not in ("pointwise", "reduction", "contraction") or len(stores) != 1 \
-            or stores[0].mode != "set" or stores[0].level != level:
+    if len(stores) != 1 or stores[0].mode != "set" or stores[0].level not in _IN_PLACE_LEVELS.get(kernel.kind, ()):
         return False
     if kernel.kind == "contraction" and any(ld.input == input_slot
                                             for ld in loads_under(r.value for r in kernel.reductions)):
@@ -136,20 +143,34 @@ def plan_memory(graph: Graph, kernels: Sequence[Kernel], donated: Sequence[int] 
     donors = {graph.invars[i].id: len(graph.constvars) + i for i in donated if graph.invars[i].id not in returned}
     loads = _Loads(kernels)
     # Outputs first take a donor their own kernel reads where it writes (a weight update takes
-    # the old weight's buffer), then any donor dead by then: taken greedily in output order, a
-    # donor one output could have had in place may go to another that only needed it free.
-    chosen: dict[int, int] = {}
-    for own in (True, False):
-        for vid in output_ids:
-            if vid in chosen:
-                continue
-            k = produced[vid]
-            read = {b.value_id for b in kernels[k].inputs}
-            donor = next((d for d, slot in donors.items() if (d in read) == own
-                          and args[slot].type.nbytes == types[vid].nbytes
-                          and _free_by(d, vid, kernels, users, k, order, loads)), None)
-            if donor is not None:
-                chosen[vid] = donors.pop(donor)
+    # the old weight's buffer): as many as can, matched, then any donor dead by then, greedily
+    # in output order. Each output prefers the donor at its own position (the step returning
+    # (params, m, v) for arguments (params, m, v, ...)): a training loop then passes every
+    # value back at the address it came from, and a backend that keys a replay by the
+    # addresses (a CUDA graph) replays it; crossed, they would permute from call to call.
+    def fits(d: int, vid: int) -> bool:
+        return args[donors[d]].type.nbytes == types[vid].nbytes and \
+            _free_by(d, vid, kernels, users, produced[vid], order, loads)
+
+    def preferred(vid: int, ids: Iterable[int]) -> list[int]:
+        ids = list(dict.fromkeys(ids))
+        return sorted(ids, key=lambda d: d != same_place.get(vid))
+
+    position = {}
+    for j, a in enumerate(graph.outvars):
+        if isinstance(a, Var):
+            position.setdefault(a.id, j)
+    same_place = {vid: graph.invars[j].id for vid, j in position.items() if j < len(graph.invars)}
+    reading = {vid: [b.value_id for b in kernels[produced[vid]].inputs] for vid in output_ids}
+    chosen = {vid: donors[d] for vid, d in _matching(
+        {vid: [d for d in preferred(vid, reading[vid]) if d in donors and fits(d, vid)] for vid in output_ids}).items()}
+    for slot in chosen.values():
+        del donors[args[slot].id]
+    for vid in output_ids:
+        donor = None if vid in chosen else \
+            next((d for d in preferred(vid, donors) if d not in reading[vid] and fits(d, vid)), None)
+        if donor is not None:
+            chosen[vid] = donors.pop(donor)
     n_fresh = 0  # fresh output buffers are numbered without gaps: donated outputs take none
     for vid in output_ids:
         if vid in chosen:
@@ -165,7 +186,40 @@ def plan_memory(graph: Graph, kernels: Sequence[Kernel], donated: Sequence[int] 
         placements, arena[1], sum(v.type.nbytes for v in args),
         sum(types[v].nbytes for v in output_ids if placements[v].kind == "output"),
         sum(v.type.nbytes for v in args) + sum(v.type.nbytes for e in graph.eqns for v in e.outvars),
-        lifetimes)
+        lifetimes, tuple(sorted(donors.values())))
+
+
+def _matching(candidates: dict[int, list[int]]) -> dict[int, int]:
+    """A largest matching of outputs to donors (`candidates`: output -> the donors it may take,
+    preferred first; a donor goes to one output): augmenting paths, each found breadth first."""
+    match: dict[int, int] = {}  # output -> donor
+    owner: dict[int, int] = {}  # donor -> output
+    for start in candidates:
+        reached_from: dict[int, int] = {}  # donor -> the output whose candidates reached it
+        frontier, seen, free = [start], {start}, None
+        while frontier and free is None:
+            following = []
+            for out in frontier:
+                for d in candidates[out]:
+                    if d in reached_from:
+                        continue
+                    reached_from[d] = out
+                    if d not in owner:
+                        free = d
+                        break
+                    if owner[d] not in seen:
+                        seen.add(owner[d])
+                        following.append(owner[d])
+                if free is not None:
+                    break
+            frontier = following
+        d = free
+        while d is not None:  # along the path back to `start`, each output takes the next donor
+            out = reached_from[d]
+            previous = match.get(out)
+            match[out], owner[d] = d, out
+            d = previous
+    return match
 
 
 class _Loads:

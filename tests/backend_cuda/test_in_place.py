@@ -28,13 +28,13 @@ needs_cc = pytest.mark.skipif(not emulator.available(), reason="the emulator nee
 
 
 def adamw(grad, p, m, v):
-    """One AdamW update from `grad`, returning (m, v, p): each new value reads all three old
-    ones, and taking the donors greedily in that order, the new first moment takes the old
-    weight's buffer."""
+    """One AdamW update from `grad`, returning (m, p, v): each new value reads all three old
+    ones; the kernel reads them m, v, p, and with its outputs matched to donors in the order
+    m, p, v, the new weight takes the old second moment's buffer."""
     m = 0.9 * m + 0.1 * grad
     v = 0.95 * v + 0.05 * grad * grad
     p = p - 3e-3 * (m / (gnp.sqrt(v) + 1e-8) + 0.1 * p)
-    return m, v, p
+    return m, p, v
 
 
 def weight_update(x, dy, p, m, v):
@@ -52,12 +52,20 @@ def row_update(g, p, m, v):
     return adamw(g / norm, p, m, v)
 
 
+def column_update(x, dy, p, m, v):
+    """A bias gradient with the update fused after it (a reduction's row-level stores), the
+    bias read inside the sum it updates from (as a GELU's backward reads its bias)."""
+    return adamw(gnp.sum(dy * gnp.tanh(x + p), axis=0), p, m, v)
+
+
 def _arguments(update, rows: int, cols: int, dtype, seed: int) -> list[np.ndarray]:
     rng = np.random.default_rng(seed)
 
     def normal(*shape):
         return rng.standard_normal(shape).astype(np.float32).astype(dtype)
 
+    if update is column_update:
+        return [normal(rows, cols), normal(rows, cols), normal(cols), normal(cols) * 0.1, np.abs(normal(cols)) + 0.5]
     state = [normal(rows, cols), normal(rows, cols) * 0.1, np.abs(normal(rows, cols)) + 0.5]
     if update is weight_update:
         tokens = 24
@@ -79,22 +87,23 @@ def _check(closed, args, got, label):
 
 
 def _crossed(low) -> bool:
-    """Whether some output (m, v, p) took the buffer of a donated input (p, m, v) other than
+    """Whether some output (m, p, v) took the buffer of a donated input (p, m, v) other than
     its own old value."""
     plan = low["llvm"].plan
     graph = plan.graph
     n = len(graph.constvars) + len(graph.invars)
-    own = (n - 2, n - 1, n - 3)
+    own = (n - 2, n - 3, n - 1)
     placed = [plan.memory.placements[v.id] for v in graph.outvars]
     return any(p.kind == "donated" and p.slot != mine for p, mine in zip(placed, own))
 
 
-UPDATES = {"contraction": weight_update, "pointwise": pointwise_update, "rows": row_update}
+UPDATES = {"contraction": weight_update, "pointwise": pointwise_update, "rows": row_update,
+           "columns": column_update}
 SHAPES = st.tuples(st.sampled_from([1, 3, 16, 33, 64]), st.sampled_from([1, 5, 8, 40, 128]))
 
 
 @needs_cc
-@settings(max_examples=12)
+@settings(max_examples=16)
 @given(kind=st.sampled_from(sorted(UPDATES)), shape=SHAPES, dtype=st.sampled_from([np.float32, BF16]),
        tile=st.sampled_from([None, "64x64x32/2x2"]), seed=st.integers(0, 2 ** 16))
 def test_updates_with_donated_state_match_the_reference_on_the_emulator(kind, shape, dtype, tile, seed):
@@ -120,6 +129,15 @@ def test_the_fused_adamw_crosses_its_donors_and_still_matches():
         assert _crossed(low)
         _check(closed, flat, emulator.run_program(low["llvm"], [np.array(a) for a in flat], variant="codegen"),
                f"tile {tile}")
+
+
+def test_a_fused_bias_update_writes_all_its_state_over_its_donors():
+    """p is read inside the fold (at the row it updates), m and v only after it: all three
+    new values take donated buffers, none a fresh one."""
+    args = _arguments(column_update, 64, 96, np.float32, 0)
+    closed, _, donated = _closed(column_update, args)
+    plan = CudaBackend().lower(closed.graph, arch="sm_90", donated=donated)["plan"]
+    assert [r.kind for r in plan.results()] == ["donated"] * 3, plan.as_text("memory")
 
 
 @pytest.mark.parametrize("kind", sorted(UPDATES))

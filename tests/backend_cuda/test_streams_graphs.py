@@ -28,7 +28,8 @@ EXAMPLES = int(os.environ.get("GLUE_CUDA_EXAMPLES", "200")) // 2
 def test_replayed_graphs_and_direct_launches_match_the_reference(data):
     graph = data.draw(programs(dtypes=(dt.float32, dt.int32, dt.bfloat16), max_eqns=12, max_side=6))
     inputs = [device_put(a).buffer for a in data.draw(graph_inputs(graph))]
-    exe = CudaBackend().lower(graph, name="random").compile()
+    streams = data.draw(st.sampled_from([1, 4]), label="streams")
+    exe = CudaBackend().lower(graph, name="random", streams=streams).compile()
     exe.poison = 0xFF
     exe.use_graphs = False
     assert_matches_reference(graph, inputs, exe(*inputs), "direct launches")
@@ -51,7 +52,7 @@ def test_independent_branches_run_on_two_streams_and_replay():
     rng = np.random.default_rng(0)
     a = rng.standard_normal((64, 64)).astype(np.float32)
     b = rng.standard_normal((32, 128)).astype(np.float32)
-    f = glue.jit(_branches, backend="cuda")
+    f = glue.jit(_branches, backend="cuda", backend_options={"streams": 2})
     da, db = device_put(a), device_put(b)
     for _ in range(5):
         out = f(da, db)
@@ -117,8 +118,54 @@ def test_a_training_loop_replays_its_graph_and_matches_the_reference(donate):
     assert exe.dependent_launches > 0  # its chain of kernels launches early on sm_90
 
 
+def _scaled_step(w, lr, t, bias):
+    return w - lr * gnp.tanh(w @ w) / t + bias
+
+
+def test_host_scalars_that_change_every_call_replay_one_graph():
+    """An optimizer step's learning rate and step count arrive as host values each call: they
+    are copied into buffers the executable keeps, so the addresses (and the graph) stay."""
+    rng = np.random.default_rng(3)
+    w0 = rng.standard_normal((64, 64)).astype(np.float32) * 0.1
+    bias = np.zeros(64, np.float32)
+    step = glue.jit(_scaled_step, backend="cuda", donate_argnums=(0,))
+    ref = glue.jit(_scaled_step, backend="reference")
+    w, want = device_put(w0), w0
+    for t in range(1, 9):
+        lr, bias = np.float32(0.5 / t), bias + np.float32(0.01 * t)
+        w = step(w, lr, np.float32(t), bias)
+        want = ref(want, lr, np.float32(t), bias)
+    np.testing.assert_allclose(np.asarray(w), np.asarray(want), rtol=1e-4, atol=1e-5)
+    stats = next(iter(step._compiled.values())).executable.graph_stats
+    assert stats.replays >= 5 and stats.direct == 0, stats
+
+
+def test_an_output_that_cannot_take_its_donor_comes_back_in_it_and_the_loop_replays():
+    """A transpose cannot write over what it reads: it writes a fresh buffer, which moves into
+    the donor's at the end of the call, so the loop's addresses stay and its graph replays."""
+    x0 = np.arange(48 * 48, dtype=np.float32).reshape(48, 48)
+    f = glue.jit(lambda x: gnp.transpose(x) + 1.0, backend="cuda", donate_argnums=(0,))
+    x = device_put(x0)
+    first = x.buffer.ptr
+    for _ in range(7):
+        x = f(x)
+    np.testing.assert_array_equal(np.asarray(x), x0.T + 7.0)
+    exe = next(iter(f._compiled.values())).executable
+    assert exe._homes and x.buffer.ptr == first
+    assert exe.graph_stats.replays >= 5 and exe.graph_stats.direct == 0, exe.graph_stats
+
+
+def test_a_donated_host_value_is_not_overwritten_by_the_next_call():
+    f = glue.jit(lambda x, y: (x * 2.0, y + 1.0), backend="cuda", donate_argnums=(0,))
+    first = f(np.full(16, 1.0, np.float32), np.float32(1.0))
+    second = f(np.full(16, 5.0, np.float32), np.float32(7.0))
+    np.testing.assert_array_equal(np.asarray(first[0]), np.full(16, 2.0, np.float32))
+    np.testing.assert_array_equal(np.asarray(second[0]), np.full(16, 10.0, np.float32))
+    assert float(first[1]) == 2.0 and float(second[1]) == 8.0
+
+
 def test_profile_shows_the_kernels_of_each_stream(tmp_path):
-    f = glue.jit(_branches, backend="cuda")
+    f = glue.jit(_branches, backend="cuda", backend_options={"streams": 2})
     a, b = np.ones((64, 64), np.float32), np.ones((32, 128), np.float32)
     path = tmp_path / "trace.json"
     with glue.profile(str(path)):
@@ -132,8 +179,9 @@ def test_profile_shows_the_kernels_of_each_stream(tmp_path):
     assert len(kernels) == 2 * len(next(iter(f._compiled.values())).kernels)
     assert {tracks[e["tid"]] for e in kernels} == {"compute 0", "compute 1"}
     copies = [e for e in trace if e["ph"] == "X" and e["cat"] == "copy" and e["pid"] == 2]
-    assert {tracks[e["tid"]] for e in copies} == {"copy h2d", "copy d2h"}
-    assert len([e for e in copies if tracks[e["tid"]] == "copy h2d"]) == 2 * 2  # a and b, each call
+    # a and b, each call: small host values are copied in on the program's stream (staged)
+    assert {tracks[e["tid"]] for e in copies} == {"compute 0", "copy d2h"}
+    assert len([e for e in copies if e["name"].startswith("upload")]) == 2 * 2
     assert all(e["dur"] > 0 for e in kernels)
     host = {e["cat"] for e in trace if e["ph"] == "X" and e["pid"] == 1}
     assert {"compile", "call", "copy"} <= host
@@ -172,7 +220,7 @@ def test_a_failed_capture_falls_back_to_direct_launches(monkeypatch, caplog):
         raise CudaError("cuStreamBeginCapture", 900)
 
     monkeypatch.setattr(executor, "capture", refuse)
-    f = glue.jit(_branches, backend="cuda")
+    f = glue.jit(_branches, backend="cuda", backend_options={"streams": 2})
     a, b = np.ones((8, 8), np.float32), np.ones((4, 8), np.float32)
     with caplog.at_level("WARNING", logger="glue"):
         out = f(a, b)
