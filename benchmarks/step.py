@@ -220,6 +220,10 @@ def glue_step(cfg: Config, backend: str, bf16: bool) -> Result:
         choices = list(getattr(next(iter(jitted._compiled.values())).executable, "gemm_choices", {}).values())
         print(f"glue contractions: {choices.count('library')} on cuBLASLt, {choices.count('codegen')} on "
               f"glue's own kernels", flush=True)
+        memory = jitted_memory(jitted)
+        print(f"glue memory: {memory.report(0).splitlines()[0]}; the allocator's peak {peak:.1f} MiB, "
+              f"{peak - (memory.peak_bytes + memory.scratch_bytes) / 2 ** 20:+.1f} beside the plan's peak and scratch",
+              flush=True)
     return Result("glue", ms, compile_s, peak, final)
 
 
@@ -339,6 +343,11 @@ def torch_step(cfg: Config, bf16: bool, compiled: bool) -> Result:
     ms = _timed_loops(run, lambda loss: torch.cuda.synchronize(), STEPS)
     peak = torch.cuda.max_memory_allocated() / 2 ** 20
     return Result("torch.compile" if compiled else "torch eager", ms, compile_s, peak, final)
+
+
+def jitted_memory(jitted: Any) -> Any:
+    """The MemoryAnalysis of a glue step's executable (its plan, and what it holds on the device)."""
+    return next(iter(jitted._compiled.values())).executable.memory_analysis()
 
 
 GLUE_STEPS: list[Any] = []  # the jitted steps glue_step made, for `breakdown`

@@ -458,7 +458,13 @@ class CudaExecutable:
 
     # --- analyses ----------------------------------------------------------------------------
     def memory_analysis(self) -> MemoryAnalysis:
-        return analyse_memory(self.program.plan)
+        """The plan's memory, with scratch the device memory this executable holds besides its
+        arena: each stream's scratch region, the counters, cuBLASLt's workspaces, the staging
+        buffers of host arguments and its call kernels' regions (constants, carries)."""
+        held = self._scratch + [self._counters] + list(self._workspaces.values()) + \
+            list(self._staging.values()) + self._regions
+        distinct = {id(b): b for b in held if b is not None}  # a body's arena serves several regions
+        return analyse_memory(self.program.plan, sum(b.nbytes for b in distinct.values()))
 
     def cost_analysis(self) -> CostAnalysis:
         return self._cost

@@ -21,6 +21,9 @@ from glue.backend.cache import DiskCache, digest
 from glue.errors import BackendError
 from glue.backend_cuda.runtime.device_array import DeviceBuffer
 from glue.backend_cuda.runtime.stream import Event
+from glue.backend_cuda.runtime.transfer import upload
+from glue.ir import TensorType
+from glue.scheduler.memory import ALIGNMENT
 from glue.settings import config
 
 if TYPE_CHECKING:
@@ -98,37 +101,74 @@ def _library_fails(exe: "CudaExecutable", program: "CudaProgram", group: int) ->
     return None
 
 
-def _random_buffer(shape: tuple[int, ...], dtype: Any, rng: np.random.Generator, stream: Any) -> DeviceBuffer:
-    numpy = dtype.numpy
-    if dtype.is_float:
-        values = rng.standard_normal(shape, dtype=np.float32).astype(numpy)
-    else:
-        values = rng.integers(0, 2 if dtype.kind == "bool" else 16, shape).astype(numpy)
-    return DeviceBuffer.from_numpy(values, stream)
+def _random_values(t: TensorType, rng: np.random.Generator) -> np.ndarray:
+    numpy = t.dtype.numpy
+    if t.dtype.is_float:
+        return rng.standard_normal(t.shape, dtype=np.float32).astype(numpy)
+    return rng.integers(0, 2 if t.dtype.kind == "bool" else 16, t.shape).astype(numpy)
 
 
-class _Absent:
-    """A place no raced launch touches: address 0."""
+class _Place:
+    """A device address standing in for an argument or output in a race (0: none touches it)."""
 
-    ptr = 0
+    def __init__(self, ptr: int = 0):
+        self.ptr = ptr
+
+
+class _ArenaSpace:
+    """The arena bytes the raced plan kernel's own values do not use, handed out first fit: the
+    race's stand-ins for arguments and outputs live there, so racing takes no memory beside
+    the program's own (the arena is free while the program loads)."""
+
+    def __init__(self, exe: "CudaExecutable", program: "CudaProgram", group: int):
+        kernel, placements = program.plan.kernels[group], program.plan.memory.placements
+        used = sorted((p.slot, p.slot + p.type.nbytes) for b in kernel.inputs + kernel.outputs
+                      if (p := placements.get(b.value_id)) is not None and p.kind == "arena")
+        self.base = exe.arena.ptr if exe.arena is not None else 0
+        self.free: list[list[int]] = []
+        cursor = 0
+        for lo, hi in used + [(program.arena_bytes, program.arena_bytes)]:
+            if lo > cursor:
+                self.free.append([cursor, lo])
+            cursor = max(cursor, hi)
+
+    def take(self, nbytes: int) -> int | None:
+        """The address of `nbytes` of free arena (256-byte aligned), or None."""
+        for gap in self.free:
+            start = -(-gap[0] // ALIGNMENT) * ALIGNMENT
+            if start + nbytes <= gap[1]:
+                gap[0] = start + nbytes
+                return self.base + start
+        return None
 
 
 def race(exe: "CudaExecutable", program: "CudaProgram", group: int, rng: np.random.Generator) -> dict[str, float]:
     """Microseconds per run of each variant of plan kernel `group` (median of RUNS event-timed
     runs after WARMUP), every launch on the executable's first stream. The arguments and outputs
     the variants touch are made for the race, random (a GPT step's arguments are hundreds of
-    megabytes, and each product reads a few of them); intermediates are in the arena."""
+    megabytes, and each product reads a few of them), in arena space the kernel's own
+    intermediates leave free."""
     stream = exe.stream
     steps = {variant: exe._build_steps(program, [l for l in program.launches
                                                  if l.group == group and l.variant == variant])
              for variant in ("codegen", "library")}
     touched = {base for variant_steps in steps.values() for step in variant_steps
                for base, _ in step.sources + ((step.copy[0], step.copy[1]) if step.copy else ())}
+    space = _ArenaSpace(exe, program, group)
+
+    def stand_in(t: TensorType, values: np.ndarray | None) -> _Place | DeviceBuffer:
+        ptr = space.take(t.nbytes)
+        if ptr is None:  # no room in the arena: a buffer of its own
+            return DeviceBuffer.from_numpy(values, stream) if values is not None else \
+                DeviceBuffer(t.shape, t.dtype, stream)
+        if values is not None:
+            upload(ptr, values, stream)
+        return _Place(ptr)
+
     n_args = len(program.arg_types)
-    args = [_random_buffer(t.shape, t.dtype, rng, stream) if i in touched else _Absent()
+    args = [stand_in(t, _random_values(t, rng)) if i in touched else _Place()
             for i, t in enumerate(program.arg_types)]
-    outs = [DeviceBuffer(t.shape, t.dtype, stream) if n_args + j in touched else _Absent()
-            for j, t in enumerate(program.output_types)]
+    outs = [stand_in(t, None) if n_args + j in touched else _Place() for j, t in enumerate(program.output_types)]
     bases = exe._bases(args, outs)
     exe.ctx.synchronize()
     times = {}
