@@ -107,10 +107,9 @@ _FLAGS: tuple[Flag, ...] = (
     # the cuda backend
     Flag("cuda_graphs", True, _bool, "capture each program as a CUDA graph and replay it"),
     Flag("cuda_pdl", True, _bool, "programmatic dependent launches on sm_90"),
-    # One stream by default: on the H200, the GPT-2-width training step on four streams held
-    # 370 MiB more (a value a side stream reads stays reserved until the main stream waits for
-    # that stream) and ran 3-5% faster; the d=256 step ran 10-70% slower on four (benchmarks/RESULTS.md).
-    Flag("cuda_streams", 1, _int, "at most how many streams a program's independent kernels spread over"),
+    Flag("cuda_streams", 4, _int,
+         "at most how many streams a program's independent kernels spread over (fewer where more "
+         "would hold much more memory: glue/backend/contract.py)"),
     Flag("cuda_poison", None, _optional_int, "fill outputs and the arena with this byte before each call"),
     Flag("cuda_launch_blocking", False, _bool, "synchronise after every launch (faults name their kernel)"),
     Flag("arch", None, _text, "PTX target when lowering for cuda (default: the GPU's, else sm_90)"),

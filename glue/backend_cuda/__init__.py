@@ -24,6 +24,7 @@ from glue.backend_cuda.runtime import driver
 from glue.codegen.analysis import estimate_cost
 from glue.errors import GlueError
 from glue.ir import Graph
+from glue.scheduler.streams import MAX_STREAMS
 from glue.settings import config
 
 
@@ -46,15 +47,15 @@ def default_arch() -> str:
 class CudaOptions(Options):
     """arch: the PTX target; gemm: who may serve contractions ("auto" races glue's kernels
     against cuBLASLt, "library" and "codegen" force one); streams: at most how many streams the
-    program's independent kernels spread over (glue.config.cuda_streams, one unless asked; the
-    body of a call kernel runs on one, its caller's);
+    program's independent kernels spread over (glue.config.cuda_streams; one where more would
+    hold much more memory; the body of a call kernel runs on one, its caller's);
     aligned: every operand starts 16-byte aligned (a call kernel's body reads and writes slices
     of its caller's buffers, a scan's step t at t times a slice's bytes: no vector access)."""
 
     arch: str = DEFAULT_ARCH
     opt_level: int = 3
     gemm: str = "auto"
-    streams: int = 1
+    streams: int = MAX_STREAMS
     aligned: bool = True
 
     def __post_init__(self) -> None:

@@ -544,19 +544,19 @@ def device_copy(value: Any) -> DeviceBuffer:
 
 def _homed(results: list[Result], spare: Sequence[int], arg_types: Sequence[TensorType], n_consts: int
            ) -> tuple[list[Result], list[tuple[int, int, int]]]:
-    """The results with each fresh output that has a spare donor of its type moved into that
-    donor's buffer at the end of the call (the donor at the result's own position if it can),
-    and those moves (output slot, argument, bytes).
-    A training step whose updated state all comes back in donated buffers calls with the same
-    addresses every time (its buffers permute among the argument positions, a cycle), so its
-    graphs replay; a state value in a fresh buffer would, as the next call's donated argument,
-    become the home of another output and keep its call's output block alive, so that every
-    call's outputs land at new addresses."""
+    """The results with some fresh outputs moved into spare donors of their type at the end of
+    the call, and those moves (output slot, argument, bytes): each fresh output whose own
+    position's donated buffer another output took. A training loop passes results back at
+    their positions; such a value in a fresh buffer would, as the next call's donated argument,
+    become the home of another output, keep its call's output block alive, and so land every
+    call's outputs at new addresses, where no graph replays. (A fresh output whose position's
+    donor is spare comes back free at the next call, and the output blocks alternate.)"""
+    taken = {r.slot for r in results if r.kind == "donated"}
     free = list(spare)
     homed, moves = [], []
     for j, r in enumerate(results):
-        fitting = [d for d in free if arg_types[d] == r.type] if r.kind == "output" else []
-        donor = n_consts + j if n_consts + j in fitting else next(iter(fitting), None)
+        fitting = [d for d in free if arg_types[d] == r.type] if r.kind == "output" and n_consts + j in taken else []
+        donor = next(iter(fitting), None)
         if donor is None:
             homed.append(r)
             continue
