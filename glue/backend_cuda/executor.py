@@ -67,7 +67,7 @@ from glue.errors import BackendError
 from glue.ir import TensorType
 from glue.scheduler.calls import Ref, run_call
 from glue.scheduler.plan import Result
-from glue.scheduler.memory import ALIGNMENT
+from glue.scheduler.memory import ALIGNMENT, own_donors
 from glue.settings import config
 
 log = logging.getLogger("glue")
@@ -173,8 +173,7 @@ class CudaExecutable:
             out_bytes += -(-t.nbytes // ALIGNMENT) * ALIGNMENT
         self._slabs = SlabPool(self.ctx.allocator, out_bytes, self.stream)
         # When every result is a fresh output (the usual case), results need no case analysis.
-        self._results, self._homes = _homed(program.results, program.plan.memory.spare_donors, program.arg_types,
-                                            len(program.plan.graph.constvars))
+        self._results, self._homes = _homed(program.results, program.plan.memory.spare_donors, program.arg_types)
         # A donated argument's buffer becomes a result, which the next call must not overwrite.
         self._unstaged = {r.slot for r in self._results if r.kind == "donated"}
         self._plain_results = plain_outputs(self._results)
@@ -542,20 +541,23 @@ def device_copy(value: Any) -> DeviceBuffer:
     return _DeviceMemory(stream, drv.load().cuMemcpyDtoDAsync).copy(value, TensorType(value.shape, value.dtype))
 
 
-def _homed(results: list[Result], spare: Sequence[int], arg_types: Sequence[TensorType], n_consts: int
+def _homed(results: list[Result], spare: Sequence[int], arg_types: Sequence[TensorType]
            ) -> tuple[list[Result], list[tuple[int, int, int]]]:
     """The results with some fresh outputs moved into spare donors of their type at the end of
     the call, and those moves (output slot, argument, bytes): each fresh output whose own
-    position's donated buffer another output took. A training loop passes results back at
-    their positions; such a value in a fresh buffer would, as the next call's donated argument,
-    become the home of another output, keep its call's output block alive, and so land every
-    call's outputs at new addresses, where no graph replays. (A fresh output whose position's
-    donor is spare comes back free at the next call, and the output blocks alternate.)"""
+    donor (`own_donors`, as the memory plan pairs them) another output took. A training loop
+    passes results back where it took them from; such a value in a fresh buffer would, as the
+    next call's donated argument, become the home of another output, keep its call's output
+    block alive, and so land every call's outputs at new addresses, where no graph replays. (A
+    fresh output whose own donor is spare comes back free at the next call, and the output
+    blocks alternate.)"""
     taken = {r.slot for r in results if r.kind == "donated"}
     free = list(spare)
+    own = own_donors(range(len(results)), {j: r.type for j, r in enumerate(results)},
+                     [(d, arg_types[d]) for d in sorted(taken | set(spare))])
     homed, moves = [], []
     for j, r in enumerate(results):
-        fitting = [d for d in free if arg_types[d] == r.type] if r.kind == "output" and n_consts + j in taken else []
+        fitting = [d for d in free if arg_types[d] == r.type] if r.kind == "output" and own.get(j) in taken else []
         donor = next(iter(fitting), None)
         if donor is None:
             homed.append(r)

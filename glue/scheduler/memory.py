@@ -144,23 +144,21 @@ def plan_memory(graph: Graph, kernels: Sequence[Kernel], donated: Sequence[int] 
     loads = _Loads(kernels)
     # Outputs first take a donor their own kernel reads where it writes (a weight update takes
     # the old weight's buffer): as many as can, matched, then any donor dead by then, greedily
-    # in output order. Each output prefers the donor at its own position (the step returning
-    # (params, m, v) for arguments (params, m, v, ...)): a training loop then passes every
-    # value back at the address it came from, and a backend that keys a replay by the
-    # addresses (a CUDA graph) replays it; crossed, they would permute from call to call.
+    # in output order. Each output prefers its own donor: the k-th output of a type the k-th
+    # donated argument of that type (a step returning its new (params, m, v) in the order it
+    # took them). A training loop then passes every value back at the address it came from,
+    # and a backend that keys a replay by the addresses (a CUDA graph) replays it; crossed,
+    # they would permute from call to call.
+    same_place = own_donors(output_ids, types, [(d, args[slot].type) for d, slot in donors.items()])
+
     def fits(d: int, vid: int) -> bool:
         return args[donors[d]].type.nbytes == types[vid].nbytes and \
             _free_by(d, vid, kernels, users, produced[vid], order, loads)
 
     def preferred(vid: int, ids: Iterable[int]) -> list[int]:
-        ids = list(dict.fromkeys(ids))
-        return sorted(ids, key=lambda d: d != same_place.get(vid))
+        """`ids` once each, the donor at `vid`'s own position first."""
+        return sorted(dict.fromkeys(ids), key=lambda d: d != same_place.get(vid))
 
-    position = {}
-    for j, a in enumerate(graph.outvars):
-        if isinstance(a, Var):
-            position.setdefault(a.id, j)
-    same_place = {vid: graph.invars[j].id for vid, j in position.items() if j < len(graph.invars)}
     reading = {vid: [b.value_id for b in kernels[produced[vid]].inputs] for vid in output_ids}
     chosen = {vid: donors[d] for vid, d in _matching(
         {vid: [d for d in preferred(vid, reading[vid]) if d in donors and fits(d, vid)] for vid in output_ids}).items()}
@@ -187,6 +185,21 @@ def plan_memory(graph: Graph, kernels: Sequence[Kernel], donated: Sequence[int] 
         sum(types[v].nbytes for v in output_ids if placements[v].kind == "output"),
         sum(v.type.nbytes for v in args) + sum(v.type.nbytes for e in graph.eqns for v in e.outvars),
         lifetimes, tuple(sorted(donors.values())))
+
+
+def own_donors(outputs: Sequence[int], types: dict[int, TensorType], donors: Sequence[tuple[int, TensorType]]
+               ) -> dict[int, int]:
+    """output -> the donor it corresponds to: per type, the k-th output (in `outputs` order,
+    `types` giving each one's) and the k-th of `donors` (donor, type)."""
+    queues: dict[TensorType, list[int]] = {}
+    for d, t in donors:
+        queues.setdefault(t, []).append(d)
+    own = {}
+    for vid in outputs:
+        queue = queues.get(types[vid])
+        if queue:
+            own[vid] = queue.pop(0)
+    return own
 
 
 def _matching(candidates: dict[int, list[int]]) -> dict[int, int]:
