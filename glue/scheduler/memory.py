@@ -103,15 +103,17 @@ def reads_only_where_written(kernel: Kernel, input_slot: int, output_slot: int,
     stores any of them. A reduction's row-level store (the update fused after a bias gradient)
     is the contraction's case again: a row's stores follow all of its folds, wherever they ran,
     and a fold of that row may read the input there too (the bias inside the gradient it
-    sums); no other row reads it. Its element stores may read it as well: every backend writes
-    a row's row-level values after its element-level ones (the GPU's row and column kernels
-    after the group's folds have synchronised, the column kernel's in the last block of a
-    split). `loads` are the kernel's loads, when already known."""
+    sums); no other row reads it. Its element stores may not: on the GPU the threads of a row
+    store their elements after the row's folds meet, each at its own pace, and one of them
+    then stores the row's values. `loads` are the kernel's loads, when already known."""
     stores = [s for s in kernel.stores if s.output == output_slot]
     if len(stores) != 1 or stores[0].mode != "set" or stores[0].level not in _IN_PLACE_LEVELS.get(kernel.kind, ()):
         return False
     if kernel.kind == "contraction" and any(ld.input == input_slot
                                             for ld in loads_under(r.value for r in kernel.reductions)):
+        return False
+    if stores[0].level == "row" and any(ld.input == input_slot for ld in loads_under(
+            s.value for s in kernel.stores if s.level == "element")):
         return False
     mine = [ld for ld in (loads_under(kernel.roots) if loads is None else loads) if ld.input == input_slot]
     return all(ld.index == stores[0].index and not ld.mask for ld in mine)

@@ -110,3 +110,18 @@ def test_donors_are_matched_where_taking_them_in_order_would_leave_an_output_wit
     chain = {f"o{i}": [f"d{i}", f"d{i + 1}"] for i in range(200)}  # a long augmenting path
     chain["o200"] = ["d0"]
     assert len(_matching(dict(reversed(list(chain.items()))))) == 201
+
+
+def test_a_row_store_does_not_take_an_input_its_element_stores_read():
+    """t = a row's sum is stored once per row, by one thread, while the row's other threads
+    may still be storing x * s / t: t must not write over s (of t's size, read at the row)."""
+    def f(x, s):
+        t = x.sum(axis=1)
+        return x * s[:, None] / t[:, None], t
+
+    plan = plan_for(f, np.ones((64, 512), np.float32), np.ones(64, np.float32))
+    (kernel,) = plan.kernels
+    assert {st.level for st in kernel.stores} == {"element", "row"}, str(kernel)
+    s_slot = next(i for i, b in enumerate(kernel.inputs) if b.type.shape == (64,))
+    row_out = next(st.output for st in kernel.stores if st.level == "row")
+    assert not reads_only_where_written(kernel, s_slot, row_out)
