@@ -161,7 +161,7 @@ def plan_memory(graph: Graph, kernels: Sequence[Kernel], donated: Sequence[int] 
             _free_by(d, vid, kernels, users, produced[vid], order, loads)
 
     def preferred(vid: int, ids: Iterable[int]) -> list[int]:
-        """`ids` once each, the donor at `vid`'s own position first."""
+        """`ids` once each, `vid`'s own donor first."""
         return sorted(dict.fromkeys(ids), key=lambda d: d != same_place.get(vid))
 
     reading = {vid: [b.value_id for b in kernels[produced[vid]].inputs] for vid in output_ids}
@@ -199,11 +199,12 @@ def own_donors(outputs: Sequence[int], types: dict[int, TensorType], donors: Seq
     queues: dict[TensorType, list[int]] = {}
     for d, t in donors:
         queues.setdefault(t, []).append(d)
+    waiting = {t: iter(q) for t, q in queues.items()}
     own = {}
     for vid in outputs:
-        queue = queues.get(types[vid])
-        if queue:
-            own[vid] = queue.pop(0)
+        donor = next(waiting.get(types[vid], iter(())), None)
+        if donor is not None:
+            own[vid] = donor
     return own
 
 
