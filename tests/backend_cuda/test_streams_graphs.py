@@ -122,9 +122,9 @@ def _scaled_step(w, lr, t, bias):
     return w - lr * gnp.tanh(w @ w) / t + bias
 
 
-def test_host_scalars_that_change_every_call_replay_one_graph():
+def test_host_scalars_that_change_every_call_still_replay_the_graphs():
     """An optimizer step's learning rate and step count arrive as host values each call: they
-    are copied into buffers the executable keeps, so the addresses (and the graph) stay."""
+    are copied into buffers the executable keeps, so the addresses (and the graphs) repeat."""
     rng = np.random.default_rng(3)
     w0 = rng.standard_normal((64, 64)).astype(np.float32) * 0.1
     bias = np.zeros(64, np.float32)
