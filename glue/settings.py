@@ -109,7 +109,7 @@ _FLAGS: tuple[Flag, ...] = (
     Flag("cuda_pdl", True, _bool, "programmatic dependent launches on sm_90"),
     Flag("cuda_streams", 4, _int,
          "at most how many streams a program's independent kernels spread over (fewer where more "
-         "would hold much more memory: glue/backend/contract.py)"),
+         "would hold much more memory: glue/scheduler/plan.py)"),
     Flag("cuda_poison", None, _optional_int, "fill outputs and the arena with this byte before each call"),
     Flag("cuda_launch_blocking", False, _bool, "synchronise after every launch (faults name their kernel)"),
     Flag("arch", None, _text, "PTX target when lowering for cuda (default: the GPU's, else sm_90)"),

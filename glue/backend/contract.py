@@ -31,11 +31,9 @@ from glue import profiler
 from glue.codegen.analysis import CostAnalysis, MemoryAnalysis
 from glue.errors import GlueError
 from glue.ir import Graph
-from glue.scheduler.memory import plan_memory
 from glue.scheduler.plan import STAGES as PLAN_STAGES
 from glue.scheduler.passes import optimize
-from glue.scheduler.plan import Plan, prepare
-from glue.scheduler.streams import plan_streams
+from glue.scheduler.plan import Plan, place, prepare
 
 
 class Executable(Protocol):
@@ -238,26 +236,9 @@ def add_plan_stages(lowering: Lowering, max_streams: int = 1) -> None:
         lowering.add_stage(stage, lambda lw: lw["plan"], text=_plan_text(stage))
 
 
-# Side streams hold memory: a value a side stream reads stays reserved until the main stream
-# waits for that stream. A program takes them only when its planned peak grows by at most this
-# much over one stream's (or by STREAM_SLACK_FRACTION of it): a latency-bound program (small
-# kernels, which side streams overlap) holds little, and a big one fills the GPU with each
-# kernel anyway. On the H200, four streams made a small MLP's training step 15-25% faster, and
-# held 370 MiB more of a GPT-2-width step for 3-5% (benchmarks/RESULTS.md).
-STREAM_SLACK_BYTES = 16 << 20
-STREAM_SLACK_FRACTION = 0.05
-
-
 def _plan(lowering: Lowering, max_streams: int) -> Plan:
-    """`glue.scheduler.plan.schedule`, from the stages before it: on up to `max_streams`
-    streams where that costs little memory, else on one."""
-    graph, fusion = lowering["attention"].graph, lowering["fuse"]
-    plans = []
-    for n in sorted({1, max_streams}):
-        streams = plan_streams(fusion.kernels, n)
-        plans.append(Plan(graph, fusion, streams, plan_memory(graph, fusion.kernels, lowering.donated, streams)))
-    one, most = plans[0].memory.peak_bytes, plans[-1].memory.peak_bytes
-    return plans[-1] if most - one <= max(STREAM_SLACK_BYTES, STREAM_SLACK_FRACTION * one) else plans[0]
+    """`glue.scheduler.plan.schedule`, from the stages before it."""
+    return place(lowering["attention"].graph, lowering["fuse"], lowering.donated, max_streams)
 
 
 def _plan_text(stage: str) -> Callable[[Plan], str]:

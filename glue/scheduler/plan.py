@@ -86,14 +86,33 @@ def prepare(optimized: Graph) -> Tiled:
     return replace(tiled, graph=rematerialize(tiled.graph))
 
 
+# Side streams hold memory: a value a side stream reads stays reserved until the main stream
+# waits for that stream. A program takes them only when its planned peak grows by at most this
+# much over one stream's (or by STREAM_SLACK_FRACTION of it): a latency-bound program (small
+# kernels, which side streams overlap) holds little, and a big one fills the GPU with each
+# kernel anyway. On the H200, four streams made a small MLP's training step 15-25% faster, and
+# held 370 MiB more of a GPT-2-width step for 3-5% (benchmarks/RESULTS.md).
+STREAM_SLACK_BYTES = 16 << 20
+STREAM_SLACK_FRACTION = 0.05
+
+
+def place(graph: Graph, fusion: Fusion, donated: Sequence[int] = (), max_streams: int = 1) -> Plan:
+    """The Plan of `fusion`'s kernels: their streams and memory, on up to `max_streams` streams
+    where that costs little memory, else on one."""
+    plans = []
+    for n in sorted({1, max_streams}):
+        streams = plan_streams(fusion.kernels, n)
+        plans.append(Plan(graph, fusion, streams, plan_memory(graph, fusion.kernels, donated, streams)))
+    one, most = plans[0].memory.peak_bytes, plans[-1].memory.peak_bytes
+    return plans[-1] if most - one <= max(STREAM_SLACK_BYTES, STREAM_SLACK_FRACTION * one) else plans[0]
+
+
 def schedule(graph: Graph, donated: Sequence[int] = (), max_streams: int = 1) -> Plan:
     """The Plan for `graph`; `donated` lists invar positions whose buffers outputs may reuse;
     independent kernels go on up to `max_streams` streams (1 for a target that runs kernels one
-    at a time)."""
+    at a time) where that costs little memory (`place`)."""
     tiled = prepare(optimize(graph))
-    optimized, fusion = tiled.graph, tiled.fused()
-    streams = plan_streams(fusion.kernels, max_streams)
-    return Plan(optimized, fusion, streams, plan_memory(optimized, fusion.kernels, donated, streams))
+    return place(tiled.graph, tiled.fused(), donated, max_streams)
 
 
 def graph_dot(graph: Graph, fusion: Fusion, names: dict[int, str]) -> str:
