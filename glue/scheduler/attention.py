@@ -659,19 +659,33 @@ def _describe(eqn: Eqn) -> str:
             f"{passes}, {steps} of {n_q * n_k} tile pairs{skipped}, no {spec.t} x {spec.s} buffer")
 
 
-def expand_attention(graph: Graph) -> tuple[Graph, tuple[str, ...]]:
+# A backend's own attention kernel: for an attention or attention_bwd equation, a line saying
+# how that kernel runs it, or None where the backend runs it as the tiled scans.
+NativeAttention = Callable[[Eqn], "str | None"]
+
+
+def expand_attention(graph: Graph, native: NativeAttention | None = None) -> tuple[Graph, tuple[str, ...]]:
     """`graph` with each attention equation replaced by its tiled scans (the same graph when it
-    has none), and a line per equation saying how it is tiled."""
+    has none), but those `native` says the backend runs as a kernel of its own; and a line per
+    equation saying how it runs."""
     if not any(e.primitive in EXPANSIONS for e in graph.eqns):
         return graph, ()
     eqns: list[Eqn] = []
     notes = []
+    expanded = False
     for eqn in graph.eqns:
-        if eqn.primitive in EXPANSIONS:
+        how = native(eqn) if native is not None and eqn.primitive in EXPANSIONS else None
+        if how is not None:
+            notes.append(how)
+            eqns.append(eqn)
+        elif eqn.primitive in EXPANSIONS:
             notes.append(_describe(eqn))
             eqns.extend(EXPANSIONS[eqn.primitive](eqn))
+            expanded = True
         else:
             eqns.append(eqn)
+    if not expanded:
+        return graph, tuple(notes)
     return Graph(graph.constvars, graph.invars, tuple(eqns), graph.outvars), tuple(notes)
 
 
@@ -689,12 +703,13 @@ class Tiled:
         return fusion
 
 
-def tile_attention(graph: Graph) -> Tiled:
+def tile_attention(graph: Graph, native: NativeAttention | None = None) -> Tiled:
     """The "attention" step between the graph passes and fusion: the plain attention a
     program writes becomes `attention` equations (glue.scheduler.passes.attention), and every
-    attention equation its tiled scans (simplified again, since tiling adds layout work)."""
+    attention equation its tiled scans (simplified again, since tiling adds layout work), but
+    those the backend runs as a kernel of its own (`native`), which stay one equation each."""
     recognised, found = recognize_attention(graph) if config.recognize_attention else (graph, ())
-    expanded, tiled = expand_attention(recognised)
+    expanded, tiled = expand_attention(recognised, native)
     if expanded is not recognised:
         expanded = optimize(expanded)
     return Tiled(expanded, found + tiled)

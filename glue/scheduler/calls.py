@@ -40,11 +40,17 @@ KINDS = {"scan": "scan", "while": "while", "cond": "cond", "custom_jvp_call": "b
          "debug_print": "print"}
 
 
+# Opaque primitives a backend runs as one kernel of its own (kind "attention"), not by a rule here.
+OWN_KERNELS = frozenset({"attention", "attention_bwd"})
+
+
 def lower_call(eqn: Eqn, name: str = "") -> Kernel:
-    """The call kernel of one opaque equation."""
+    """The call kernel of one opaque equation (kind "call"; an attention equation a backend
+    keeps whole is kind "attention": its own kernel, which `call_plan` does not describe)."""
     inputs = tuple(Buffer(v.id, v.type) for v in dict.fromkeys(a for a in eqn.inputs if isinstance(a, Var)))
     outputs = tuple(Buffer(v.id, v.type) for v in eqn.outvars)
-    return Kernel(f"{eqn.primitive}_{name}" if name else eqn.primitive, "call", (), (), inputs, outputs, (), (),
+    kind = "attention" if eqn.primitive in OWN_KERNELS else "call"
+    return Kernel(f"{eqn.primitive}_{name}" if name else eqn.primitive, kind, (), (), inputs, outputs, (), (),
                   (eqn.primitive,), source=(eqn.source,) if eqn.source else (), call=eqn)
 
 

@@ -115,8 +115,18 @@ class _Eval:
                 out[where] = value
 
 
+def _run_equation(kernel: Kernel, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """A kernel that is one equation (a backend's attention kernel), by the reference's rule."""
+    eqn = kernel.call
+    by_value = {b.value_id: x for b, x in zip(kernel.inputs, inputs)}
+    args = [by_value[a.id] if hasattr(a, "id") else np.asarray(a.value, a.type.dtype.numpy) for a in eqn.inputs]
+    return [np.asarray(x) for x in IMPLS[eqn.primitive](*args, **eqn.param_dict)]
+
+
 def run_kernel(kernel: Kernel, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
     """The outputs of one kernel on NumPy inputs."""
+    if kernel.kind == "attention":
+        return _run_equation(kernel, inputs)
     if kernel.call is not None:
         return run_call_kernel(kernel, inputs)
     outputs = [np.empty(b.type.shape, b.type.dtype.numpy) for b in kernel.outputs]

@@ -322,14 +322,15 @@ class Buffer:
 
 @dataclass(frozen=True)
 class Kernel:
-    """One fused kernel. `kind` is pointwise | reduction | contraction | data | call.
+    """One fused kernel. `kind` is pointwise | reduction | contraction | data | call | attention.
 
     `init` names an input whose contents output 0 starts from before the stores run (scatter).
     `ops` lists the fused primitives, for names and dumps. `precision` is a contraction's
     ("default" | "high" | "highest": whether a backend may round float32 operands to TF32).
     A "call" kernel is one equation of an opaque primitive (control flow, a print), held in
     `call`, which the backend runs by its rule (`glue.scheduler.calls`); it has no domain,
-    reductions or stores.
+    reductions or stores. An "attention" kernel is the same for an attention or attention_bwd
+    equation that a backend runs as a kernel of its own (FlashAttention's).
     """
 
     name: str

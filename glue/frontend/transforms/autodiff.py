@@ -25,6 +25,7 @@ JAX does.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -33,8 +34,10 @@ from glue.frontend.transforms.core import (Env, add, aval, broadcast, convert, d
                                            fit, kept_axes, like, mul, neg, plus, reduce_sum,
                                            reshape, source_line, sub, sum_to, transpose, zeros)
 from glue.frontend.tracing import results_of
-from glue.frontend.transforms.stop_gradient import stop_gradient
+from glue.frontend.transforms.stop_gradient import Stopped, stop_gradient
 from glue.ir import PRIMITIVES, ClosedGraph, Graph, RuleTable, Var, every_primitive
+from glue.scheduler.passes.attention import recognize_attention
+from glue.settings import config
 
 JvpRule = Callable[..., Any]
 VjpRule = Callable[..., list]
@@ -463,6 +466,42 @@ def jvp_graph(closed: ClosedGraph, primals: Sequence[Any],
     return [p for p, _ in outs], [t for _, t in outs]
 
 
+def with_attention(closed: ClosedGraph) -> ClosedGraph:
+    """`closed` with its hand-written attention rewritten to `attention` equations (where
+    `config.recognize_attention`), before it is differentiated: the backward of a recognised
+    attention is then `attention_bwd` (FlashAttention's, which recomputes P), where the
+    derivative of the written-out softmax would keep the forward's T x S probabilities for the
+    backward and no later pass could recognise either half.
+
+    A `stop_gradient` in the trace is a constant standing for a value of the graph (glue.nn's
+    softmax stops its row max), which the recogniser would take for an input: it reads a copy
+    of the graph where each such constant is its source, and the equations it keeps go back to
+    reading the constants (the cut stays where the program put it). A recognised attention that
+    would read a stopped value directly is not taken."""
+    if not config.recognize_attention:
+        return closed
+    graph = closed.graph
+    stopped = {v.id: c.source for v, c in zip(graph.constvars, closed.consts) if isinstance(c, Stopped)}
+
+    def source(atom: Any) -> Any:
+        while isinstance(atom, Var) and atom.id in stopped:
+            atom = stopped[atom.id]
+        return atom
+
+    seen = tuple(replace(e, inputs=tuple(map(source, e.inputs))) if stopped else e for e in graph.eqns)
+    recognised, _ = recognize_attention(replace(graph, eqns=seen, outvars=tuple(map(source, graph.outvars))))
+    if recognised.eqns is seen:
+        return closed
+    original = {id(s): e for s, e in zip(seen, graph.eqns)}
+    cut = {a.id for a in stopped.values() if isinstance(a, Var)}
+    eqns = []
+    for eqn in recognised.eqns:
+        if id(eqn) not in original and any(isinstance(a, Var) and a.id in cut for a in eqn.inputs):
+            return closed
+        eqns.append(original.get(id(eqn), eqn))
+    return ClosedGraph(replace(graph, eqns=tuple(eqns)), closed.consts)
+
+
 class Linearized:
     """A Graph evaluated at a point, ready to pull cotangents back through it (the VJP).
 
@@ -474,6 +513,7 @@ class Linearized:
 
     def __init__(self, closed: ClosedGraph, primals: Sequence[Any], active: Sequence[bool],
                  reuse: Mapping[int, Any] | None = None):
+        closed = with_attention(closed)
         self.graph: Graph = closed.graph
         self.env = Env(closed, primals, lift=lambda v: v, cut=stop_gradient)
         self.active = {v.id for v, a in zip(self.graph.invars, active) if a and _differentiable(v)}
