@@ -15,15 +15,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from functools import lru_cache
-from typing import Any
+from typing import Any, Callable
 
 from glue.backend.contract import Backend, Lowering, Options, add_plan_stages
 from glue.backend_cuda.codegen import CudaProgram, build_program, compile_ptx
+from glue.backend_cuda.codegen.flash import flash_note, why_not_flash
 from glue.backend_cuda.ptx import DEFAULT_ARCH, PTX_FEATURES, ProgramPtx
 from glue.backend_cuda.runtime import driver
 from glue.codegen.analysis import estimate_cost
 from glue.errors import GlueError
-from glue.ir import Graph
+from glue.ir import Eqn, Graph
 from glue.scheduler.streams import MAX_STREAMS
 from glue.settings import config
 
@@ -85,7 +86,7 @@ class CudaBackend(Backend):
         return CudaOptions(arch=default_arch(), gemm=config.gemm, streams=config.cuda_streams)
 
     def add_stages(self, lowering: Lowering) -> None:
-        add_plan_stages(lowering, lowering.options.streams)
+        add_plan_stages(lowering, lowering.options.streams, _flash_attention(lowering.options))
         lowering.add_stage("llvm", _program, text=_llvm_text)
         lowering.add_stage("ptx", _ptx)
         lowering.add_stage("cubin", _cubin, text=None)
@@ -117,6 +118,16 @@ class CudaBackend(Backend):
         from glue.backend_cuda.executor import device_copy
 
         return device_copy(value)
+
+
+def _flash_attention(options: CudaOptions) -> Callable[[Eqn], str | None] | None:
+    """Which attention equations run as flash kernels (codegen/flash.py): a line for each that
+    does, for the "fusion" stage. Not in a call kernel's body (whose operands may be unaligned),
+    nor without tensor cores."""
+    if not options.aligned or not config.cuda_tensor_cores:
+        return None
+    sm = int(options.arch.removeprefix("sm_").rstrip("a"))
+    return lambda eqn: None if why_not_flash(eqn, sm) else flash_note(eqn)
 
 
 def _program(lowering: Lowering) -> CudaProgram:

@@ -27,7 +27,7 @@ import logging
 import re
 import time
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import llvmlite
@@ -42,6 +42,7 @@ from glue.backend_cuda.codegen.columns import ColumnPlan, columns_fit, emit_colu
 from glue.backend_cuda.codegen.common import KernelEmitter, Launch, Place
 from glue.backend_cuda.codegen.contraction import emit_contraction
 from glue.backend_cuda.codegen.data import emit_data
+from glue.backend_cuda.codegen.flash import PARTS, FlashSpec, emit_flash
 from glue.backend_cuda.codegen.library import library_launches
 from glue.backend_cuda.codegen.pointwise import emit_pointwise
 from glue.backend_cuda.codegen.rows import emit_rows
@@ -87,6 +88,7 @@ class _Recipe:
     columns: bool = False              # a reduction over columns (columns.py), not rows
     extra: tuple[Place, ...] = ()      # its working memory, when split over blocks
     aligned: bool = True               # operands start 16-byte aligned (else no vector access)
+    part: str = ""                     # an attention kernel: which flash kernel (flash.PARTS)
 
     def emit(self) -> tuple[str, KernelShape]:
         module = ir.Module(name=self.symbol)
@@ -94,6 +96,8 @@ class _Recipe:
                            self.written, list(self.extra), self.aligned)
         if self.columns:
             shape = emit_columns(ke, ColumnPlan(self.kernel, ke.analysis))
+        elif self.kernel.kind == "attention":
+            shape = emit_flash(ke, FlashSpec.of(self.kernel.call), self.part)
         else:
             shape = emit_contraction(ke) if self.kernel.kind == "contraction" else None
             if shape is None:
@@ -276,16 +280,18 @@ class _Builder:
         self._by_key: dict[bytes, DeviceKernel] = {}
 
     def code(self, kernel: Kernel, inputs: list[Place], outputs: list[Place], columns: bool = False,
-             extra: tuple[Place, ...] = ()) -> DeviceKernel:
+             extra: tuple[Place, ...] = (), part: str = "") -> DeviceKernel:
         constant = sorted(i for i, p in enumerate(inputs) if p.kind == "argument" and p not in self.written)
-        label = _symbol("_".join(kernel.ops[:5]))[:60]
-        key = kernel_key(kernel, aliases(inputs + outputs + list(extra)), *self.context, f"constant inputs {constant}",
-                         f"columns={columns} working memory {len(extra)}", label)
+        label = _symbol("_".join(kernel.ops[:5]) + (f"_{part}" if part else ""))[:60]
+        # an attention kernel is its equation's facts (FlashSpec), not the equation's variables
+        keyed, what = (replace(kernel, call=None), repr(FlashSpec.of(kernel.call))) if part else (kernel, "")
+        key = kernel_key(keyed, aliases(inputs + outputs + list(extra)), *self.context, f"constant inputs {constant}",
+                         f"columns={columns} working memory {len(extra)}", label, what)
         found = self._by_key.get(key)
         if found is not None:
             return found
         recipe = _Recipe(kernel, f"glue_{label}_{key.hex()[:16]}", tuple(inputs), tuple(outputs), self.arch,
-                         self.written, columns, extra, self.aligned)
+                         self.written, columns, extra, self.aligned, part)
         start = time.perf_counter()
         found, source = _known.get(key), "memory"
         if found is None:
@@ -319,6 +325,26 @@ class _Builder:
         return Launch(code.symbol, kernel, shape.grid, shape.block, tuple(dict.fromkeys(inputs + outputs + list(extra))),
                       shape.strategy, copy, shape.dependent, shape.min_blocks, group,
                       shared_bytes=shape.shared_bytes)
+
+
+    def flash_launches(self, kernel: Kernel, inputs: list[Place], outputs: list[Place], group: int,
+                       memory: _Memory, stream: int) -> list[Launch]:
+        """The launches of an attention kernel (flash.py): the forward, or the backward's two,
+        which pass each row's delta through the stream's scratch region. `inputs` are in the
+        equation's operand order."""
+        eqn = kernel.call
+        extra = ()
+        if eqn.primitive == "attention_bwd":
+            extra = (memory.claim_scratch(stream, eqn.inputs[4].type.nbytes),)  # delta: lse's shape
+        launches = []
+        for part in PARTS[eqn.primitive]:
+            code = self.code(kernel, inputs, outputs, extra=extra, part=part)
+            self.stats[code.symbol].uses += 1
+            shape = code.shape
+            launches.append(Launch(code.symbol, kernel, shape.grid, shape.block,
+                                   tuple(dict.fromkeys(inputs + outputs + list(extra))), shape.strategy, None,
+                                   shape.dependent, shape.min_blocks, group, shared_bytes=shape.shared_bytes))
+        return launches
 
 
 def gemm_variants(spec: GemmSpec | None, choice: str = "auto") -> tuple[str, ...]:
@@ -365,6 +391,10 @@ def build_program(plan: Plan, name: str = "fn", arch: str = DEFAULT_ARCH, gemm: 
         inputs = [_place(placements[b.value_id]) for b in kernel.inputs]
         outputs = [_place(placements[b.value_id]) for b in kernel.outputs]
         symbol = f"glue_{_symbol(name)}_{i}_{_symbol(kernel.name)}"[:120]
+        if kernel.kind == "attention":
+            ordered = [_place(placements[a.id]) for a in kernel.call.inputs]
+            launches += builder.flash_launches(kernel, ordered, outputs, i, memory, plan.streams.streams[i])
+            continue
         if kernel.call is not None:
             if lower_body is None:
                 raise ValueError(f"build_program: {kernel.name} is a call kernel, which needs lower_body")
@@ -372,9 +402,9 @@ def build_program(plan: Plan, name: str = "fn", arch: str = DEFAULT_ARCH, gemm: 
             launches.append(Launch(symbol, kernel, 0, 0, tuple(inputs + outputs), "call", group=i, call=call))
             bodies[i] = [lower_body(body) for body in call.bodies]
             continue
+        stream = plan.streams.streams[i]
         spec = gemm_spec(kernel) if kernel.kind == "contraction" else None
         variants = gemm_variants(spec, gemm)
-        stream = plan.streams.streams[i]
         if "codegen" in variants:
             launches.append(builder.launch(kernel, inputs, outputs, i, memory, stream))
         if "library" in variants:

@@ -205,7 +205,7 @@ def _copyable(s: _Staged) -> bool:
     return isinstance(load, Load) and not load.mask and s.lanes is not None and load in s.lanes.loads
 
 
-def _cp_async(ke: KernelEmitter, target: ir.Value, source: ir.Value, nbytes: ir.Value) -> None:
+def cp_async(ke: KernelEmitter, target: ir.Value, source: ir.Value, nbytes: ir.Value) -> None:
     """Copy 16 bytes from global to shared memory without a register (zeros past `nbytes`)."""
     name = "llvm.nvvm.cp.async.cg.shared.global.16.s"
     fn = ke.module.globals.get(name) or ir.Function(
@@ -213,11 +213,34 @@ def _cp_async(ke: KernelEmitter, target: ir.Value, source: ir.Value, nbytes: ir.
     ke.b.call(fn, [target, source, nbytes])
 
 
-def _async_call(ke: KernelEmitter, name: str, *immediate: int) -> None:
+def async_call(ke: KernelEmitter, name: str, *immediate: int) -> None:
     """cp.async.commit_group, or cp.async.wait_group N."""
     fn = ke.module.globals.get(name) or ir.Function(ke.module, ir.FunctionType(ir.VoidType(), [I32] * len(immediate)),
                                                     name)
     ke.b.call(fn, [ir.Constant(I32, n) for n in immediate])
+
+
+def ldmatrix_x4(ke: KernelEmitter, address: ir.Value, trans: bool) -> list[ir.Value]:
+    """Four 8 x 8 matrices of 16-bit elements from shared memory, each lane's address naming one
+    row (lanes 8j..8j+7: matrix j), as the four 32-bit fragment registers of this lane;
+    `.trans` gives each matrix transposed."""
+    name = f"llvm.nvvm.ldmatrix.sync.aligned.m8n8.x4{'.trans' if trans else ''}.b16.p3"
+    fn = ke.module.globals.get(name) or ir.Function(ke.module, ir.FunctionType(ir.LiteralStructType([I32] * 4), [PTR3]),
+                                                    name)
+    got = ke.b.call(fn, [address])
+    return [ke.b.extract_value(got, i) for i in range(4)]
+
+
+def mma_sync(ke: KernelEmitter, fmt: Format, a_regs: list[ir.Value], b_regs: list[ir.Value],
+             acc: list[ir.Value]) -> list[ir.Value]:
+    """One warp-wide `mma.sync` of `fmt`: the four A and two B fragment registers (32-bit words)
+    added into the four float32 accumulators."""
+    b = ke.b
+    fn = ke.module.globals.get(fmt.intrinsic) or ir.Function(
+        ke.module, ir.FunctionType(ir.LiteralStructType([F32] * 4), [fmt.operand] * 6 + [F32] * 4), fmt.intrinsic)
+    regs = [r if fmt.operand == I32 else b.bitcast(r, fmt.operand) for r in a_regs + b_regs]
+    got = b.call(fn, regs + acc)
+    return [b.extract_value(got, i) for i in range(4)]
 
 
 def _tile(batches: int, m_size: int, n_size: int) -> MmaTile | None:
@@ -337,15 +360,10 @@ def emit_mma(ke: KernelEmitter, a_expr: Expr, b_expr: Expr, m_dims: list[int], n
             first = ke.emitter(first_point(s, outer, kk, ok))
             source = b.gep(ke.in_ptrs[load.input], [first.offset(load.index, ke.shapes[load.input])], inbounds=True,
                            source_etype=memory_type(load.dtype))
-            _cp_async(ke, ke.shared_at(buffer, slot, element), source, b.select(ok, ir.Constant(I32, 16), ir.Constant(I32, 0)))
-
-    quad = ir.LiteralStructType([I32] * 4)
+            cp_async(ke, ke.shared_at(buffer, slot, element), source, b.select(ok, ir.Constant(I32, 16), ir.Constant(I32, 0)))
 
     def ldmatrix(address: ir.Value, trans: bool) -> list[ir.Value]:
-        name = f"llvm.nvvm.ldmatrix.sync.aligned.m8n8.x4{'.trans' if trans else ''}.b16.p3"
-        fn = ke.module.globals.get(name) or ir.Function(ke.module, ir.FunctionType(quad, [PTR3]), name)
-        got = b.call(fn, [address])
-        return [b.extract_value(got, i) for i in range(4)]
+        return ldmatrix_x4(ke, address, trans)
 
     group, pair = b.udiv(lane, c(4)), b.mul(b.urem(lane, c(4)), c(2))
     quarter = b.urem(lane, c(4))
@@ -407,16 +425,11 @@ def emit_mma(ke: KernelEmitter, a_expr: Expr, b_expr: Expr, m_dims: list[int], n
             found += [regs[0:2], regs[2:4]]
         return found
 
-    four = ir.LiteralStructType([F32] * 4)
-    mma_fn = ke.module.globals.get(fmt.intrinsic) or ir.Function(
-        ke.module, ir.FunctionType(four, [fmt.operand] * 6 + [F32] * 4), fmt.intrinsic)
     # ldmatrix moves 16-bit elements; TF32 fragments load word by word
     load_a, load_b = (words_a, words_b) if fmt.name == "tf32" else (fragments_a, fragments_b)
 
     def mma(a_regs: list[ir.Value], b_regs: list[ir.Value], acc: list[ir.Value]) -> list[ir.Value]:
-        regs = [r if fmt.operand == I32 else b.bitcast(r, fmt.operand) for r in a_regs + b_regs]
-        got = b.call(mma_fn, regs + acc)
-        return [b.extract_value(got, i) for i in range(4)]
+        return mma_sync(ke, fmt, a_regs, b_regs, acc)
 
     def multiply(half: ir.Value, accs: list[ir.Value]) -> list[ir.Value]:
         base_a, base_b = b.mul(half, c(a.elements(tile.bk))), b.mul(half, c(bb.elements(tile.bk)))
@@ -436,15 +449,15 @@ def emit_mma(ke: KernelEmitter, a_expr: Expr, b_expr: Expr, m_dims: list[int], n
         for stage in range(STAGES - 1):
             for s, buffer in zip((a, bb), buffers):
                 copy_step(c(stage * tile.bk), s, buffer, c(stage))
-            _async_call(ke, "llvm.nvvm.cp.async.commit.group")
+            async_call(ke, "llvm.nvvm.cp.async.commit.group")
 
         def step(b: ir.IRBuilder, t: ir.Value, accs: list[ir.Value]) -> list[ir.Value]:
-            _async_call(ke, "llvm.nvvm.cp.async.wait.group", STAGES - 2)  # step t's copies landed ...
+            async_call(ke, "llvm.nvvm.cp.async.wait.group", STAGES - 2)  # step t's copies landed ...
             ke.barrier()  # ... everyone's, and everyone is done with the stage refilled next
             ahead = b.add(t, c(STAGES - 1))
             for s, buffer in zip((a, bb), buffers):
                 copy_step(b.mul(ahead, c(tile.bk)), s, buffer, b.urem(ahead, c(STAGES)))
-            _async_call(ke, "llvm.nvvm.cp.async.commit.group")
+            async_call(ke, "llvm.nvvm.cp.async.commit.group")
             return multiply(b.urem(t, c(STAGES)), accs)
     else:
         for s, buffer in zip((a, bb), buffers):
@@ -464,7 +477,7 @@ def emit_mma(ke: KernelEmitter, a_expr: Expr, b_expr: Expr, m_dims: list[int], n
     accs = loop(b, 0, steps, step, [zero] * (4 * tile.frags_m * tile.frags_n), name="kstep", vectorize=False,
                 unroll=1)
     if pipelined:
-        _async_call(ke, "llvm.nvvm.cp.async.wait.group", 0)  # the zero fills past the end land before exit
+        async_call(ke, "llvm.nvvm.cp.async.wait.group", 0)  # the zero fills past the end land before exit
 
     for i in range(tile.frags_m):
         for j in range(tile.frags_n):

@@ -338,10 +338,11 @@ def _gather_vjp(ct, wanted, xs, out, *, axis, batch_dims):
         # One index per batch point (take_along_axis picking one entry of each row): the
         # cotangent is one-hot along the axis, an elementwise select that fuses into its
         # consumers, where a scatter would first materialise an operand-sized array of zeros.
-        dims = tuple(range(t.ndim))
+        # The indices' axes are x's batch axes and then `axis` (x's trailing axes follow it);
+        # ct has x's shape with size 1 at `axis`.
         hit = emit("eq", emit("iota", dtype=aval(idx).dtype, shape=t.shape, dimension=axis),
-                   broadcast(clamped, t.shape, dims))
-        return [emit("select", hit, broadcast(ct, t.shape, dims), like(0, ct)), None]
+                   broadcast(clamped, t.shape, tuple(range(batch_dims)) + (axis,)))
+        return [emit("select", hit, broadcast(ct, t.shape, tuple(range(t.ndim))), like(0, ct)), None]
     return [emit("scatter_add", zeros(t), clamped, ct, axis=axis, batch_dims=batch_dims), None]
 
 
