@@ -72,3 +72,31 @@ def test_jvp_and_vjp_match_finite_differences(name, data):
     assert [np.shape(c) for c in cts] == [x.shape for x in xs]
     pulled = sum(float(np.sum(np.asarray(c) * v)) for c, v in zip(cts, vs))
     assert pulled == pytest.approx(float(np.sum(ct * expected)), rel=1e-5, abs=1e-6)
+
+
+@pytest.mark.parametrize("x_shape, axis, batch_dims, idx", [
+    ((1, 1), 0, 0, [1]),  # hypothesis' failing case: one (clamped) index, an axis after it
+    ((3, 2), 0, 0, [-1]),
+    ((2, 3, 4), 1, 1, [[2], [-1]]),  # batched, one index per row, a trailing axis
+    ((2, 3), 1, 1, [[1], [5]]),  # batched take_along_axis on the last axis
+    ((2, 3, 2), 2, 1, [[0], [1]]),  # axis after the batch axes: the scatter_add path
+])
+def test_gather_vjp_with_one_index(x_shape, axis, batch_dims, idx):
+    """gather's transpose against a loop over the output, for one index per batch point (the
+    one-hot select form) with operand axes before and after `axis`."""
+    from glue.frontend.tracing import bind
+
+    rng = np.random.default_rng(0)
+    x, idx = rng.normal(size=x_shape), np.asarray(idx, np.int32)
+    out_shape = x_shape[:axis] + idx.shape[batch_dims:] + x_shape[axis + 1:]
+    ct = rng.normal(size=out_shape)
+    expected = np.zeros(x_shape)
+    n_idx = idx.ndim - batch_dims
+    for pos in np.ndindex(*out_shape):  # out[pos] = x[..., clip(idx[b, i]), ...]
+        k = int(np.clip(idx[pos[:batch_dims] + pos[axis:axis + n_idx]], 0, x_shape[axis] - 1))
+        expected[pos[:axis] + (k,) + pos[axis + n_idx:]] += ct[pos]
+
+    out, pullback = glue.vjp(lambda x: bind("gather", x, idx, axis=axis, batch_dims=batch_dims), x)
+    assert np.shape(out) == out_shape
+    (got,) = pullback(ct)
+    np.testing.assert_allclose(np.asarray(got), expected, rtol=1e-12)
