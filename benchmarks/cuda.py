@@ -3,7 +3,8 @@ on the glue workloads of `../shared/anchors/peers_gpu.py` (bias+gelu, rmsnorm, l
 on 8192x4096 in f32 and bf16; cross-entropy 4096x32000 f32) and softmaxes over 65536- and
 262144-wide rows (too long for registers: the looping variant), with a 1 GiB device copy as the
 bandwidth ceiling, all in one process on one GPU; then the small-launch loops of
-`cuda_loops.py` (an MLP training loop, a tiny add). `--suite` picks one of the two.
+`cuda_loops.py` (an MLP training loop, a tiny add). `--suite` picks one of the two, or the
+contractions (`cuda_matmul.py`), the training step (`step.py`) or attention (`cuda_attention.py`).
 
 Per workload and peer:
 - per call: host wall clock from the call to its result being ready (median of ITERS calls);
@@ -38,7 +39,7 @@ import glue.nn as nn  # noqa: E402
 import glue.numpy as gnp  # noqa: E402
 from glue.backend_cuda.runtime import DeviceBuffer, Event, driver, get_context  # noqa: E402
 
-from benchmarks import cuda_loops, cuda_matmul, step  # noqa: E402
+from benchmarks import cuda_attention, cuda_loops, cuda_matmul, step  # noqa: E402
 from benchmarks.cuda_loops import device_put  # noqa: E402
 
 ITERS, BURST, WARMUP = 50, 20, 5
@@ -345,12 +346,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--peers", default="torch,torch.compile,jax",
                         help="comma-separated peers: torch, torch.compile, jax (or none)")
     parser.add_argument("--only", default=None, help="run the workloads whose label contains this")
-    parser.add_argument("--suite", default="all", choices=("all", "bandwidth", "loops", "matmul", "step"),
+    parser.add_argument("--suite", default="all", choices=("all", "bandwidth", "loops", "matmul", "step", "attention"),
                         help="the memory-bound kernels, the small-launch loops (cuda_loops.py), both (all), "
                              "the contractions (cuda_matmul.py) or the training step (step.py)")
     parser.add_argument("--configs", default="small,gpt2", help="step suite: configs of benchmarks/step.py")
     parser.add_argument("--precisions", default="f32,bf16", help="step suite: f32, bf16 or both")
     parser.add_argument("--profile", action="store_true", help="step suite: where glue's step spends its time")
+    parser.add_argument("--lengths", default="1024,2048,4096,8192", help="attention suite: sequence lengths")
+    parser.add_argument("--heads", default="64,128", help="attention suite: head sizes")
     args = parser.parse_args(argv)
     peers = set(p for p in args.peers.split(",") if p and p != "none")
     sections = []
@@ -363,6 +366,9 @@ def main(argv: list[str] | None = None) -> None:
         sections.append(cuda_loops.table(cuda_loops.run(peers, args.only)))
     if args.suite == "matmul":
         sections.append(cuda_matmul.table(cuda_matmul.run(peers, args.only)))
+    if args.suite == "attention":
+        sections.append(cuda_attention.table(cuda_attention.run(peers, [int(t) for t in args.lengths.split(",")],
+                                                                [int(d) for d in args.heads.split(",")])))
     if args.suite == "step":
         sections.append(step.table(step.run(args.configs.split(","), args.precisions.split(","), peers,
                                             profile=args.profile)))

@@ -33,7 +33,7 @@ from glue.errors import GlueError
 from glue.ir import Graph
 from glue.scheduler.plan import STAGES as PLAN_STAGES
 from glue.scheduler.passes import optimize
-from glue.scheduler.attention import NativeAttention
+from glue.scheduler.attention import AttentionPolicy
 from glue.scheduler.plan import Plan, place, prepare
 
 
@@ -224,14 +224,14 @@ class Backend(ABC):
         return self.device_put(value)
 
 
-def add_plan_stages(lowering: Lowering, max_streams: int = 1, native_attention: NativeAttention | None = None) -> None:
+def add_plan_stages(lowering: Lowering, max_streams: int = 1, attention: AttentionPolicy = AttentionPolicy()) -> None:
     """The scheduler's stages, shared by the compiling backends, each timed on its own: the
     internal "passes" (the optimized Graph), "attention" (attention recognised and tiled, then
-    the graph rematerialised: `glue.scheduler.plan.prepare`; `native_attention` says which
-    attention equations the backend runs as kernels of its own), "fuse" (kernels) and "plan"
+    the graph rematerialised: `glue.scheduler.plan.prepare`, as the backend's `attention`
+    policy says), "fuse" (kernels) and "plan"
     (streams and memory too), and the Plan's printable views."""
     lowering.add_stage("passes", lambda lw: optimize(lw.graph), text=None)
-    lowering.add_stage("attention", lambda lw: prepare(lw["passes"], native_attention), text=None)
+    lowering.add_stage("attention", lambda lw: prepare(lw["passes"], attention), text=None)
     lowering.add_stage("fuse", lambda lw: lw["attention"].fused(), text=None)
     lowering.add_stage("plan", lambda lw: _plan(lw, max_streams), text=None)
     for stage in PLAN_STAGES:

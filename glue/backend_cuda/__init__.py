@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from functools import lru_cache
-from typing import Any, Callable
+from typing import Any
 
 from glue.backend.contract import Backend, Lowering, Options, add_plan_stages
 from glue.backend_cuda.codegen import CudaProgram, build_program, compile_ptx
@@ -24,7 +24,8 @@ from glue.backend_cuda.ptx import DEFAULT_ARCH, PTX_FEATURES, ProgramPtx
 from glue.backend_cuda.runtime import driver
 from glue.codegen.analysis import estimate_cost
 from glue.errors import GlueError
-from glue.ir import Eqn, Graph
+from glue.ir import Graph
+from glue.scheduler.attention import AttentionPolicy
 from glue.scheduler.streams import MAX_STREAMS
 from glue.settings import config
 
@@ -86,7 +87,7 @@ class CudaBackend(Backend):
         return CudaOptions(arch=default_arch(), gemm=config.gemm, streams=config.cuda_streams)
 
     def add_stages(self, lowering: Lowering) -> None:
-        add_plan_stages(lowering, lowering.options.streams, _flash_attention(lowering.options))
+        add_plan_stages(lowering, lowering.options.streams, _attention(lowering.options))
         lowering.add_stage("llvm", _program, text=_llvm_text)
         lowering.add_stage("ptx", _ptx)
         lowering.add_stage("cubin", _cubin, text=None)
@@ -120,14 +121,21 @@ class CudaBackend(Backend):
         return device_copy(value)
 
 
-def _flash_attention(options: CudaOptions) -> Callable[[Eqn], str | None] | None:
-    """Which attention equations run as flash kernels (codegen/flash.py): a line for each that
-    does, for the "fusion" stage. Not in a call kernel's body (whose operands may be unaligned),
-    nor without tensor cores."""
+# Attention the flash kernels do not serve runs as the plain math where its scores take at most
+# this much: the GPU runs its contractions and row kernels faster than the tiled scans' steps (a
+# GPT-2-width float32 step, 96 MiB of scores a layer, took 57 ms tiled against 7.7 unfused on
+# the H200); beyond it, the scans keep the memory O(T).
+UNFUSED_SCORES_BYTES = 96 << 20  # a GPT-2-width layer's at T=512 (B=8, 12 heads)
+
+
+def _attention(options: CudaOptions) -> AttentionPolicy:
+    """How attention runs here: as the flash kernels (codegen/flash.py) where they serve (not in
+    a call kernel's body, whose operands may be unaligned, nor without tensor cores), else as
+    the plain math up to UNFUSED_SCORES_BYTES of scores, else tiled."""
     if not options.aligned or not config.cuda_tensor_cores:
-        return None
+        return AttentionPolicy(unfused_bytes=UNFUSED_SCORES_BYTES)
     sm = int(options.arch.removeprefix("sm_").rstrip("a"))
-    return lambda eqn: None if why_not_flash(eqn, sm) else flash_note(eqn)
+    return AttentionPolicy(lambda eqn: None if why_not_flash(eqn, sm) else flash_note(eqn), UNFUSED_SCORES_BYTES)
 
 
 def _program(lowering: Lowering) -> CudaProgram:

@@ -659,31 +659,60 @@ def _describe(eqn: Eqn) -> str:
             f"{passes}, {steps} of {n_q * n_k} tile pairs{skipped}, no {spec.t} x {spec.s} buffer")
 
 
-# A backend's own attention kernel: for an attention or attention_bwd equation, a line saying
-# how that kernel runs it, or None where the backend runs it as the tiled scans.
-NativeAttention = Callable[[Eqn], "str | None"]
+def _expand_unfused(eqn: Eqn) -> list[Eqn]:
+    """The plain math, the T x S scores in memory (`unfused_attention`, `unfused_attention_bwd`)."""
+    b = GraphBuilder(eqn.source)
+    spec, q, k, v, bias, mask, rest = _split(eqn)
+    if eqn.primitive == "attention":
+        results = unfused_attention(b.ops, spec, q, k, v, bias, mask)
+    else:
+        out, _, d_out, d_lse = rest
+        results = unfused_attention_bwd(b.ops, spec, q, k, v, bias, mask, out, d_out, d_lse,
+                                        eqn.param_dict["bias_grad"])
+    for value, var in zip(results, eqn.outvars):
+        b.name(value, var)
+    return b.eqns
 
 
-def expand_attention(graph: Graph, native: NativeAttention | None = None) -> tuple[Graph, tuple[str, ...]]:
-    """`graph` with each attention equation replaced by its tiled scans (the same graph when it
-    has none), but those `native` says the backend runs as a kernel of its own; and a line per
-    equation saying how it runs."""
+@dataclass(frozen=True)
+class AttentionPolicy:
+    """How a backend runs attention equations: `native(eqn)` is a line for each it runs as a
+    kernel of its own (None for the others); the others run as the tiled scans, or, where their
+    B x N x T x S scores take at most `unfused_bytes`, as the plain math with the scores in
+    memory (where the backend's contractions and row kernels outrun the scans' many small
+    steps, as on the GPU; longer sequences stay tiled, their memory O(T))."""
+
+    native: Callable[[Eqn], "str | None"] | None = None
+    unfused_bytes: int = 0
+
+    def expansion(self, eqn: Eqn) -> tuple[str, list[Eqn] | None]:
+        """The line for the "fusion" stage, and the equations replacing `eqn` (None: kept)."""
+        how = self.native(eqn) if self.native is not None else None
+        if how is not None:
+            return how, None
+        spec = Spec.of(*(a.type for a in eqn.inputs[:3]), eqn.param_dict)
+        if spec.b * spec.n * spec.t * spec.s * spec.acc.bits // 8 <= self.unfused_bytes:
+            return (f"{eqn.primitive} (B={spec.b} N={spec.n} T={spec.t} S={spec.s} H={spec.h}) unfused: "
+                    f"its {spec.t} x {spec.s} scores in memory"), _expand_unfused(eqn)
+        return _describe(eqn), EXPANSIONS[eqn.primitive](eqn)
+
+
+def expand_attention(graph: Graph, policy: AttentionPolicy = AttentionPolicy()) -> tuple[Graph, tuple[str, ...]]:
+    """`graph` with each attention equation replaced as `policy` says (by default by its tiled
+    scans; the same graph when none is replaced), and a line per equation saying how it runs."""
     if not any(e.primitive in EXPANSIONS for e in graph.eqns):
         return graph, ()
     eqns: list[Eqn] = []
     notes = []
     expanded = False
     for eqn in graph.eqns:
-        how = native(eqn) if native is not None and eqn.primitive in EXPANSIONS else None
-        if how is not None:
-            notes.append(how)
+        if eqn.primitive not in EXPANSIONS:
             eqns.append(eqn)
-        elif eqn.primitive in EXPANSIONS:
-            notes.append(_describe(eqn))
-            eqns.extend(EXPANSIONS[eqn.primitive](eqn))
-            expanded = True
-        else:
-            eqns.append(eqn)
+            continue
+        how, replacement = policy.expansion(eqn)
+        notes.append(how)
+        eqns.extend([eqn] if replacement is None else replacement)
+        expanded = expanded or replacement is not None
     if not expanded:
         return graph, tuple(notes)
     return Graph(graph.constvars, graph.invars, tuple(eqns), graph.outvars), tuple(notes)
@@ -703,13 +732,13 @@ class Tiled:
         return fusion
 
 
-def tile_attention(graph: Graph, native: NativeAttention | None = None) -> Tiled:
+def tile_attention(graph: Graph, policy: AttentionPolicy = AttentionPolicy()) -> Tiled:
     """The "attention" step between the graph passes and fusion: the plain attention a
     program writes becomes `attention` equations (glue.scheduler.passes.attention), and every
-    attention equation its tiled scans (simplified again, since tiling adds layout work), but
-    those the backend runs as a kernel of its own (`native`), which stay one equation each."""
+    attention equation its tiled scans (simplified again, since tiling adds layout work), or
+    what the backend's `policy` says instead."""
     recognised, found = recognize_attention(graph) if config.recognize_attention else (graph, ())
-    expanded, tiled = expand_attention(recognised, native)
+    expanded, tiled = expand_attention(recognised, policy)
     if expanded is not recognised:
         expanded = optimize(expanded)
     return Tiled(expanded, found + tiled)

@@ -7,7 +7,7 @@ from typing import Any, Sequence
 
 from glue.ir import Graph, Literal, TensorType, Var
 from glue.ir.printer import graph_var_names
-from glue.scheduler.attention import NativeAttention, Tiled, tile_attention
+from glue.scheduler.attention import AttentionPolicy, Tiled, tile_attention
 from glue.scheduler.fusion import Fusion
 from glue.scheduler.kernel_ir import Kernel
 from glue.scheduler.memory import MemoryPlan, plan_memory
@@ -77,13 +77,13 @@ class Plan:
         raise KeyError(stage)
 
 
-def prepare(optimized: Graph, native: NativeAttention | None = None) -> Tiled:
+def prepare(optimized: Graph, policy: AttentionPolicy = AttentionPolicy()) -> Tiled:
     """What fusion starts from, given the optimized Graph: hand-written attention recognised and
     every attention tiled (glue/scheduler/attention.py), then rematerialized (remat.py: after
     optimize, whose CSE would merge the recomputed copies back, and after attention tiling,
-    whose recognition a recomputed copy of the scores would defeat). `native`: the attention
-    equations the backend runs as kernels of its own."""
-    tiled = tile_attention(optimized, native)
+    whose recognition a recomputed copy of the scores would defeat). `policy`: how the backend
+    runs attention equations."""
+    tiled = tile_attention(optimized, policy)
     return replace(tiled, graph=rematerialize(tiled.graph))
 
 

@@ -36,7 +36,7 @@ from glue.backend_cuda.codegen.common import WARP, KernelEmitter
 from glue.backend_cuda.codegen.fastmath import pack_bf16x2
 from glue.backend_cuda.codegen.mma import FORMATS, async_call, cp_async, ldmatrix_x4, mma_sync
 from glue.codegen.loops import loop
-from glue.codegen.types import F16, F32, I16, I32, I64, from_memory
+from glue.codegen.types import F16, F32, I16, I32, I64, from_memory, memory_type
 from glue.ir import Eqn, Var
 from glue.ir import dtypes as dt
 from glue.ir.primitives import attention_dims
@@ -447,8 +447,8 @@ def _dq(fl: _Flash, tiles: list[ir.Value], floats: ir.Value) -> None:
     total = fl.f(0.0)
     for d in range(spec.h // 2):
         where = b.add(offset, c(d))
-        o = from_memory(b, b.load(b.gep(o_base, [where], inbounds=True, source_etype=I16), typ=I16), spec.dtype)
-        do = from_memory(b, b.load(b.gep(do_base, [where], inbounds=True, source_etype=I16), typ=I16), spec.dtype)
+        o, do = (from_memory(b, b.load(b.gep(base, [where], inbounds=True, source_etype=I16),
+                                       typ=memory_type(spec.dtype)), spec.dtype) for base in (o_base, do_base))
         total = b.fadd(total, b.fmul(o, do))
     total = b.fadd(total, ke.shuffle_xor(total, 1))
     delta = b.fsub(total, fl.load_row_value(dlse_ptr, first, at, spec.t))
