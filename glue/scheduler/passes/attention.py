@@ -329,9 +329,10 @@ def _replacement(found: _Found, pv: Eqn) -> tuple[Eqn, ...]:
     return tuple(eqns)
 
 
-def recognize_attention(graph: Graph) -> tuple[Graph, tuple[str, ...]]:
+def recognize_attention(graph: Graph, dtypes: frozenset | None = None) -> tuple[Graph, tuple[str, ...]]:
     """`graph` with each hand-written attention replaced by an `attention` equation, and a line
-    per attention-like product saying whether it matched and, if not, why."""
+    per attention-like product saying whether it matched and, if not, why; with `dtypes`, only
+    attention over q, k and v of those types."""
     if not any(e.primitive == "dot_general" for e in graph.eqns):
         return graph, ()
     g = _Graph(graph)
@@ -348,6 +349,8 @@ def recognize_attention(graph: Graph) -> tuple[Graph, tuple[str, ...]]:
                 notes.append(f"{out} = attention not recognised: {no.args[0]}")
             continue
         if found.cone & taken:
+            continue
+        if dtypes is not None and found.q.type.dtype not in dtypes:
             continue
         try:
             replaced[i] = _replacement(found, eqn)
