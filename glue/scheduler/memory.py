@@ -154,11 +154,17 @@ def plan_memory(graph: Graph, kernels: Sequence[Kernel], donated: Sequence[int] 
     # took them). A training loop then passes every value back at the address it came from,
     # and a backend that keys a replay by the addresses (a CUDA graph) replays it; crossed,
     # they would permute from call to call.
+    # An output takes no other output's own donor: one that cannot take its own (its kernel
+    # must not write over it) comes back fresh, and the executor copies it home, rather than
+    # displace another output, which would displace a third, and so on: on the H200 such
+    # chains made a training step's addresses cycle with a period longer than the graphs it
+    # keeps, and it never replayed one.
     same_place = own_donors(output_ids, types, [(d, args[slot].type) for d, slot in donors.items()])
+    owned = set(same_place.values())
 
     def fits(d: int, vid: int) -> bool:
-        return args[donors[d]].type.nbytes == types[vid].nbytes and \
-            _free_by(d, vid, kernels, users, produced[vid], order, loads)
+        return (d == same_place.get(vid) or d not in owned) and args[donors[d]].type.nbytes == types[vid].nbytes \
+            and _free_by(d, vid, kernels, users, produced[vid], order, loads)
 
     def preferred(vid: int, ids: Iterable[int]) -> list[int]:
         """`ids` once each, `vid`'s own donor first."""

@@ -125,3 +125,20 @@ def test_a_row_store_does_not_take_an_input_its_element_stores_read():
     s_slot = next(i for i, b in enumerate(kernel.inputs) if b.type.shape == (64,))
     row_out = next(st.output for st in kernel.stores if st.level == "row")
     assert not reads_only_where_written(kernel, s_slot, row_out)
+
+
+def test_no_output_takes_another_outputs_own_donor():
+    """The new a could write over b (it reads b only where it writes), but b is the new b's
+    own donor: it comes back fresh instead, and the new c (read transposed by the new b, so
+    not in place) too; each keeps its own donor spare, none sits at another's position. In a
+    GPT-style step, outputs taking each other's donors made chains (p' over m, m' over v, ...)
+    whose addresses cycled from call to call, and no CUDA graph replayed."""
+    def rotating(a, b, c):
+        return b * 2.0, a.T + c.T, c * 0.5
+
+    x = np.ones((32, 32), np.float32)
+    plan = plan_for(rotating, x, x, x, donated=(0, 1, 2))
+    results = plan.results()
+    assert [(r.kind, r.slot) for r in results] == [("output", 0), ("donated", 1), ("output", 1)], \
+        plan.as_text("memory")
+    assert plan.memory.spare_donors == (0, 2)
