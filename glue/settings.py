@@ -126,7 +126,7 @@ _FLAGS: tuple[Flag, ...] = (
     # scheduler knobs
     Flag("fold_limit", 1 << 12, _int, "largest constant (elements) the folding pass evaluates"),
     Flag("recognize_attention", True, _bool,
-         "rewrite hand-written attention (scores, softmax, product with v) to the tiled attention kernel",
+         "rewrite hand-written attention (scores, softmax, product with v) to attention equations (flash kernels on the GPU, tiled scans elsewhere)",
          traced=True),
 )
 
