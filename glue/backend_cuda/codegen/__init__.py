@@ -42,7 +42,7 @@ from glue.backend_cuda.codegen.columns import ColumnPlan, columns_fit, emit_colu
 from glue.backend_cuda.codegen.common import KernelEmitter, Launch, Place
 from glue.backend_cuda.codegen.contraction import emit_contraction
 from glue.backend_cuda.codegen.data import emit_data
-from glue.backend_cuda.codegen.flash import PARTS, FlashSpec, emit_flash
+from glue.backend_cuda.codegen.flash import PARTS, emit_flash, flash_spec
 from glue.backend_cuda.codegen.library import library_launches
 from glue.backend_cuda.codegen.pointwise import emit_pointwise
 from glue.backend_cuda.codegen.rows import emit_rows
@@ -97,7 +97,7 @@ class _Recipe:
         if self.columns:
             shape = emit_columns(ke, ColumnPlan(self.kernel, ke.analysis))
         elif self.kernel.kind == "attention":
-            shape = emit_flash(ke, FlashSpec.of(self.kernel.call), self.part)
+            shape = emit_flash(ke, flash_spec(self.kernel.call), self.part)
         else:
             shape = emit_contraction(ke) if self.kernel.kind == "contraction" else None
             if shape is None:
@@ -283,8 +283,8 @@ class _Builder:
              extra: tuple[Place, ...] = (), part: str = "") -> DeviceKernel:
         constant = sorted(i for i, p in enumerate(inputs) if p.kind == "argument" and p not in self.written)
         label = _symbol("_".join(kernel.ops[:5]) + (f"_{part}" if part else ""))[:60]
-        # an attention kernel is its equation's facts (FlashSpec), not the equation's variables
-        keyed, what = (replace(kernel, call=None), repr(FlashSpec.of(kernel.call))) if part else (kernel, "")
+        # an attention kernel is its equation's facts (flash_spec), not the equation's variables
+        keyed, what = (replace(kernel, call=None), repr(flash_spec(kernel.call))) if part else (kernel, "")
         key = kernel_key(keyed, aliases(inputs + outputs + list(extra)), *self.context, f"constant inputs {constant}",
                          f"columns={columns} working memory {len(extra)}", label, what)
         found = self._by_key.get(key)

@@ -27,7 +27,6 @@ dQ and dK are scaled by the softmax scale at the end. Everything accumulates in 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Callable
 
 from llvmlite import ir
@@ -40,6 +39,7 @@ from glue.codegen.types import F16, F32, I16, I32, I64, from_memory, memory_type
 from glue.ir import Eqn, Var
 from glue.ir import dtypes as dt
 from glue.ir.primitives import attention_dims
+from glue.scheduler.attention import Spec
 
 ROWS = 64                # a block's rows, and the rows of each tile it walks
 WARPS = ROWS // 16       # each warp 16 rows (one m16 fragment)
@@ -49,37 +49,16 @@ LOG2E = 1.4426950408889634
 PARTS = {"attention": ("forward",), "attention_bwd": ("dq", "dkv")}
 
 
-@dataclass(frozen=True)
-class FlashSpec:
-    """The attention a flash kernel computes: batch, query heads, queries, head size, kv heads,
-    keys; q's layout; the causal rule; the softmax scale; the 16-bit type."""
+def flash_spec(eqn: Eqn) -> Spec:
+    """The dimensions and params of the attention a flash kernel computes."""
+    return Spec.of(*(a.type for a in eqn.inputs[:3]), eqn.param_dict)
 
-    b: int
-    n: int
-    t: int
-    h: int
-    kv: int
-    s: int
-    layout: str
-    causal: bool
-    scale: float
-    dtype: dt.DType
 
-    @staticmethod
-    def of(eqn: Eqn) -> "FlashSpec":
-        q, k, v = (a.type for a in eqn.inputs[:3])
-        p = eqn.param_dict
-        b, n, t, h, kv, s, _ = attention_dims(q, k, v, p["layout"])
-        return FlashSpec(b, n, t, h, kv, s, p["layout"], p["causal"], p["scale"], q.dtype)
-
-    @property
-    def group(self) -> int:
-        return self.n // self.kv
-
-    def grid(self, part: str) -> int:
-        rows = self.s if part == "dkv" else self.t
-        heads = self.kv if part == "dkv" else self.n
-        return self.b * heads * -(-rows // ROWS)
+def _grid(spec: Spec, part: str) -> int:
+    """Blocks of a part: one per 64 queries of a (batch, head), or per 64 keys of a kv head."""
+    rows = spec.s if part == "dkv" else spec.t
+    heads = spec.kv if part == "dkv" else spec.n
+    return spec.b * heads * -(-rows // ROWS)
 
 
 def why_not_flash(eqn: Eqn, sm: int) -> str | None:
@@ -102,7 +81,7 @@ def why_not_flash(eqn: Eqn, sm: int) -> str | None:
 
 def flash_note(eqn: Eqn) -> str:
     """The "fusion" stage's line for an equation the flash kernels run."""
-    spec = FlashSpec.of(eqn)
+    spec = flash_spec(eqn)
     kernels = "one flash kernel" if eqn.primitive == "attention" else "two flash kernels (dq; dk, dv)"
     return (f"{eqn.primitive} (B={spec.b} N={spec.n} T={spec.t} S={spec.s} H={spec.h}"
             f"{' causal' if spec.causal else ''}) runs as {kernels}, {ROWS} x {ROWS} tiles on tensor cores, "
@@ -112,7 +91,7 @@ def flash_note(eqn: Eqn) -> str:
 class _Flash:
     """What the three kernels share: indices, staged tiles, fragments, packing."""
 
-    def __init__(self, ke: KernelEmitter, spec: FlashSpec):
+    def __init__(self, ke: KernelEmitter, spec: Spec):
         self.ke, self.spec, self.b = ke, spec, ke.b
         self.fmt = FORMATS["bf16" if spec.dtype == dt.bfloat16 else "f16"]
         self.pitch = spec.h + PAD
@@ -283,7 +262,7 @@ class _Flash:
         return b.select(ok, got, self.f(0.0))
 
 
-def emit_flash(ke: KernelEmitter, spec: FlashSpec, part: str) -> tuple[int, int, str]:
+def emit_flash(ke: KernelEmitter, spec: Spec, part: str) -> tuple[int, int, str]:
     """Emit one flash kernel (`part`: forward | dq | dkv); its grid, block and strategy."""
     fl = _Flash(ke, spec)
     stages = {"forward": 5, "dq": 6, "dkv": 6}[part]
@@ -293,7 +272,7 @@ def emit_flash(ke: KernelEmitter, spec: FlashSpec, part: str) -> tuple[int, int,
     floats = ke.shared_at(smem, fl.c(stages * fl.tile), I16)  # float32 row values after the tiles
     {"forward": _forward, "dq": _dq, "dkv": _dkv}[part](fl, tiles, floats)
     ke.b.ret_void()
-    return spec.grid(part), THREADS, f"flash {part} {fl.fmt.name} {ROWS}x{ROWS} h{spec.h}{' causal' if spec.causal else ''}"
+    return _grid(spec, part), THREADS, f"flash {part} {fl.fmt.name} {ROWS}x{ROWS} h{spec.h}{' causal' if spec.causal else ''}"
 
 
 def _query_block(fl: _Flash) -> tuple[ir.Value, ir.Value, ir.Value, ir.Value, ir.Value]:
@@ -559,4 +538,4 @@ def _dkv(fl: _Flash, tiles: list[ir.Value], floats: ir.Value) -> None:
     fl.store_rows(dv, fl.rows_of(dv_ptr, batch, kv_head, spec.kv, spec.s), k0, spec.s, fl.f(1.0))
 
 
-__all__ = ["FlashSpec", "PARTS", "emit_flash", "flash_note", "why_not_flash"]
+__all__ = ["PARTS", "emit_flash", "flash_note", "flash_spec", "why_not_flash"]
