@@ -17,8 +17,9 @@ the aliasing of its operands, which inputs are constant arguments, the arch and 
 the emitters read): the launches of identical kernels (a model's layers) share one
 `DeviceKernel`, its symbol made of its first fused ops and its key. A kernel's code is found in
 this process's memory, in the disk cache (its PTX and how it launches, so a warm start emits no
-LLVM at all), or else emitted here into a module of its own; `ptx.py` compiles the missing
-modules side by side.
+LLVM at all), or else emitted here into a module of its own, which goes to the compile workers
+(`ptx.py`'s job) as soon as it is emitted, so that LLVM optimises it while this process emits
+the next; the "ptx" stage waits for them.
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ import logging
 import re
 import time
 import weakref
+from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
@@ -118,6 +120,7 @@ class DeviceKernel:
     recipe: _Recipe
     ptx: str | None = None
     _llvm_ir: str | None = field(default=None, repr=False)
+    compiling: Future | None = field(default=None, repr=False)  # its PTX job, once submitted
 
     @property
     def llvm_ir(self) -> str:
@@ -225,8 +228,11 @@ def compile_ptx(program: CudaProgram, opt_level: int, stats: dict[str, KernelSta
     """The PTX of every distinct kernel of `program`: what the caches held, and the rest
     compiled side by side (the compile workers) and stored."""
     missing = [k for k in program.kernels.values() if k.ptx is None]
-    jobs = Jobs(len(missing))
-    futures = [(k, jobs.submit(*ptx_job(k.llvm_ir, program.arch, opt_level), label=k.symbol)) for k in missing]
+    unsent = [k for k in missing if k.compiling is None]
+    jobs = Jobs(len(unsent)) if unsent else None
+    for k in unsent:
+        k.compiling = jobs.submit(*ptx_job(k.llvm_ir, program.arch, opt_level), label=k.symbol)
+    futures = [(k, k.compiling) for k in missing]
     for kernel, future in futures:
         try:
             ptx, seconds = future.result()
@@ -278,6 +284,22 @@ class _Builder:
                         f"llvmlite {llvmlite.__version__}", settings)
         self.kernels: dict[str, DeviceKernel] = {}
         self._by_key: dict[bytes, DeviceKernel] = {}
+        self.opt_level = opt_level
+        self._jobs: Jobs | None = None
+        self._unsent: list[DeviceKernel] = []
+
+    def _send(self, kernel: DeviceKernel) -> None:
+        """Start compiling a kernel just emitted, so that LLVM optimises it in a compile worker
+        while this process emits the next one. A program's first one waits for a second (a lone
+        kernel compiles in this process, with no worker to start: `compile_ptx` sends it)."""
+        self._unsent.append(kernel)
+        if self._jobs is None and len(self._unsent) < 2:
+            return
+        if self._jobs is None:
+            self._jobs = Jobs(len(self._unsent))
+        for k in self._unsent:
+            k.compiling = self._jobs.submit(*ptx_job(k.llvm_ir, self.arch, self.opt_level), label=k.symbol)
+        self._unsent.clear()
 
     def code(self, kernel: Kernel, inputs: list[Place], outputs: list[Place], columns: bool = False,
              extra: tuple[Place, ...] = (), part: str = "") -> DeviceKernel:
@@ -304,6 +326,7 @@ class _Builder:
         stats.add("disk cache" if source == "disk" else "memory cache", cached - start)
         if source == "built":
             stats.add("llvm build", time.perf_counter() - cached)
+            self._send(found)
         self._by_key[key] = self.kernels[found.symbol] = found
         return found
 
