@@ -222,3 +222,33 @@ def test_several_tiles_and_every_bias_broadcast(bias_shape, causal):
     want = glue.jit(glue.grad(loss(plain), argnums=(0, 1, 2, 3)), backend="reference")(q, k, v, bias)
     for g, w in zip(grad(q, k, v, bias), want):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-4, atol=1e-4)
+
+
+def _training_loss(dtype):
+    """A GPT block's attention as a training step writes it: (B, N, T, H) scores in float32,
+    the causal `where`, glue.nn.softmax (whose row max is a stop_gradient), back to `dtype`."""
+    def loss(q, k, v, w):
+        t = q.shape[2]
+        s = (q @ gnp.swapaxes(k, -1, -2)).astype(gnp.float32) * (1.0 / math.sqrt(q.shape[-1]))
+        s = gnp.where(gnp.tril(gnp.ones((t, t), dtype=bool)), s, -1e9)
+        o = nn.softmax(s, axis=-1).astype(dtype) @ v
+        return (o.astype(gnp.float32) * w).sum()
+    return loss
+
+
+@pytest.mark.parametrize("dtype", [dt.bfloat16, dt.float32])
+def test_grad_recognises_16_bit_attention_before_differentiating(dtype):
+    """In 16 bits the gradient program holds attention and attention_bwd (never P); float32
+    attention keeps its written-out derivative. Both give the reference's gradients."""
+    rng = np.random.default_rng(11)
+    q, k, v = (np.asarray(gnp.astype(gnp.asarray(rng.standard_normal((2, 2, 24, 16)).astype(np.float32)), dtype))
+               for _ in range(3))
+    w = rng.standard_normal((2, 2, 24, 16)).astype(np.float32)
+    grad = glue.grad(_training_loss(dtype), argnums=(0, 1, 2))
+    text = str(glue.make_ir(grad)(q, k, v, w))
+    assert ("attention_bwd" in text) == (dtype != dt.float32), text[:2000]
+    got = glue.jit(grad, backend="cpu")(q, k, v, w)
+    with glue.config.override(recognize_attention=False):
+        want = glue.jit(grad, backend="reference")(q, k, v, w)
+    for g, x in zip(got, want):
+        _close(g, x, dtype)
