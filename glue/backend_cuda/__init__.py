@@ -20,7 +20,7 @@ from typing import Any
 from glue.backend.contract import Backend, Lowering, Options, add_plan_stages
 from glue.backend_cuda.codegen import CudaProgram, build_program, compile_ptx
 from glue.backend_cuda.codegen.flash import flash_note, why_not_flash
-from glue.backend_cuda.ptx import DEFAULT_ARCH, PTX_FEATURES, ProgramPtx
+from glue.backend_cuda.ptx import DEFAULT_ARCH, PTX_FEATURES, ProgramPtx, sm_number
 from glue.backend_cuda.runtime import driver
 from glue.codegen.analysis import estimate_cost
 from glue.errors import GlueError
@@ -134,7 +134,7 @@ def _attention(options: CudaOptions) -> AttentionPolicy:
     the plain math up to UNFUSED_SCORES_BYTES of scores, else tiled."""
     if not options.aligned or not config.cuda_tensor_cores:
         return AttentionPolicy(unfused_bytes=UNFUSED_SCORES_BYTES)
-    sm = int(options.arch.removeprefix("sm_").rstrip("a"))
+    sm = sm_number(options.arch)
     return AttentionPolicy(lambda eqn: None if why_not_flash(eqn, sm) else flash_note(eqn), UNFUSED_SCORES_BYTES)
 
 

@@ -25,6 +25,11 @@ PTX_FEATURES = {"sm_75": "+ptx63", "sm_80": "+ptx70", "sm_86": "+ptx71", "sm_89"
                 "sm_90": "+ptx80", "sm_90a": "+ptx80"}
 
 
+def sm_number(arch: str) -> int:
+    """The compute capability an arch names, as a number (sm_90a -> 90)."""
+    return int(arch.removeprefix("sm_").rstrip("a"))
+
+
 def ptx_job(llvm_ir: str, arch: str, opt_level: int) -> tuple[str, tuple]:
     """The compile job (`glue.backend.workers.Jobs.submit`) that makes a module's PTX."""
     if arch not in PTX_FEATURES:

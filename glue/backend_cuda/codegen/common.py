@@ -32,7 +32,7 @@ from typing import Any, Callable, Sequence
 from llvmlite import ir
 
 from glue.backend_cuda.codegen.fastmath import GpuEmitter, pack_bf16x2
-from glue.backend_cuda.ptx import DEFAULT_ARCH
+from glue.backend_cuda.ptx import DEFAULT_ARCH, sm_number
 from glue.codegen import reductions
 from glue.codegen.buffers import BufferAccess
 from glue.codegen.expr import ExprEmitter, convert
@@ -224,7 +224,7 @@ class KernelEmitter(BufferAccess):
     @property
     def sm(self) -> int:
         """The target's compute capability as a number (sm_90a -> 90)."""
-        return int(self.arch.removeprefix("sm_").rstrip("a"))
+        return sm_number(self.arch)
 
     @property
     def packs_bf16(self) -> bool:

@@ -63,15 +63,15 @@ def _exp2(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
     return _nvvm(b, "llvm.nvvm.ex2.approx.f", x)
 
 
-def _exp2_ftz(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+def exp2_ftz(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
     return _nvvm(b, "llvm.nvvm.ex2.approx.ftz.f", x)
 
 
 def _exp_ftz(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
-    return _exp2_ftz(b, b.fmul(x, _c(math.log2(math.e))))
+    return exp2_ftz(b, b.fmul(x, _c(math.log2(math.e))))
 
 
-def _log2_ftz(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+def log2_ftz(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
     return _nvvm(b, "llvm.nvvm.lg2.approx.ftz.f", x)
 
 
@@ -82,7 +82,7 @@ def _fast_div(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
 def _tanh(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
     """sign(x) (1 - 2 / (1 + e^(2|x|))): absolute error about 1e-7, fine for 16-bit results."""
     ax = b.call(intrinsic(b.module, "llvm.fabs", F32, [F32], [F32]), [x])
-    t = _exp2_ftz(b, b.fmul(ax, _c(2 * math.log2(math.e))))
+    t = exp2_ftz(b, b.fmul(ax, _c(2 * math.log2(math.e))))
     r = b.fsub(_c(1.0), _fast_div(b, _c(2.0), b.fadd(t, _c(1.0))))
     return b.call(intrinsic(b.module, "llvm.copysign", F32, [F32, F32], [F32]), [r, x])
 
@@ -95,8 +95,8 @@ def _logistic(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
 # each (the others add instructions to handle subnormal inputs and results).
 FAST_UNARY = RuleTable("cuda 16-bit special functions")  # a fast path for some, not all
 FAST_UNARY.update({
-    "exp": _exp_ftz, "exp2": _exp2_ftz, "log2": _log2_ftz,
-    "log": lambda b, x: b.fmul(_log2_ftz(b, x), _c(math.log(2))),
+    "exp": _exp_ftz, "exp2": exp2_ftz, "log2": log2_ftz,
+    "log": lambda b, x: b.fmul(log2_ftz(b, x), _c(math.log(2))),
     "sqrt": lambda b, x: _nvvm(b, "llvm.nvvm.sqrt.approx.ftz.f", x),
     "rsqrt": lambda b, x: _nvvm(b, "llvm.nvvm.rsqrt.approx.ftz.f", x),
     "tanh": _tanh, "logistic": _logistic,

@@ -4,7 +4,8 @@ which ever holds the T x S scores outside registers.
 
 Served: 16-bit q, k, v (bfloat16 or float16) of one head size that is a multiple of 16 up to
 128, either layout, grouped-query heads, causal or not, no bias and no mask operand (the others
-run as the scheduler's tiled scans: `why_not_flash` says why). A block of four warps takes 64
+run as the backend's attention policy says: glue/backend_cuda/__init__.py; `why_not_flash`
+says why). A block of four warps takes 64
 rows (each warp 16 of them, as m16n8k16 `mma.sync` fragments) and walks 64-row tiles of the
 other operand through shared memory, copied by `cp.async` into two stages, so the next tile's
 copies fly while this one multiplies; `ldmatrix` loads the fragments (`.trans` where the
@@ -32,7 +33,7 @@ from typing import Callable
 from llvmlite import ir
 
 from glue.backend_cuda.codegen.common import WARP, KernelEmitter
-from glue.backend_cuda.codegen.fastmath import pack_bf16x2
+from glue.backend_cuda.codegen.fastmath import exp2_ftz, log2_ftz, pack_bf16x2
 from glue.backend_cuda.codegen.mma import FORMATS, async_call, cp_async, ldmatrix_x4, mma_sync
 from glue.codegen.loops import loop
 from glue.codegen.types import F16, F32, I16, I32, I64, from_memory, memory_type
@@ -219,17 +220,7 @@ class _Flash:
             value = self.b.select(self.b.fcmp_ordered(">", other, value), other, value)
         return value
 
-    def exp2(self, x: ir.Value) -> ir.Value:
-        name = "llvm.nvvm.ex2.approx.ftz.f"
-        fn = self.ke.module.globals.get(name) or ir.Function(self.ke.module, ir.FunctionType(F32, [F32]), name)
-        return self.b.call(fn, [x])
-
-    def log2(self, x: ir.Value) -> ir.Value:
-        name = "llvm.nvvm.lg2.approx.ftz.f"
-        fn = self.ke.module.globals.get(name) or ir.Function(self.ke.module, ir.FunctionType(F32, [F32]), name)
-        return self.b.call(fn, [x])
-
-    def keep(self, row: ir.Value | None, col: ir.Value, cols: int) -> ir.Value | None:
+    def keep(self, row: ir.Value, col: ir.Value, cols: int) -> ir.Value | None:
         """Whether the logit at (query row, key col) counts: col inside `cols`, and under the
         causal rule col <= row (None: always)."""
         b = self.b
@@ -356,11 +347,11 @@ def _forward(fl: _Flash, tiles: list[ir.Value], floats: ir.Value) -> None:
             m = b.select(b.fcmp_ordered(">", tile_max, m_old[half]), tile_max, m_old[half])
             usable = b.select(b.fcmp_ordered("==", m, inf), fl.f(0.0), m)  # a row with nothing yet
             m_new.append(m)
-            alpha.append((fl.exp2(b.fsub(m_old[half], usable)), usable))
+            alpha.append((exp2_ftz(fl.b, b.fsub(m_old[half], usable)), usable))
         sums = [fl.f(0.0), fl.f(0.0)]
         for regs in s:
             for r in range(4):
-                regs[r] = fl.exp2(b.fsub(regs[r], alpha[r // 2][1]))
+                regs[r] = exp2_ftz(fl.b, b.fsub(regs[r], alpha[r // 2][1]))
                 sums[r // 2] = b.fadd(sums[r // 2], regs[r])
         o = [[b.fmul(regs[r], alpha[r // 2][0]) for r in range(4)] for regs in o]
         o = fl.times_tile(s, v_tile, o)
@@ -376,7 +367,7 @@ def _forward(fl: _Flash, tiles: list[ir.Value], floats: ir.Value) -> None:
     first = b.mul(b.add(b.mul(batch, c(spec.n)), head), c(spec.t))
     for half in range(2):
         row = rows[half]
-        lse = b.fmul(b.fadd(m[half], fl.log2(l[half])), fl.f(1 / LOG2E))
+        lse = b.fmul(b.fadd(m[half], log2_ftz(fl.b, l[half])), fl.f(1 / LOG2E))
         with b.if_then(b.and_(b.icmp_unsigned("==", fl.quad, c(0)), b.icmp_unsigned("<", row, c(spec.t)))):
             b.store(lse, b.gep(lse_ptr, [b.add(first, row)], inbounds=True, source_etype=F32))
 
@@ -391,7 +382,7 @@ def _softmax_grad(fl: _Flash, s: list[list[ir.Value]], dp: list[list[ir.Value]],
     for f, (s_regs, dp_regs) in enumerate(zip(s, dp)):
         p_regs, ds_regs = [], []
         for r in range(4):
-            p = fl.exp2(b.fsub(b.fmul(s_regs[r], scale), lse2(f, r)))
+            p = exp2_ftz(fl.b, b.fsub(b.fmul(s_regs[r], scale), lse2(f, r)))
             ok = keep(f, r)
             if ok is not None:
                 p = b.select(ok, p, fl.f(0.0))
