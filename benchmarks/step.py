@@ -217,9 +217,13 @@ def glue_step(cfg: Config, backend: str, bf16: bool) -> Result:
     peak = None
     if backend == "cuda":
         peak = get_context().allocator.stats().peak_bytes_in_use / 2 ** 20
-        choices = list(getattr(next(iter(jitted._compiled.values())).executable, "gemm_choices", {}).values())
+        exe = next(iter(jitted._compiled.values())).executable
+        choices = list(getattr(exe, "gemm_choices", {}).values())
         print(f"glue contractions: {choices.count('library')} on cuBLASLt, {choices.count('codegen')} on "
               f"glue's own kernels", flush=True)
+        graphs = exe.graph_stats
+        print(f"glue calls: {graphs.replays} graph replays, {graphs.captures} captures, {graphs.direct} direct "
+              f"launches", flush=True)
         memory = jitted_memory(jitted)
         print(f"glue memory: {memory.report(0).splitlines()[0]}; the allocator's peak {peak:.1f} MiB, "
               f"{peak - (memory.peak_bytes + memory.scratch_bytes) / 2 ** 20:+.1f} beside the plan's peak and scratch",
