@@ -4,7 +4,10 @@ A plan kernel that has both variants (see codegen/library.py) is timed both ways
 the program loads, on random data in buffers of the program's types, and the faster variant
 runs; the choice is kept in the disk cache (namespace "gemm"), keyed by the kernel's text, the
 arch, the library's version and both variants' launch strategies, so a later process does not
-race again. `glue.config.gemm` forces one variant ("library" | "codegen"); with
+race again. Each variant is timed as the step runs it, in a CUDA graph (REPEATS runs back to
+back, replayed): timed by events around direct launches, a small product's time would be the
+host's time to queue it, which graph replays do not pay, and the library's call costs the host
+more than a kernel launch. `glue.config.gemm` forces one variant ("library" | "codegen"); with
 `glue.config.autotune` off, a kernel with both takes the library's. The choices and their
 timings are on the executable (`gemm_choices`, `gemm_timings`) and in GLUE_DEBUG's log.
 """
@@ -20,6 +23,7 @@ from glue import profiler
 from glue.backend.cache import DiskCache, digest
 from glue.errors import BackendError
 from glue.backend_cuda.runtime.device_array import DeviceBuffer
+from glue.backend_cuda.runtime.graph import capture
 from glue.backend_cuda.runtime.stream import Event
 from glue.backend_cuda.runtime.transfer import upload
 from glue.ir import TensorType
@@ -32,7 +36,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("glue")
 DISK = DiskCache("gemm")
-WARMUP, RUNS = 2, 10
+WARMUP, RUNS, REPEATS = 2, 7, 8
 
 
 def _key(program: "CudaProgram", group: int) -> bytes:
@@ -40,7 +44,7 @@ def _key(program: "CudaProgram", group: int) -> bytes:
 
     launches = [l for l in program.launches if l.group == group]
     strategies = "|".join(f"{l.variant}:{l.strategy}" for l in launches)
-    return digest("gemm choice", program.arch, cublaslt.version(), str(program.plan.kernels[group]), strategies)
+    return digest("gemm choice, graph-timed", program.arch, cublaslt.version(), str(program.plan.kernels[group]), strategies)
 
 
 def choose_variants(exe: "CudaExecutable", program: "CudaProgram") -> dict[int, str]:
@@ -143,8 +147,9 @@ class _ArenaSpace:
 
 
 def race(exe: "CudaExecutable", program: "CudaProgram", group: int, rng: np.random.Generator) -> dict[str, float]:
-    """Microseconds per run of each variant of plan kernel `group` (median of RUNS event-timed
-    runs after WARMUP), every launch on the executable's first stream. The arguments and outputs
+    """Microseconds per run of each variant of plan kernel `group`: a graph of REPEATS runs,
+    every launch on the executable's first stream, replayed WARMUP + RUNS times, the median of
+    the timed replays over REPEATS. The arguments and outputs
     the variants touch are made for the race, random (a GPT step's arguments are hundreds of
     megabytes, and each product reads a few of them), in arena space the kernel's own
     intermediates leave free."""
@@ -175,14 +180,16 @@ def race(exe: "CudaExecutable", program: "CudaProgram", group: int, rng: np.rand
     for variant, variant_steps in steps.items():
         for step in variant_steps:
             step.stream, step.waits, step.record, step.dependent = stream, (), None, None
+        exe.run_steps(variant_steps, bases)  # the library plans and allocates outside the capture
+        graph = capture(stream, lambda: [exe.run_steps(variant_steps, bases) for _ in range(REPEATS)])
         samples = []
         for run in range(WARMUP + RUNS):
             start, end = Event(exe.ctx, timing=True), Event(exe.ctx, timing=True)
             start.record(stream)
-            exe.run_steps(variant_steps, bases)
+            graph.launch(stream)
             end.record(stream)
             end.synchronize()
             if run >= WARMUP:
-                samples.append(start.elapsed_ms(end) * 1e3)
+                samples.append(start.elapsed_ms(end) * 1e3 / REPEATS)
         times[variant] = statistics.median(samples)
     return times

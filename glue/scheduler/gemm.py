@@ -316,9 +316,34 @@ def operand_kernel(spec: GemmSpec, side: str, name: str) -> Kernel:
 
 
 def product_type(spec: GemmSpec) -> TensorType:
-    """The [batch, m, n] buffer a product writes when its epilogue runs after it."""
+    """The [batch, m, n] buffer a product writes when its epilogue runs after it: in the
+    accumulator's dtype, or in the narrower float that every use of the accumulator rounds it
+    to first, when that is the operands' dtype (a bf16 product's bias and activation): the
+    library rounds it as the cast would, and the buffer is half the bytes to write and read."""
     batches, m, n, _ = spec.shape
-    return TensorType((batches, m, n), spec.accumulator)
+    rounded = _rounded_to(spec.kernel)
+    # (a library writes a 16-bit product of 16-bit operands, not of float32 ones)
+    return TensorType((batches, m, n), rounded if rounded == spec.operand_dtype else spec.accumulator)
+
+
+def _rounded_to(kernel: Kernel) -> DType | None:
+    """The dtype every use of the kernel's accumulator (row value 0) converts it to first, when
+    there is one such dtype and it is a narrower float; else None."""
+    targets = set()
+    for s in kernel.stores:
+        if isinstance(s.value, RowValue):
+            return None
+    for e in subexpressions(s.value for s in kernel.stores):
+        for child in children(e):
+            if isinstance(child, RowValue):
+                if not (isinstance(e, Op) and e.primitive == "convert_element_type"):
+                    return None
+                targets.add(e.dtype)
+    accumulator = kernel.reductions[0].dtype
+    if len(targets) != 1:
+        return None
+    (target,) = targets
+    return target if target.is_float and target.itemsize < accumulator.itemsize else None
 
 
 def epilogue_kernel(spec: GemmSpec, name: str) -> Kernel:
@@ -328,7 +353,7 @@ def epilogue_kernel(spec: GemmSpec, name: str) -> Kernel:
     extents = k.parallel
     at = {d: Index.dim(d) for d in range(len(k.parallel))}
     product = Load(len(k.inputs), (_group_index(spec.batch, extents, at), _group_index(spec.m, extents, at),
-                                   _group_index(spec.n, extents, at)), spec.accumulator)
+                                   _group_index(spec.n, extents, at)), product_type(spec).dtype)
     values = substitute([s.value for s in k.stores], at, {0: product})
     stores = tuple(Store(s.output, v, "element", s.index, s.mode, s.mask) for s, v in zip(k.stores, values))
     inputs = k.inputs + (Buffer(-1, product_type(spec)),)

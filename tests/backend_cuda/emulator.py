@@ -255,7 +255,7 @@ def host_ir(nvptx_ir: str) -> str:
     text = re.sub(r'^(@"?\w+_dynamic_smem"?) = external global \[0 x i8\]', r"\1 = internal global [262144 x i8] zeroinitializer",
                   text, flags=re.M)
     # cache hints and grid dependencies (blocks run one kernel at a time here): no-ops
-    text = re.sub(r"^.*asm sideeffect \"(prefetch|griddepcontrol|membar).*$", "", text, flags=re.M)
+    text = re.sub(r"^.*asm sideeffect \"(prefetch|griddepcontrol|membar|fence).*$", "", text, flags=re.M)
     text, packs = re.subn(r'asm\s+"cvt\.rn\.bf16x2\.f32 \$0, \$1, \$2;", "=r,f,f"', '@"emu_bf16x2"', text)
     if packs:
         text += '\ndeclare i32 @"emu_bf16x2"(float, float)\n'

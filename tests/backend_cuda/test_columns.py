@@ -26,6 +26,11 @@ def _norm_grads(x, dy, g):
     return (dy * xh).sum(0), dy.sum(0), g - 0.1 * (dy * xh).sum(0)
 
 
+def _qkv_bias_grad(dq, dk, dv):
+    rows = [gnp.swapaxes(d, 1, 2).reshape(d.shape[0], d.shape[2], -1) for d in (dq, dk, dv)]
+    return gnp.concatenate(rows, axis=-1).sum((0, 1))
+
+
 CASES = {
     "norm weight and bias grads": (_norm_grads, [(1024, 256), (1024, 256), (256,)], np.float32, True),
     "bias grad over batch and tokens": (lambda dy: dy.sum((0, 1)), [(4, 96, 384)], np.float32, True),
@@ -39,6 +44,10 @@ CASES = {
     # a norm's gradients at GPT-2 width: 24 tiles of 32 row groups, slices and splits
     "wide norm grads": (_norm_grads, [(2048, 768), (2048, 768), (768,)], np.float32, True),
     "fewer points than slices": (lambda dy: (dy.sum(0), dy.max(0)), [(3, 1000)], np.float32, True),
+    # the qkv bias gradient: heads (B, H, T, D) back to (B, T, H*D) and concatenated, the rows
+    # contiguous only over runs of D = 64 (the loads are masked by the concatenation)
+    "bias grad through heads": (_qkv_bias_grad, [(2, 4, 48, 64)] * 3, np.float32, True),
+    "bias grad through narrow heads": (_qkv_bias_grad, [(2, 4, 40, 16)] * 3, np.float32, False),
     # the stored value is the summed one (an SGD step's weight gradient and its momentum update)
     "element output the sum shares": (lambda x, y: ((x * y - x).sum(0), x * y - x), [(32, 10), (32, 10)],
                                       np.float32, True),
@@ -97,7 +106,7 @@ def test_the_splits_use_scratch_and_counters_and_ptxas_accepts_them():
     program = low["llvm"]
     assert program.counters > 0 and sum(program.scratch) > 0
     modules = low["ptx"].modules
-    assert any("atom.global.add.u32" in ptx and "membar.gl" in ptx for ptx in modules.values())
+    assert any("atom.global.add.u32" in ptx and "fence.acq_rel.gpu" in ptx for ptx in modules.values())
     if ptxas_available():
         for ptx in modules.values():
             assert "0 bytes spill stores" in assemble(ptx, "sm_90")

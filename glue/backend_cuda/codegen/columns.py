@@ -22,7 +22,8 @@ Element-level stores that need no row value (a gradient a sibling kernel merged 
 from the same loads) are written as the points are folded. It takes kernels whose reductions
 (sum, prod, max, min) use no row values (one level), whose element stores use none either,
 and where every load that reads both the reduced dims and the rows moves contiguously along
-the last parallel dim and not along the last reduced dim.
+the last parallel dim (at least over aligned runs of 32 rows, as after a reshape that splits
+it: attention's heads) and not along the last reduced dim.
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ import math
 from llvmlite import ir
 
 from glue.backend_cuda.codegen.common import (VOID, KernelEmitter, LaneGroup, Partial, Vectorization, flat_index,
-                                              moves_with, pow2_at_least, when)
+                                              moves_in_runs, moves_with, pow2_at_least, when)
 from glue.codegen.loops import loop, unflatten
 from glue.codegen.scope import Analysis
 from glue.codegen.types import I32, I64
@@ -40,8 +41,10 @@ from glue.scheduler.kernel_ir import Kernel, Load, subexpressions
 BLOCK = 256
 GROUPS_PER_BLOCK = 32  # a warp's row groups: its loads of one point are 32 consecutive vectors
 SLICES = 8             # threads per row group: each folds the others' partials, one by one
-ROWS_PER_THREAD = 8    # reduced points a thread folds, at least, before its partials are written
+ROWS_PER_THREAD = 4    # reduced points a thread folds, at least, before its partials are written
+UNROLL = 4             # points whose loads a thread issues before it folds the first of them
 TARGET_BLOCKS = 264    # two blocks per H200 multiprocessor
+FOLD_UNROLL = 4        # rounds of the splits' partials the last block loads at once
 SLOT_BYTES = 8         # a partial's slot in scratch holds any register type up to 64 bits
 
 
@@ -64,7 +67,7 @@ def columns_fit(kernel: Kernel, analysis: Analysis) -> bool:
         return False
     for ld in strided:
         flat = flat_index(ld.index, k.inputs[ld.input].type.shape)
-        if not moves_with(flat, column, analysis) or moves_with(flat, last_reduced, analysis):
+        if not moves_in_runs(flat, column, GROUPS_PER_BLOCK, analysis) or moves_with(flat, last_reduced, analysis):
             return False
     return True
 
@@ -138,7 +141,9 @@ def emit_columns(ke: KernelEmitter, plan: ColumnPlan) -> tuple[int, int, str]:
         return out
 
     carried = [v for lane in starts for p in lane for v in p.values]
-    folded = loop(b, lo, hi, body, carried, name="point", vectorize=False)
+    # Unrolled, a thread's loads of several points are in flight at once: a split is only a few
+    # points long, and one point at a time its time is that many memory latencies.
+    folded = loop(b, lo, hi, body, carried, name="point", vectorize=False, unroll=UNROLL)
     partials = _combine_slices(ke, plan, _unpack(folded, k, plan.width, shapes), slice_, column)
     first_slice = b.icmp_unsigned("==", slice_, c(0))
     writer = b.and_(valid, first_slice) if valid is not None else first_slice
@@ -217,15 +222,20 @@ def _combine_splits(ke: KernelEmitter, plan: ColumnPlan, partials: list[list[Par
             row = b.add(first, c(lane))
             for i, p in enumerate(lane_partials):
                 b.store(p.values[0], _slot(ke, plan, split, i, row))
-    _fence(ke)
+    # The barrier orders every thread's partials before thread 0's fence, which releases them
+    # to the GPU with its count; the last block's thread 0 acquires the others' the same way
+    # before its barrier (the pattern of a cooperative grid sync: one fence per block, not per
+    # thread, each costing a wait for the thread's writes).
     ke.barrier()
     flag = ke.shared(I32, 1)
     counter = b.gep(ke.extra_ptrs[1], [tile], inbounds=True, source_etype=I32)
     with b.if_then(b.icmp_unsigned("==", ke.thread_index(), c(0))):
+        _fence(ke)
         old = b.atomic_rmw("add", counter, ir.Constant(I32, 1), "monotonic")
         last = b.icmp_unsigned("==", old, ir.Constant(I32, plan.splits - 1))
         b.store(b.zext(last, I32), ke.shared_at(flag, c(0), I32))
         with b.if_then(last):
+            _fence(ke)
             b.store(ir.Constant(I32, 0), counter)  # every other block of the tile has counted in
     ke.barrier()
     is_last = b.icmp_unsigned("!=", b.load(ke.shared_at(flag, c(0), I32), typ=I32), ir.Constant(I32, 0))
@@ -235,42 +245,51 @@ def _combine_splits(ke: KernelEmitter, plan: ColumnPlan, partials: list[list[Par
     b.position_at_end(exit_block)
     b.ret_void()
     b.position_at_end(go_on)
-    _fence(ke)
-    reductions = ke.kernel.reductions
-    folded = []
-    for lane, lane_partials in enumerate(partials):
-        row = b.add(first, c(lane))
-        lane_folded = []
-        for i, p in enumerate(lane_partials):
-            ty = p.values[0].type
-            identity = Partial.start(reductions[i])
-            acc = identity
-            for round_ in range(-(-plan.splits // plan.slices)):
-                s = b.add(slice_, c(round_ * plan.slices))
-                inside = b.icmp_unsigned("<", s, c(plan.splits))
-                value = b.load(_slot(ke, plan, _smaller(b, s, c(plan.splits - 1)), i, row), typ=ty)
-                acc = acc.combine(b, p.with_values([b.select(inside, value, identity.values[0])]))
-            lane_folded.append(acc)
-        folded.append(lane_folded)
+    identities = [Partial.start(r).values[0] for r in ke.kernel.reductions]
+
+    def fold(b: ir.IRBuilder, round_: ir.Value, values: list[ir.Value]) -> list[ir.Value]:
+        s = b.add(slice_, b.mul(round_, c(plan.slices)))
+        inside = b.icmp_unsigned("<", s, c(plan.splits))
+        slot = _smaller(b, s, c(plan.splits - 1))
+        it = iter(values)
+        out = []
+        for lane, lane_partials in enumerate(partials):
+            row = b.add(first, c(lane))
+            for i, p in enumerate(lane_partials):
+                value = b.load(_slot(ke, plan, slot, i, row), typ=identities[i].type)
+                acc = p.with_values([next(it)])
+                out += acc.combine(b, p.with_values([b.select(inside, value, identities[i])])).values
+        return out
+
+    # A loop over the rounds, a few at a time: every round's loads at once would hold a
+    # register each (a norm's three sums of eight rows over eleven rounds: 264) and leave
+    # room for one block per multiprocessor.
+    rounds = -(-plan.splits // plan.slices)
+    start = [identities[i] for lane_partials in partials for i in range(len(lane_partials))]
+    values = iter(loop(b, 0, rounds, fold, start, name="round", vectorize=False, unroll=FOLD_UNROLL))
+    folded = [[p.with_values([next(values)]) for p in lane_partials] for lane_partials in partials]
     return _combine_slices(ke, plan, folded, slice_, column)
 
 
 def _fence(ke: KernelEmitter) -> None:
-    """Make this thread's global writes visible to the whole GPU before what follows."""
-    asm = ir.InlineAsm(ir.FunctionType(VOID, []), "membar.gl;", "~{memory}", side_effect=True)
+    """Order this thread's memory accesses, and those its block's barrier ordered before it,
+    against what follows, at GPU scope (release and acquire)."""
+    asm = ir.InlineAsm(ir.FunctionType(VOID, []), "fence.acq_rel.gpu;", "~{memory}", side_effect=True)
     ke.b.call(asm, [])
 
 
 def _store_rows(ke: KernelEmitter, plan: ColumnPlan, coords: list[ir.Value], partials: list[list[Partial]],
                 valid: ir.Value | None) -> None:
-    """The kernel's row-level stores for each of this thread's rows."""
+    """The kernel's row-level stores for each of this thread's rows: every row's loads (the
+    optimizer state the sums update, as vectors) and values first, then the stores. Row by row,
+    each row's loads would wait behind the previous row's stores, which may write the same
+    places (in place), and the epilogue would take a memory latency per row."""
     k, b = ke.kernel, ke.b
     with when(b, valid):
-        for lane, lane_partials in enumerate(partials):
-            dims = list(coords)
-            if lane:
-                dims[-1] = b.add(dims[-1], ir.Constant(I64, lane))
-            em = ke.emitter(dims + [None] * len(k.reduce))
+        lanes = LaneGroup(ke, plan.vec, list(coords) + [None] * len(k.reduce))
+        for em, lane_partials in zip(lanes.emitters, partials):
             em.rows = [p.result(b) for p in lane_partials]
-            ke.store_all(em, [s for s in k.stores if s.level == "row"])
+        row_stores = [s for s in k.stores if s.level == "row"]
+        lanes.preload([s.value for s in row_stores])
+        lanes.store_all(row_stores)
     b.ret_void()

@@ -41,7 +41,8 @@ from glue.ir.core import strides
 from glue.codegen.scope import Analysis, hoist
 from glue.codegen.types import F32, I1, I8, I32, I64, from_memory, memory_type, to_memory
 from glue.ir import dtypes as dt
-from glue.scheduler.kernel_ir import Dim, Expr, Index, Kernel, Load, Reduction, Store, loads_under, subexpressions
+from glue.scheduler.kernel_ir import (Dim, Div, Expr, Index, Kernel, Load, Mod, Reduction, Store, loads_under,
+                                      subexpressions)
 
 PTR1 = ir.PointerType(addrspace=1)
 PTR3 = ir.PointerType(addrspace=3)
@@ -109,9 +110,48 @@ def moves_with(flat: Index, v: int, analysis: Analysis) -> bool:
     return all(atom == Dim(v) or v not in analysis.index_uses(Index.of(atom)).dims for atom, _ in flat.terms)
 
 
-def aligned_to(flat: Index, v: int, width: int) -> bool:
-    """Whether every part of `flat` other than dim `v` is a multiple of `width` elements."""
-    return flat.const % width == 0 and all(c % width == 0 for atom, c in flat.terms if atom != Dim(v))
+def moves_in_runs(flat: Index, v: int, n: int, analysis: Analysis) -> bool:
+    """Whether `flat` advances by exactly one element per step of domain dim `v` over every
+    run of `n` steps that starts at a multiple of n (`moves_with` is every n). A reshape that
+    splits `v`'s dim reads it as `v % m` and `v // m`, which over such runs move by one or stay
+    put where n divides m and the index's other terms: a warp reading the 32 points of a run
+    reads consecutive memory, though a vector may not span two runs."""
+    movers = 0
+    for atom, coeff in flat.terms:
+        if atom == Dim(v) or isinstance(atom, Mod) and _splits(atom, v, n, analysis):
+            movers += 1
+            if coeff != 1:
+                return False
+        elif not _steady(atom, v, n, analysis):
+            return False
+    return movers == 1
+
+
+def _splits(atom: Div | Mod, v: int, n: int, analysis: Analysis) -> bool:
+    """Whether `atom` divides `v` plus terms that stay put over the runs and are multiples of
+    n, by a multiple of n: its dividend then moves by one within a block of the divisor."""
+    inner = atom.index
+    if atom.divisor % n or inner.const % n or dict(inner.terms).get(Dim(v)) != 1:
+        return False
+    return all(c % n == 0 and _steady(a, v, n, analysis) for a, c in inner.terms if a != Dim(v))
+
+
+def _steady(atom: Any, v: int, n: int, analysis: Analysis) -> bool:
+    """Whether `atom` keeps its value over every run of n steps of `v` from a multiple of n."""
+    if v not in analysis.index_uses(Index.of(atom)).dims:
+        return True
+    if isinstance(atom, Div) and _splits(atom, v, n, analysis):
+        return True
+    return isinstance(atom, (Div, Mod)) and Dim(v) not in dict(atom.index.terms) and \
+        all(_steady(a, v, n, analysis) for a, _ in atom.index.terms)
+
+
+def aligned_to(flat: Index, v: int, width: int, analysis: Analysis) -> bool:
+    """Whether every part of `flat` other than what moves with dim `v` (itself, or its split
+    by a multiple of `width`: see `moves_in_runs`) is a multiple of `width` elements."""
+    return flat.const % width == 0 and all(
+        c % width == 0 for atom, c in flat.terms
+        if atom != Dim(v) and not (isinstance(atom, Mod) and _splits(atom, v, width, analysis)))
 
 
 def when(b: ir.IRBuilder, condition: ir.Value | None):
@@ -423,8 +463,14 @@ class Vectorization:
         while width > 1 and extent % width:
             width //= 2
         self.width = width
-        self.loads = frozenset(ld for ld, f in movers.items() if width > 1 and aligned_to(f, v, width))
-        self.stores = frozenset(s for s, f in store_movers.items() if width > 1 and aligned_to(f, v, width))
+        # With the width known, also the loads and stores that move along runs of it (a
+        # reshape's split of the dim: attention's heads back to rows), no vector spanning two.
+        self.loads = frozenset(ld for ld, f in flat_loads.items() if self._vector(f, analysis))
+        self.stores = frozenset(s for s, f in flat_stores.items() if self._vector(f, analysis))
+
+    def _vector(self, flat: Index, analysis: Analysis) -> bool:
+        return self.width > 1 and moves_in_runs(flat, self.v, self.width, analysis) and \
+            aligned_to(flat, self.v, self.width, analysis)
 
 
 def reachable(kernel: Kernel, analysis: Analysis) -> list[Expr]:
