@@ -29,7 +29,8 @@ operand's rows are the product's depth), rows padded by 16 bytes against bank co
     accumulator with `red.global.add.f32` (every key block adds into the same rows). dQ's A
     operand has queries for rows, which no warp's dS^T registers do: the warps stage dS^T in
     shared memory and read it back transposed (`ldmatrix.trans`). K's and V's fragments load
-    again every step, which keeps h=128 within ptxas's 255 registers (bar a few spilled bytes).
+    again every step, and the step's (head, query tile) is carried rather than divided out of
+    its index, which keeps h=128 within ptxas's 255 registers without spilling.
   - "dq": a block per 64 queries: the accumulator's rows in q's type and layout.
   (PTX's vector `red.global.add.v2.f32` would halve dkv's atomics, but needs PTX ISA 8.1, and
   sm_90 code is PTX 8.0: ptx.py.)
@@ -342,11 +343,12 @@ def emit_flash(ke: KernelEmitter, spec: Spec, part: str) -> tuple[int, int, str]
     return _grid(spec, part), THREADS, f"flash {part} {fl.fmt.name} {ROWS}x{ROWS} h{spec.h}{' causal' if spec.causal else ''}"
 
 
-def _shared(fl: _Flash, tiles: int, floats: int = 0, square: bool = False) -> tuple[list[ir.Value], ir.Value]:
+def _shared(fl: _Flash, tiles: int, floats: int = 0,
+            square: bool = False) -> tuple[list[ir.Value], ir.Value]:
     """The block's dynamic shared memory: `tiles` staged tiles of 64 rows of H, then (`square`)
     one of 64 rows of 64, then `floats` float32 values."""
     ke = fl.ke
-    sizes = [fl.tile] * tiles + [ROWS * (ROWS + PAD)] * square
+    sizes = [fl.tile] * tiles + ([ROWS * (ROWS + PAD)] if square else [])
     smem = ke.dynamic_shared(2 * sum(sizes) + 4 * floats)
     starts = [sum(sizes[:i]) for i in range(len(sizes) + 1)]
     return [ke.shared_at(smem, fl.c(at), I16) for at in starts[:-1]], ke.shared_at(smem, fl.c(starts[-1]), I16)
@@ -473,9 +475,9 @@ def _delta(fl: _Flash) -> None:
     zeros = ir.Constant(ir.VectorType(F32, 4), [0.0] * 4)
     ke.await_producers()
     for row, col, ok in fl.row_chunks(q0):
-        total = fl.f(0.0)
         o, do = (b.load(b.gep(base, [b.select(ok, b.add(b.mul(row, c(stride)), col), c(0))], inbounds=True,
                               source_etype=I16), typ=chunk, align=16) for base, stride in (o_rows, do_rows))
+        total = fl.f(0.0)
         for e in range(8):
             x, y = (from_memory(b, b.extract_element(v, ir.Constant(I32, e)), spec.dtype) for v in (o, do))
             total = b.fadd(total, b.fmul(x, y))
@@ -528,18 +530,23 @@ def _dkv(fl: _Flash) -> None:
     kv_rows = [fl.rows_of(p, batch, kv_head, spec.kv, spec.s) for p in (k_ptr, v_ptr)]
     first_q = ktile if spec.causal else c(0)  # causal: no query before the key tile sees it
     seen = b.icmp_unsigned("<", first_q, c(tiles_q))
-    per_head = b.select(seen, b.sub(c(tiles_q), first_q), c(1))  # (1 where no query sees the keys)
-    total = b.select(seen, b.mul(per_head, c(spec.group)), c(0))
+    total = b.select(seen, b.mul(b.sub(c(tiles_q), first_q), c(spec.group)), c(0))  # steps: heads x tiles
+    first_head = b.mul(kv_head, c(spec.group))
 
-    def query_tile(it: ir.Value) -> tuple[ir.Value, ir.Value, ir.Value]:
-        """Step `it`'s query head, first query, and its head's first row of lse, delta, dQ."""
-        head = b.add(b.mul(kv_head, c(spec.group)), b.udiv(it, per_head))
-        first = b.mul(b.add(b.mul(batch, c(spec.n)), head), c(spec.t))
-        return head, b.mul(b.add(first_q, b.urem(it, per_head)), c(ROWS)), first
+    def query_tile(head: ir.Value, tile: ir.Value) -> tuple[ir.Value, ir.Value]:
+        """The first query of a query tile, and its head's first row of lse, delta and dQ."""
+        return b.mul(tile, c(ROWS)), b.mul(b.add(b.mul(batch, c(spec.n)), head), c(spec.t))
 
-    def fetch(it: ir.Value, stage: ir.Value) -> None:
-        """Copy step `it`'s query tile (Q, dO) and its rows' lse and delta into `stage`."""
-        head, q_start, first = query_tile(it)
+    def following(head: ir.Value, tile: ir.Value) -> tuple[ir.Value, ir.Value]:
+        """The step after the one at (head, tile): the head's next tile, or the next head's first
+        (carried, not divided out of the step's index: under the causal rule the divisor, the
+        tiles a head has for these keys, is known only at run time)."""
+        wrap = b.icmp_unsigned("==", b.add(tile, c(1)), c(tiles_q))
+        return b.select(wrap, b.add(head, c(1)), head), b.select(wrap, first_q, b.add(tile, c(1)))
+
+    def fetch(head: ir.Value, tile: ir.Value, stage: ir.Value) -> None:
+        """Copy a query tile (Q, dO) and its rows' lse and delta into `stage`."""
+        q_start, first = query_tile(head, tile)
         for p, pair_of in ((q_ptr, tiles[2:4]), (dout_ptr, tiles[4:6])):
             fl.copy_tile(fl.rows_of(p, batch, head, spec.n, spec.t), q_start, spec.t, _staged(fl, pair_of, stage))
         # thread i < 64 copies the lse of the tile's row i, thread 64 + i its delta, a float each
@@ -554,7 +561,7 @@ def _dkv(fl: _Flash) -> None:
     ke.await_producers()
     for rows, tile in zip(kv_rows, tiles[0:2]):
         fl.copy_tile(rows, k0, spec.s, tile)
-    fetch(c(0), c(0))
+    fetch(first_head, first_q, c(0))
     fl.commit()
     fl.landed()
     keys = [b.add(k0, fl.row_of(2 * half)) for half in range(2)]
@@ -562,17 +569,18 @@ def _dkv(fl: _Flash) -> None:
 
     def body(b: ir.IRBuilder, it: ir.Value, values: list[ir.Value]) -> list[ir.Value]:
         fl.landed()
-        following = b.add(it, c(1))
+        head, tile = values[0:2]
+        ahead = following(head, tile)
         stage = b.urem(it, c(2))
-        with b.if_then(b.icmp_unsigned("<", following, total)):
-            fetch(following, b.sub(c(1), stage))
+        with b.if_then(b.icmp_unsigned("<", b.add(it, c(1)), total)):
+            fetch(*ahead, b.sub(c(1), stage))
             fl.commit()
         q_tile, do_tile = _staged(fl, tiles[2:4], stage), _staged(fl, tiles[4:6], stage)
         lse_at = b.gep(floats, [b.mul(stage, c(2 * ROWS))], inbounds=True, source_etype=F32)  # the stage's rows
         delta_at = b.gep(lse_at, [c(ROWS)], inbounds=True, source_etype=F32)
-        _, q_start, first = query_tile(it)
-        dk, dv = [values[4 * e:4 * e + 4] for e in range(n_out)], [values[4 * (n_out + e):4 * (n_out + e) + 4]
-                                                                    for e in range(n_out)]
+        q_start, first = query_tile(head, tile)
+        accs = [values[2 + 4 * e:6 + 4 * e] for e in range(2 * n_out)]
+        dk, dv = accs[:n_out], accs[n_out:]
 
         def column(array: ir.Value) -> Callable:
             return lambda f, r: b.load(b.gep(array, [fl.col_of(f, r)], inbounds=True, source_etype=F32), typ=F32)
@@ -603,11 +611,12 @@ def _dkv(fl: _Flash) -> None:
         acc = b.gep(acc_ptr, [b.mul(first, c(spec.h))], inbounds=True, source_etype=F32)
         for e in range(0, n_out, 2):
             fl.add_rows(fl.times_tile(ds.__getitem__, tiles[0], [[fl.f(0.0)] * 4] * 2, e), acc, q_start, spec.t, e)
-        return [x for regs in dk + dv for x in regs]
+        return list(ahead) + [x for regs in dk + dv for x in regs]
 
-    values = loop(b, 0, total, body, [fl.f(0.0)] * (8 * n_out), name="q", vectorize=False, unroll=1)
-    dk = [values[4 * e:4 * e + 4] for e in range(n_out)]
-    dv = [values[4 * (n_out + e):4 * (n_out + e) + 4] for e in range(n_out)]
+    values = loop(b, 0, total, body, [first_head, first_q] + [fl.f(0.0)] * (8 * n_out), name="q", vectorize=False,
+                  unroll=1)
+    accs = [values[2 + 4 * e:6 + 4 * e] for e in range(2 * n_out)]
+    dk, dv = accs[:n_out], accs[n_out:]
     fl.store_rows(dk, fl.rows_of(dk_ptr, batch, kv_head, spec.kv, spec.s), k0, spec.s, fl.f(spec.scale))
     fl.store_rows(dv, fl.rows_of(dv_ptr, batch, kv_head, spec.kv, spec.s), k0, spec.s, fl.f(1.0))
 
