@@ -150,8 +150,9 @@ static void copy_async(void *target, const void *source, int32_t nbytes, int32_t
 }
 void emu_cp_async(void *target, const void *source, int32_t nbytes) { copy_async(target, source, nbytes, 16); }
 void emu_cp_async_4(void *target, const void *source, int32_t nbytes) { copy_async(target, source, nbytes, 4); }
-void emu_cp_async_8(void *target, const void *source, int32_t nbytes) { copy_async(target, source, nbytes, 8); }
 void emu_cp_async_commit(void) {}
+void emu_cp_async_wait(int32_t n) { (void)n; }
+
 /* red.global.add.f32: an atomic add whose old value nobody reads (blocks of a grid run one after
    another here, but a block's threads run at once) */
 void emu_red_add_f32(float *address, float value) {
@@ -160,7 +161,6 @@ void emu_red_add_f32(float *address, float value) {
         float sum; memcpy(&sum, &old, 4); sum += value; memcpy(&new, &sum, 4);
     } while (!__atomic_compare_exchange_n(word, &old, new, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
 }
-void emu_cp_async_wait(int32_t n) { (void)n; }
 
 typedef struct { void *fn; int nparams; void **params; int32_t block; int32_t thread; } job;
 
@@ -237,7 +237,7 @@ _INTRINSICS = {
     "llvm.nvvm.lg2.approx.ftz.f": "emu_lg2_ftz", "llvm.nvvm.sqrt.approx.ftz.f": "emu_sqrt_ftz",
     "llvm.nvvm.rsqrt.approx.ftz.f": "emu_rsqrt_ftz",
     "llvm.nvvm.cp.async.cg.shared.global.16.s": "emu_cp_async", "llvm.nvvm.cp.async.ca.shared.global.4.s": "emu_cp_async_4",
-    "llvm.nvvm.cp.async.ca.shared.global.8.s": "emu_cp_async_8", "llvm.nvvm.cp.async.commit.group": "emu_cp_async_commit",
+    "llvm.nvvm.cp.async.commit.group": "emu_cp_async_commit",
     "llvm.nvvm.cp.async.wait.group": "emu_cp_async_wait", "llvm.nvvm.f2tf32.rna": "emu_f2tf32",
 }
 

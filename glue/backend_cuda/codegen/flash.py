@@ -103,7 +103,8 @@ def why_not_flash(eqn: Eqn, sm: int) -> str | None:
 def flash_note(eqn: Eqn) -> str:
     """The "fusion" stage's line for an equation the flash kernels run."""
     spec = flash_spec(eqn)
-    kernels = "one flash kernel" if eqn.primitive == "attention" else "three flash kernels (delta; dk, dv, dq; dq)"
+    kernels = ("one flash kernel" if eqn.primitive == "attention"
+               else "three flash kernels (delta; dk, dv and dq's sums; dq)")
     return (f"{eqn.primitive} (B={spec.b} N={spec.n} T={spec.t} S={spec.s} H={spec.h}"
             f"{' causal' if spec.causal else ''}) runs as {kernels}, {ROWS} x {ROWS} tiles on tensor cores, "
             f"no {spec.t} x {spec.s} buffer")
@@ -199,7 +200,7 @@ class _Flash:
         rows, the depth, by H): acc's accumulators are the product's m16n8 fragments first,
         first + 1, ... (all H/8 of them, or a few, to keep fewer registers live). `a` is asked
         for each fragment where it is used, so a fragment packed from accumulators (`a_of`) is
-        packed there (all packed up front, ptxas takes 13 more registers for h=128's forward)."""
+        packed there (packed all up front, h=128's forward took 13 more registers on sm_90)."""
         b, l = self.b, self.lane
         acc = list(acc)
         for kk in range(ROWS // 16):
