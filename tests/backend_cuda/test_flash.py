@@ -219,5 +219,7 @@ def test_on_the_gpu_flash_kernels_compute_the_reference(shape, causal, backward)
         outs = [np.asarray(o) for o in exe(*all_args)]
         again = [np.asarray(o) for o in exe(*all_args)]
     _check(closed, all_args, outs, f"{shape} causal={causal} backward={backward}")
-    for x, y in zip(outs, again):
+    _check(closed, all_args, again, f"{shape} causal={causal} backward={backward}, again")
+    # the same bits again, but for dq: its float32 sums arrive by atomics, in no fixed order
+    for x, y in list(zip(outs, again))[1 if backward else 0:]:
         np.testing.assert_array_equal(x.view(np.uint8), y.view(np.uint8))
