@@ -3,9 +3,8 @@
 The NVPTX module glue generates is retargeted to the host (address spaces dropped, kernels made
 plain functions) and JIT-compiled with llvmlite; the few NVVM intrinsics it calls become C
 functions: thread and block indices read thread-local variables, `barrier0` is a pthread
-barrier over the block, a warp shuffle publishes every thread's value and reads its partner's
-between two barriers (glue only shuffles where the whole block does), and `red.global.add.f32`
-(inline PTX) is a compare-and-swap loop. Each block runs
+barrier over the block, and a warp shuffle publishes every thread's value and reads its
+partner's between two barriers (glue only shuffles where the whole block does). Each block runs
 as `block` POSIX threads, blocks one after another, so shared-memory globals are per block.
 Needs a C compiler (`cc`); tests skip without one.
 """
@@ -144,23 +143,12 @@ uint32_t emu_f2tf32(float x) {  /* to nearest, ties away from zero, at 10 mantis
 }
 
 /* cp.async as a plain copy (a thread's copies are done before anything reads them here) */
-static void copy_async(void *target, const void *source, int32_t nbytes, int32_t size) {
+void emu_cp_async(void *target, const void *source, int32_t nbytes) {
     memcpy(target, source, nbytes);
-    memset((char *)target + nbytes, 0, size - nbytes);
+    memset((char *)target + nbytes, 0, 16 - nbytes);
 }
-void emu_cp_async(void *target, const void *source, int32_t nbytes) { copy_async(target, source, nbytes, 16); }
-void emu_cp_async_4(void *target, const void *source, int32_t nbytes) { copy_async(target, source, nbytes, 4); }
 void emu_cp_async_commit(void) {}
 void emu_cp_async_wait(int32_t n) { (void)n; }
-
-/* red.global.add.f32: an atomic add whose old value nobody reads (blocks of a grid run one after
-   another here, but a block's threads run at once) */
-void emu_red_add_f32(float *address, float value) {
-    uint32_t *word = (uint32_t *)address, old = __atomic_load_n(word, __ATOMIC_RELAXED), new;
-    do {
-        float sum; memcpy(&sum, &old, 4); sum += value; memcpy(&new, &sum, 4);
-    } while (!__atomic_compare_exchange_n(word, &old, new, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
-}
 
 typedef struct { void *fn; int nparams; void **params; int32_t block; int32_t thread; } job;
 
@@ -236,8 +224,7 @@ _INTRINSICS = {
     "llvm.nvvm.rcp.approx.ftz.f": "emu_rcp", "llvm.nvvm.ex2.approx.ftz.f": "emu_ex2_ftz",
     "llvm.nvvm.lg2.approx.ftz.f": "emu_lg2_ftz", "llvm.nvvm.sqrt.approx.ftz.f": "emu_sqrt_ftz",
     "llvm.nvvm.rsqrt.approx.ftz.f": "emu_rsqrt_ftz",
-    "llvm.nvvm.cp.async.cg.shared.global.16.s": "emu_cp_async", "llvm.nvvm.cp.async.ca.shared.global.4.s": "emu_cp_async_4",
-    "llvm.nvvm.cp.async.commit.group": "emu_cp_async_commit",
+    "llvm.nvvm.cp.async.cg.shared.global.16.s": "emu_cp_async", "llvm.nvvm.cp.async.commit.group": "emu_cp_async_commit",
     "llvm.nvvm.cp.async.wait.group": "emu_cp_async_wait", "llvm.nvvm.f2tf32.rna": "emu_f2tf32",
 }
 
@@ -254,7 +241,7 @@ def _runtime() -> ctypes.CDLL:
         f.write(_RUNTIME)
     subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-pthread", source, "-o", library, "-lm"], check=True)
     lib = ctypes.CDLL(library)
-    for name in set(_INTRINSICS.values()) | {"emu_bf16x2", "emu_red_add_f32", "emu_ldmatrix", "emu_mma"}:
+    for name in set(_INTRINSICS.values()) | {"emu_bf16x2", "emu_ldmatrix", "emu_mma"}:
         llvm.add_symbol(name, ctypes.cast(getattr(lib, name), ctypes.c_void_p).value)
     lib.emu_launch.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_void_p),
                                ctypes.c_int32, ctypes.c_int32]
@@ -272,10 +259,6 @@ def host_ir(nvptx_ir: str) -> str:
     text, packs = re.subn(r'asm\s+"cvt\.rn\.bf16x2\.f32 \$0, \$1, \$2;", "=r,f,f"', '@"emu_bf16x2"', text)
     if packs:
         text += '\ndeclare i32 @"emu_bf16x2"(float, float)\n'
-    text, adds = re.subn(r'asm\s+sideeffect\s+"red\.global\.add\.f32 \[\$0\], \$1;", "l,f,~\{memory\}"',
-                         '@"emu_red_add_f32"', text)
-    if adds:
-        text += '\ndeclare void @"emu_red_add_f32"(ptr, float)\n'
     for name, replacement in _INTRINSICS.items():
         text = text.replace(f'@"{name}"', f'@"{replacement}"').replace(f"@{name}(", f"@{replacement}(")
     used = [(name, shim, definition) for name, (shim, definition) in _COLLECTIVES.items() if name in text]

@@ -44,7 +44,7 @@ from glue.backend_cuda.codegen.columns import ColumnPlan, columns_fit, emit_colu
 from glue.backend_cuda.codegen.common import KernelEmitter, Launch, Place
 from glue.backend_cuda.codegen.contraction import emit_contraction
 from glue.backend_cuda.codegen.data import emit_data
-from glue.backend_cuda.codegen.flash import PARTS, backward_scratch, emit_flash, flash_spec
+from glue.backend_cuda.codegen.flash import PARTS, emit_flash, flash_spec
 from glue.backend_cuda.codegen.library import library_launches
 from glue.backend_cuda.codegen.pointwise import emit_pointwise
 from glue.backend_cuda.codegen.rows import emit_rows
@@ -352,15 +352,13 @@ class _Builder:
 
     def flash_launches(self, kernel: Kernel, inputs: list[Place], outputs: list[Place], group: int,
                        memory: _Memory, stream: int) -> list[Launch]:
-        """The launches of an attention kernel (flash.py): the forward, or the backward's three,
-        which pass each row's delta and the float32 dQ accumulator through the stream's scratch
-        region. `inputs` are in the equation's operand order."""
+        """The launches of an attention kernel (flash.py): the forward, or the backward's two,
+        which pass each row's delta through the stream's scratch region. `inputs` are in the
+        equation's operand order."""
         eqn = kernel.call
         extra = ()
         if eqn.primitive == "attention_bwd":
-            offsets, nbytes = backward_scratch(flash_spec(eqn))
-            region = memory.claim_scratch(stream, nbytes)
-            extra = tuple(replace(region, offset=region.offset + at) for at in offsets)
+            extra = (memory.claim_scratch(stream, eqn.inputs[4].type.nbytes),)  # delta: lse's shape
         launches = []
         for part in PARTS[eqn.primitive]:
             code = self.code(kernel, inputs, outputs, extra=extra, part=part)

@@ -1,5 +1,5 @@
 """FlashAttention on tensor cores (sm_80 on): the kernels the cuda backend runs an `attention`
-equation as (one forward kernel) and an `attention_bwd` equation as (three kernels), none of
+equation as (one forward kernel) and an `attention_bwd` equation as (two kernels), none of
 which ever holds the T x S scores outside registers.
 
 Served: 16-bit q, k, v (bfloat16 or float16) of one head size that is a multiple of 16 up to
@@ -17,23 +17,12 @@ operand's rows are the product's depth), rows padded by 16 bytes against bank co
   fragments of P V straight from the accumulators (an m16n8 accumulator pair holds exactly an
   m16k16 A fragment). Causal blocks stop at the diagonal tile, and the latest query tiles,
   which read the most keys, start first. Writes the output and the row logsumexp.
-- backward, FlashAttention-2's five products in three kernels, which pass their rows through the
-  stream's scratch region (`backward_scratch`):
-  - "delta": a block per 64 queries of a (batch, head), each row read whole by a group of lanes
-    (coalesced): delta = rowsum(dO * O) - d_lse into the scratch, and the block's rows of a
-    float32 dQ accumulator there zeroed.
-  - "dkv": a block per 64 keys of one kv head, over the query tiles of every query head of its
-    group (causal: from the diagonal on), each tile's Q, dO, lse and delta rows copied by
-    `cp.async` a step ahead: S^T = K Q^T, P^T, dV += P^T dO, dP^T = V dO^T,
-    dS^T = P^T (dP^T - delta), dK += dS^T Q, and dQ += dS K for its keys, added into the
-    accumulator with `red.global.add.f32` (every key block adds into the same rows). dQ's A
-    operand has queries for rows, which no warp's dS^T registers do: the warps stage dS^T in
-    shared memory and read it back transposed (`ldmatrix.trans`). K's and V's fragments load
-    again every step, and the step's (head, query tile) is carried rather than divided out of
-    its index, which keeps h=128 within ptxas's 255 registers without spilling.
-  - "dq": a block per 64 queries: the accumulator's rows in q's type and layout.
-  (PTX's vector `red.global.add.v2.f32` would halve dkv's atomics, but needs PTX ISA 8.1, and
-  sm_90 code is PTX 8.0: ptx.py.)
+- backward "dq": a block per 64 queries: delta = rowsum(dO * O) - d_lse for its rows (kept in
+  the program's scratch for the second kernel), then per key tile P again from the saved
+  logsumexp, dP = dO V^T, dS = P (dP - delta), and dQ += dS K.
+- backward "dkv": a block per 64 keys of one kv head, over the query tiles of every query head
+  of its group (causal: from the diagonal on): S^T = K Q^T, P^T, dV += P^T dO,
+  dP^T = V dO^T, dS^T = P^T (dP^T - delta), dK += dS^T Q.
 dQ and dK are scaled by the softmax scale at the end. Everything accumulates in float32.
 """
 from __future__ import annotations
@@ -43,7 +32,7 @@ from typing import Callable
 
 from llvmlite import ir
 
-from glue.backend_cuda.codegen.common import PTR1, VOID, WARP, KernelEmitter, pow2_at_least
+from glue.backend_cuda.codegen.common import WARP, KernelEmitter
 from glue.backend_cuda.codegen.fastmath import exp2_ftz, log2_ftz, pack_bf16x2
 from glue.backend_cuda.codegen.mma import FORMATS, async_call, cp_async, ldmatrix_x4, mma_sync
 from glue.codegen.loops import loop
@@ -58,21 +47,12 @@ WARPS = ROWS // 16       # each warp 16 rows (one m16 fragment)
 THREADS = WARPS * WARP
 PAD = 8                  # elements past each staged row (16 bytes)
 LOG2E = 1.4426950408889634
-PARTS = {"attention": ("forward",), "attention_bwd": ("delta", "dkv", "dq")}
+PARTS = {"attention": ("forward",), "attention_bwd": ("dq", "dkv")}
 
 
 def flash_spec(eqn: Eqn) -> Spec:
     """The dimensions and params of the attention a flash kernel computes."""
     return Spec.of(*(a.type for a in eqn.inputs[:3]), eqn.param_dict)
-
-
-def backward_scratch(spec: Spec) -> tuple[tuple[int, int], int]:
-    """The backward's working memory in its stream's scratch region: the byte offsets of each
-    query row's delta (float32, as lse) and of the float32 dQ accumulator ((B, N, T, H) whatever
-    the layout), and the bytes both take."""
-    rows = spec.b * spec.n * spec.t
-    at = -(-4 * rows // 256) * 256
-    return (0, at), at + 4 * rows * spec.h
 
 
 def _grid(spec: Spec, part: str) -> int:
@@ -103,8 +83,7 @@ def why_not_flash(eqn: Eqn, sm: int) -> str | None:
 def flash_note(eqn: Eqn) -> str:
     """The "fusion" stage's line for an equation the flash kernels run."""
     spec = flash_spec(eqn)
-    kernels = ("one flash kernel" if eqn.primitive == "attention"
-               else "three flash kernels (delta; dk, dv and dq's sums; dq)")
+    kernels = "one flash kernel" if eqn.primitive == "attention" else "two flash kernels (dq; dk, dv)"
     return (f"{eqn.primitive} (B={spec.b} N={spec.n} T={spec.t} S={spec.s} H={spec.h}"
             f"{' causal' if spec.causal else ''}) runs as {kernels}, {ROWS} x {ROWS} tiles on tensor cores, "
             f"no {spec.t} x {spec.s} buffer")
@@ -194,54 +173,22 @@ class _Flash:
                 acc[fp + 1] = mma_sync(self.ke, self.fmt, a[ks], regs[2:4], acc[fp + 1])
         return acc
 
-    def times_tile(self, a: Callable[[int], list[ir.Value]], tile: ir.Value, acc: list[list[ir.Value]],
-                   first: int = 0) -> list[list[ir.Value]]:
-        """acc + A (16 x 64; `a(kk)` its A fragment of columns 16 kk..) times the staged tile (64
-        rows, the depth, by H): acc's accumulators are the product's m16n8 fragments first,
-        first + 1, ... (all H/8 of them, or a few, to keep fewer registers live). `a` is asked
-        for each fragment where it is used, so a fragment packed from accumulators (`a_of`) is
-        packed there (packed all up front, h=128's forward took 13 more registers on sm_90)."""
+    def times_tile(self, p: list[list[ir.Value]], tile: ir.Value, acc: list[list[ir.Value]]) -> list[list[ir.Value]]:
+        """acc (16 x H, as H/8 accumulators) + P (16 x 64 accumulators, as `times_rows` gives)
+        times the staged tile (64 rows, the depth, by H)."""
         b, l = self.b, self.lane
         acc = list(acc)
         for kk in range(ROWS // 16):
+            a = [self.pack(p[2 * kk][0], p[2 * kk][1]), self.pack(p[2 * kk][2], p[2 * kk][3]),
+                 self.pack(p[2 * kk + 1][0], p[2 * kk + 1][1]), self.pack(p[2 * kk + 1][2], p[2 * kk + 1][3])]
             row = b.add(self.c(16 * kk), b.add(b.urem(l, self.c(8)), b.mul(b.urem(b.udiv(l, self.c(8)), self.c(2)),
                                                                                 self.c(8))))
-            fragment = a(kk)
-            for e in range(0, len(acc), 2):
-                col = b.add(self.c(8 * (first + e)), b.mul(b.udiv(l, self.c(16)), self.c(8)))
+            for e in range(0, self.spec.h // 8, 2):
+                col = b.add(self.c(8 * e), b.mul(b.udiv(l, self.c(16)), self.c(8)))
                 regs = ldmatrix_x4(self.ke, self.at(tile, b.add(b.mul(row, self.c(self.pitch)), col)), True)
-                acc[e] = mma_sync(self.ke, self.fmt, fragment, regs[0:2], acc[e])
-                acc[e + 1] = mma_sync(self.ke, self.fmt, fragment, regs[2:4], acc[e + 1])
+                acc[e] = mma_sync(self.ke, self.fmt, a, regs[0:2], acc[e])
+                acc[e + 1] = mma_sync(self.ke, self.fmt, a, regs[2:4], acc[e + 1])
         return acc
-
-    def a_of(self, p: list[list[ir.Value]], kk: int) -> list[ir.Value]:
-        """Columns 16 kk.. of 16 x 64 accumulators (as `times_rows` gives) rounded to 16 bits: an
-        A fragment of a product whose depth is their columns (an m16n8 accumulator pair holds
-        exactly an m16k16 A fragment)."""
-        return [self.pack(*p[2 * kk][0:2]), self.pack(*p[2 * kk][2:4]), self.pack(*p[2 * kk + 1][0:2]),
-                self.pack(*p[2 * kk + 1][2:4])]
-
-    def put_a(self, a: list[list[ir.Value]], tile: ir.Value) -> None:
-        """Store A fragments (16 x 64, one per 16 columns) as this warp's 16 rows of a staged
-        64 x 64 tile (rows of ROWS + PAD elements). A lane's words land in 32 distinct banks."""
-        b = self.b
-        for kk, regs in enumerate(a):
-            for r, word in enumerate(regs):
-                row = b.add(b.mul(self.warp, self.c(16)), b.add(self.group, self.c(8 * (r % 2))))
-                col = b.add(self.c(16 * kk + 8 * (r // 2)), b.mul(self.quad, self.c(2)))
-                b.store(word, self.at(tile, b.add(b.mul(row, self.c(ROWS + PAD)), col)), align=4)
-
-    def a_transposed(self, tile: ir.Value) -> list[list[ir.Value]]:
-        """This warp's 16 columns of a staged 64 x 64 tile (as `put_a` writes it), transposed, as
-        A fragments, one per 16 of its rows (`ldmatrix.trans`: lanes 8j..8j+7 name the rows of
-        matrix j, which is 8 rows on from matrix j - 2 and 8 columns on from matrix j - 1)."""
-        b, l = self.b, self.lane
-        col = b.add(b.mul(self.warp, self.c(16)), b.mul(b.urem(b.udiv(l, self.c(8)), self.c(2)), self.c(8)))
-        out = []
-        for kk in range(ROWS // 16):
-            row = b.add(self.c(16 * kk), b.add(b.urem(l, self.c(8)), b.mul(b.udiv(l, self.c(16)), self.c(8))))
-            out.append(ldmatrix_x4(self.ke, self.at(tile, b.add(b.mul(row, self.c(ROWS + PAD)), col)), True))
-        return out
 
     def pack(self, low: ir.Value, high: ir.Value) -> ir.Value:
         """Two floats rounded to the 16-bit type, in one 32-bit word (`low` in the low half)."""
@@ -298,36 +245,6 @@ class _Flash:
                     at = b.add(b.mul(row, self.c(stride)), self.col_of(e, 0))
                     b.store(word, b.gep(base, [at], inbounds=True, source_etype=I16), align=4)
 
-    def add_rows(self, acc: list[list[ir.Value]], base: ir.Value, row0: ir.Value, length: int, first: int) -> None:
-        """Add 16 x 8 accumulators (fragments first, first + 1, ... of a 16 x H product) into this
-        warp's rows row0 + ... of float32 rows of H at `base`, those inside `length`: with `red`,
-        an atomic add that returns nothing, as other blocks add into the same rows."""
-        b, h = self.b, self.spec.h
-        red = ir.InlineAsm(ir.FunctionType(VOID, [PTR1, F32]), "red.global.add.f32 [$0], $1;", "l,f,~{memory}",
-                           side_effect=True)
-        for half in range(2):
-            row = b.add(row0, self.row_of(2 * half))
-            with b.if_then(b.icmp_unsigned("<", row, self.c(length))):
-                for e, regs in enumerate(acc):
-                    for r in (2 * half, 2 * half + 1):
-                        at = b.add(b.mul(row, self.c(h)), self.col_of(first + e, r))
-                        b.call(red, [b.gep(base, [at], inbounds=True, source_etype=F32), regs[r]])
-
-    def row_chunks(self, q0: ir.Value) -> list[tuple[ir.Value, ir.Value, ir.Value]]:
-        """This thread's chunks of eight columns of the 64 rows q0.. of a (batch, head), for
-        kernels that stream rows: a power-of-two group of consecutive lanes per row (the lanes
-        past its H / 8 chunks idle), so a warp reads whole rows and a row's lanes can shuffle.
-        Per pass over the rows: (row, first column, whether the chunk is inside the operand)."""
-        b, c = self.b, self.c
-        lanes = pow2_at_least(self.spec.h // 8)
-        col = b.mul(b.urem(self.tid, c(lanes)), c(8))
-        out = []
-        for first in range(0, ROWS, THREADS // lanes):
-            row = b.add(q0, b.add(c(first), b.udiv(self.tid, c(lanes))))
-            out.append((row, col, b.and_(b.icmp_unsigned("<", row, c(self.spec.t)),
-                                         b.icmp_unsigned("<", col, c(self.spec.h)))))
-        return out
-
     def load_row_value(self, ptr: ir.Value, first: ir.Value, row: ir.Value, length: int) -> ir.Value:
         """A float32 per row (lse, delta, d_lse) at ptr[first + row], 0 past `length`."""
         b = self.b
@@ -337,22 +254,16 @@ class _Flash:
 
 
 def emit_flash(ke: KernelEmitter, spec: Spec, part: str) -> tuple[int, int, str]:
-    """Emit one flash kernel (`part`: forward | delta | dkv | dq); its grid, block and strategy."""
+    """Emit one flash kernel (`part`: forward | dq | dkv); its grid, block and strategy."""
     fl = _Flash(ke, spec)
-    {"forward": _forward, "delta": _delta, "dkv": _dkv, "dq": _dq}[part](fl)
+    stages = {"forward": 5, "dq": 6, "dkv": 6}[part]
+    rows_scratch = 4 * ROWS * (4 if part == "dkv" else 1)  # lse and delta of two stages; or delta
+    smem = ke.dynamic_shared(2 * stages * fl.tile + rows_scratch)
+    tiles = [ke.shared_at(smem, fl.c(i * fl.tile), I16) for i in range(stages)]
+    floats = ke.shared_at(smem, fl.c(stages * fl.tile), I16)  # float32 row values after the tiles
+    {"forward": _forward, "dq": _dq, "dkv": _dkv}[part](fl, tiles, floats)
     ke.b.ret_void()
     return _grid(spec, part), THREADS, f"flash {part} {fl.fmt.name} {ROWS}x{ROWS} h{spec.h}{' causal' if spec.causal else ''}"
-
-
-def _shared(fl: _Flash, tiles: int, floats: int = 0,
-            square: bool = False) -> tuple[list[ir.Value], ir.Value]:
-    """The block's dynamic shared memory: `tiles` staged tiles of 64 rows of H, then (`square`)
-    one of 64 rows of 64, then `floats` float32 values."""
-    ke = fl.ke
-    sizes = [fl.tile] * tiles + ([ROWS * (ROWS + PAD)] if square else [])
-    smem = ke.dynamic_shared(2 * sum(sizes) + 4 * floats)
-    starts = [sum(sizes[:i]) for i in range(len(sizes) + 1)]
-    return [ke.shared_at(smem, fl.c(at), I16) for at in starts[:-1]], ke.shared_at(smem, fl.c(starts[-1]), I16)
 
 
 def _query_block(fl: _Flash) -> tuple[ir.Value, ir.Value, ir.Value, ir.Value, ir.Value]:
@@ -398,9 +309,8 @@ def _staged(fl: _Flash, pair: list[ir.Value], stage: ir.Value) -> ir.Value:
     return fl.b.select(fl.b.icmp_unsigned("==", stage, fl.c(0)), pair[0], pair[1])
 
 
-def _forward(fl: _Flash) -> None:
+def _forward(fl: _Flash, tiles: list[ir.Value], floats: ir.Value) -> None:
     ke, b, spec, c = fl.ke, fl.b, fl.spec, fl.c
-    tiles, _ = _shared(fl, 5)  # Q; K and V of two stages
     q_ptr, k_ptr, v_ptr = ke.in_ptrs[:3]
     out_ptr, lse_ptr = ke.out_ptrs
     batch, head, kv_head, q0, n_tiles = _query_block(fl)
@@ -444,7 +354,7 @@ def _forward(fl: _Flash) -> None:
                 regs[r] = exp2_ftz(fl.b, b.fsub(regs[r], alpha[r // 2][1]))
                 sums[r // 2] = b.fadd(sums[r // 2], regs[r])
         o = [[b.fmul(regs[r], alpha[r // 2][0]) for r in range(4)] for regs in o]
-        o = fl.times_tile(lambda kk: fl.a_of(s, kk), v_tile, o)
+        o = fl.times_tile(s, v_tile, o)
         l_new = [b.fadd(b.fmul(l_old[h], alpha[h][0]), sums[h]) for h in range(2)]
         return m_new + l_new + [x for regs in o for x in regs]
 
@@ -460,38 +370,6 @@ def _forward(fl: _Flash) -> None:
         lse = b.fmul(b.fadd(m[half], log2_ftz(fl.b, l[half])), fl.f(1 / LOG2E))
         with b.if_then(b.and_(b.icmp_unsigned("==", fl.quad, c(0)), b.icmp_unsigned("<", row, c(spec.t)))):
             b.store(lse, b.gep(lse_ptr, [b.add(first, row)], inbounds=True, source_etype=F32))
-
-
-def _delta(fl: _Flash) -> None:
-    """delta = rowsum(dO * O) - d_lse of the block's 64 query rows into the scratch, and their rows
-    of the dQ accumulator zeroed (the dkv kernel adds into them)."""
-    ke, b, spec, c = fl.ke, fl.b, fl.spec, fl.c
-    out_ptr, dout_ptr, dlse_ptr = (ke.in_ptrs[i] for i in (3, 5, 6))
-    delta_ptr, acc_ptr = ke.extra_ptrs
-    batch, head, _, q0, _ = _query_block(fl)
-    first = b.mul(b.add(b.mul(batch, c(spec.n)), head), c(spec.t))
-    acc = b.gep(acc_ptr, [b.mul(first, c(spec.h))], inbounds=True, source_etype=F32)
-    o_rows, do_rows = (fl.rows_of(p, batch, head, spec.n, spec.t) for p in (out_ptr, dout_ptr))
-    chunk = ir.VectorType(memory_type(spec.dtype), 8)
-    zeros = ir.Constant(ir.VectorType(F32, 4), [0.0] * 4)
-    ke.await_producers()
-    for row, col, ok in fl.row_chunks(q0):
-        o, do = (b.load(b.gep(base, [b.select(ok, b.add(b.mul(row, c(stride)), col), c(0))], inbounds=True,
-                              source_etype=I16), typ=chunk, align=16) for base, stride in (o_rows, do_rows))
-        total = fl.f(0.0)
-        for e in range(8):
-            x, y = (from_memory(b, b.extract_element(v, ir.Constant(I32, e)), spec.dtype) for v in (o, do))
-            total = b.fadd(total, b.fmul(x, y))
-        total = b.select(ok, total, fl.f(0.0))
-        for mask in range(pow2_at_least(spec.h // 8).bit_length() - 1):  # over the row's lanes
-            total = b.fadd(total, ke.shuffle_xor(total, 1 << mask))
-        with b.if_then(ok):
-            for half in range(2):
-                at = b.add(b.mul(row, c(spec.h)), b.add(col, c(4 * half)))
-                b.store(zeros, b.gep(acc, [at], inbounds=True, source_etype=F32), align=16)
-            with b.if_then(b.icmp_unsigned("==", col, c(0))):
-                delta = b.fsub(total, fl.load_row_value(dlse_ptr, first, row, spec.t))
-                b.store(delta, b.gep(delta_ptr, [b.add(first, row)], inbounds=True, source_etype=F32))
 
 
 def _softmax_grad(fl: _Flash, s: list[list[ir.Value]], dp: list[list[ir.Value]], lse2: Callable, delta: Callable,
@@ -515,13 +393,66 @@ def _softmax_grad(fl: _Flash, s: list[list[ir.Value]], dp: list[list[ir.Value]],
     return p_out, ds_out
 
 
-def _dkv(fl: _Flash) -> None:
+def _dq(fl: _Flash, tiles: list[ir.Value], floats: ir.Value) -> None:
+    ke, b, spec, c = fl.ke, fl.b, fl.spec, fl.c
+    q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, dout_ptr, dlse_ptr = ke.in_ptrs[:7]
+    dq_ptr, (delta_ptr,) = ke.out_ptrs[0], ke.extra_ptrs
+    batch, head, kv_head, q0, n_tiles = _query_block(fl)
+    q_rows, do_rows = (fl.rows_of(p, batch, head, spec.n, spec.t) for p in (q_ptr, dout_ptr))
+    kv_rows = [fl.rows_of(p, batch, kv_head, spec.kv, spec.s) for p in (k_ptr, v_ptr)]
+    first = b.mul(b.add(b.mul(batch, c(spec.n)), head), c(spec.t))
+    ke.await_producers()
+    fl.copy_tile(q_rows, q0, spec.t, tiles[0])
+    fl.copy_tile(do_rows, q0, spec.t, tiles[5])
+    for rows, tile in zip(kv_rows, (tiles[1], tiles[3])):
+        fl.copy_tile(rows, c(0), spec.s, tile)
+    fl.commit()
+    # delta = rowsum(dO * O) - d_lse: two threads a row, half the head each
+    row = b.udiv(fl.tid, c(2))
+    at = b.add(q0, row)
+    ok = b.icmp_unsigned("<", at, c(spec.t))
+    o_base, o_stride = fl.rows_of(out_ptr, batch, head, spec.n, spec.t)
+    do_base, _ = do_rows
+    offset = b.add(b.mul(b.select(ok, at, c(0)), c(o_stride)), b.mul(b.urem(fl.tid, c(2)), c(spec.h // 2)))
+    total = fl.f(0.0)
+    for d in range(spec.h // 2):
+        where = b.add(offset, c(d))
+        o, do = (from_memory(b, b.load(b.gep(base, [where], inbounds=True, source_etype=I16),
+                                       typ=memory_type(spec.dtype)), spec.dtype) for base in (o_base, do_base))
+        total = b.fadd(total, b.fmul(o, do))
+    total = b.fadd(total, ke.shuffle_xor(total, 1))
+    delta = b.fsub(total, fl.load_row_value(dlse_ptr, first, at, spec.t))
+    with b.if_then(b.icmp_unsigned("==", b.urem(fl.tid, c(2)), c(0))):
+        b.store(delta, b.gep(floats, [row], inbounds=True, source_etype=F32))
+        with b.if_then(ok):
+            b.store(delta, b.gep(delta_ptr, [b.add(first, at)], inbounds=True, source_etype=F32))
+    fl.landed()
+    qf, dof = fl.a_fragments(tiles[0]), fl.a_fragments(tiles[5])
+    mine = [fl.row_of(2 * half) for half in range(2)]
+    rows = [b.add(q0, r) for r in mine]
+    lse2 = [b.fmul(fl.load_row_value(lse_ptr, first, r, spec.t), fl.f(LOG2E)) for r in rows]
+    deltas = [b.load(b.gep(floats, [r], inbounds=True, source_etype=F32), typ=F32) for r in mine]
+    n_out = spec.h // 8
+
+    def step(j: ir.Value, k_tile: ir.Value, v_tile: ir.Value, values: list[ir.Value]) -> list[ir.Value]:
+        acc = [values[4 * e:4 * e + 4] for e in range(n_out)]
+        j0 = b.mul(j, c(ROWS))
+        s, dp = fl.times_rows(qf, k_tile), fl.times_rows(dof, v_tile)
+        _, ds = _softmax_grad(fl, s, dp, lambda f, r: lse2[r // 2], lambda f, r: deltas[r // 2],
+                              lambda f, r: fl.keep(rows[r // 2], b.add(j0, fl.col_of(f, r)), spec.s))
+        acc = fl.times_tile(ds, k_tile, acc)
+        return [x for regs in acc for x in regs]
+
+    values = _key_tiles(fl, n_tiles, kv_rows, tiles[1:5], [fl.f(0.0)] * (4 * n_out), step)
+    acc = [values[4 * e:4 * e + 4] for e in range(n_out)]
+    fl.store_rows(acc, fl.rows_of(dq_ptr, batch, head, spec.n, spec.t), q0, spec.t, fl.f(spec.scale))
+
+
+def _dkv(fl: _Flash, tiles: list[ir.Value], floats: ir.Value) -> None:
     ke, b, spec, c = fl.ke, fl.b, fl.spec, fl.c
     q_ptr, k_ptr, v_ptr, _, lse_ptr, dout_ptr, _ = ke.in_ptrs[:7]
     dk_ptr, dv_ptr = ke.out_ptrs[1:3]
-    delta_ptr, acc_ptr = ke.extra_ptrs
-    # K, V; Q and dO of two stages; dS^T; lse and delta of two stages
-    tiles, floats = _shared(fl, 6, 4 * ROWS, square=True)
+    (delta_ptr,) = ke.extra_ptrs
     tiles_q = -(-spec.t // ROWS)
     bid = ke.block_index()
     ktile = b.udiv(bid, c(spec.b * spec.kv))  # the first key tiles see the most queries (causal)
@@ -531,119 +462,71 @@ def _dkv(fl: _Flash) -> None:
     kv_rows = [fl.rows_of(p, batch, kv_head, spec.kv, spec.s) for p in (k_ptr, v_ptr)]
     first_q = ktile if spec.causal else c(0)  # causal: no query before the key tile sees it
     seen = b.icmp_unsigned("<", first_q, c(tiles_q))
-    total = b.select(seen, b.mul(b.sub(c(tiles_q), first_q), c(spec.group)), c(0))  # steps: heads x tiles
-    first_head = b.mul(kv_head, c(spec.group))
+    per_head = b.select(seen, b.sub(c(tiles_q), first_q), c(1))  # (1 where no query sees the keys)
+    total = b.select(seen, b.mul(per_head, c(spec.group)), c(0))
+    stats = [b.gep(floats, [c(i * ROWS)], inbounds=True, source_etype=F32) for i in range(4)]  # lse, delta x 2
 
-    def query_tile(head: ir.Value, tile: ir.Value) -> tuple[ir.Value, ir.Value]:
-        """The first query of a query tile, and its head's first row of lse, delta and dQ."""
-        return b.mul(tile, c(ROWS)), b.mul(b.add(b.mul(batch, c(spec.n)), head), c(spec.t))
-
-    def following(head: ir.Value, tile: ir.Value) -> tuple[ir.Value, ir.Value]:
-        """The step after the one at (head, tile): the head's next tile, or the next head's first
-        (carried, not divided out of the step's index: under the causal rule the divisor, the
-        tiles a head has for these keys, is known only at run time)."""
-        wrap = b.icmp_unsigned("==", b.add(tile, c(1)), c(tiles_q))
-        return b.select(wrap, b.add(head, c(1)), head), b.select(wrap, first_q, b.add(tile, c(1)))
-
-    def fetch(head: ir.Value, tile: ir.Value, stage: ir.Value) -> None:
-        """Copy a query tile (Q, dO) and its rows' lse and delta into `stage`."""
-        q_start, first = query_tile(head, tile)
+    def fetch(it: ir.Value, stage: ir.Value) -> None:
+        """Copy step `it`'s query tile (Q, dO) and its rows' lse and delta into `stage`."""
+        head = b.add(b.mul(kv_head, c(spec.group)), b.udiv(it, per_head))
+        q_start = b.mul(b.add(first_q, b.urem(it, per_head)), c(ROWS))
         for p, pair_of in ((q_ptr, tiles[2:4]), (dout_ptr, tiles[4:6])):
             fl.copy_tile(fl.rows_of(p, batch, head, spec.n, spec.t), q_start, spec.t, _staged(fl, pair_of, stage))
-        # thread i < 64 copies the lse of the tile's row i, thread 64 + i its delta, a float each
-        # (a row's floats need not start 16-byte aligned), so that no warp waits on them
-        at = b.add(q_start, b.urem(fl.tid, c(ROWS)))
-        ok = b.icmp_unsigned("<", at, c(spec.t))
-        source = b.select(b.icmp_unsigned("<", fl.tid, c(ROWS)), lse_ptr, delta_ptr)
-        source = b.gep(source, [b.add(first, b.select(ok, at, c(0)))], inbounds=True, source_etype=F32)
-        cp_async(ke, b.gep(floats, [b.add(b.mul(stage, c(2 * ROWS)), fl.tid)], inbounds=True, source_etype=F32),
-                 source, b.select(ok, ir.Constant(I32, 4), ir.Constant(I32, 0)), size=4)
+        first = b.mul(b.add(b.mul(batch, c(spec.n)), head), c(spec.t))
+        with b.if_then(b.icmp_unsigned("<", fl.tid, c(ROWS))):
+            at = b.add(q_start, fl.tid)
+            lse = b.fmul(fl.load_row_value(lse_ptr, first, at, spec.t), fl.f(LOG2E))
+            delta = fl.load_row_value(delta_ptr, first, at, spec.t)
+            for value, pair_of in ((lse, stats[0:2]), (delta, stats[2:4])):
+                target = b.select(b.icmp_unsigned("==", stage, c(0)), pair_of[0], pair_of[1])
+                b.store(value, b.gep(target, [fl.tid], inbounds=True, source_etype=F32))
 
     ke.await_producers()
     for rows, tile in zip(kv_rows, tiles[0:2]):
         fl.copy_tile(rows, k0, spec.s, tile)
-    fetch(first_head, first_q, c(0))
+    fetch(c(0), c(0))
     fl.commit()
     fl.landed()
+    kf, vf = fl.a_fragments(tiles[0]), fl.a_fragments(tiles[1])
     keys = [b.add(k0, fl.row_of(2 * half)) for half in range(2)]
     n_out = spec.h // 8
 
     def body(b: ir.IRBuilder, it: ir.Value, values: list[ir.Value]) -> list[ir.Value]:
         fl.landed()
-        head, tile = values[0:2]
-        ahead = following(head, tile)
+        following = b.add(it, c(1))
         stage = b.urem(it, c(2))
-        with b.if_then(b.icmp_unsigned("<", b.add(it, c(1)), total)):
-            fetch(*ahead, b.sub(c(1), stage))
+        with b.if_then(b.icmp_unsigned("<", following, total)):
+            fetch(following, b.sub(c(1), stage))
             fl.commit()
         q_tile, do_tile = _staged(fl, tiles[2:4], stage), _staged(fl, tiles[4:6], stage)
-        lse_at = b.gep(floats, [b.mul(stage, c(2 * ROWS))], inbounds=True, source_etype=F32)  # the stage's rows
-        delta_at = b.gep(lse_at, [c(ROWS)], inbounds=True, source_etype=F32)
-        q_start, first = query_tile(head, tile)
-        accs = [values[2 + 4 * e:6 + 4 * e] for e in range(2 * n_out)]
-        dk, dv = accs[:n_out], accs[n_out:]
+        lse2_at = b.select(b.icmp_unsigned("==", stage, c(0)), stats[0], stats[1])
+        delta_at = b.select(b.icmp_unsigned("==", stage, c(0)), stats[2], stats[3])
+        q_start = b.mul(b.add(first_q, b.urem(it, per_head)), c(ROWS))
+        dk, dv = [values[4 * e:4 * e + 4] for e in range(n_out)], [values[4 * (n_out + e):4 * (n_out + e) + 4]
+                                                                    for e in range(n_out)]
 
         def column(array: ir.Value) -> Callable:
             return lambda f, r: b.load(b.gep(array, [fl.col_of(f, r)], inbounds=True, source_etype=F32), typ=F32)
 
         def keep(f: int, r: int) -> ir.Value | None:
-            """Whether the logit counts: its query inside T, its key inside S (else the zero
-            rows staged past S would give P = exp(-lse), which need not be finite), causal."""
-            query, key = b.add(q_start, fl.col_of(f, r)), keys[r // 2]
-            checks = [b.icmp_unsigned("<", query, c(spec.t))] if spec.t % ROWS else []
-            checks += [b.icmp_unsigned("<", key, c(spec.s))] if spec.s % ROWS else []
-            checks += [b.icmp_unsigned("<=", key, query)] if spec.causal else []
-            ok = checks[0] if checks else None
-            for check in checks[1:]:
-                ok = b.and_(ok, check)
+            query = b.add(q_start, fl.col_of(f, r))
+            ok = b.icmp_unsigned("<", query, c(spec.t)) if spec.t % ROWS else None
+            if spec.causal:
+                after = b.icmp_unsigned("<=", keys[r // 2], query)
+                ok = after if ok is None else b.and_(ok, after)
             return ok
 
-        # K's and V's fragments load again each step rather than living in registers
-        st, dpt = fl.times_rows(fl.a_fragments(tiles[0]), q_tile), fl.times_rows(fl.a_fragments(tiles[1]), do_tile)
-        lse = column(lse_at)
-        pt, dst = _softmax_grad(fl, st, dpt, lambda f, r: b.fmul(lse(f, r), fl.f(LOG2E)), column(delta_at), keep)
-        dst = [fl.a_of(dst, kk) for kk in range(ROWS // 16)]
-        fl.put_a(dst, tiles[6])  # dS^T for dQ, which needs it transposed: this warp has 16 keys of it
-        dv = fl.times_tile(lambda kk: fl.a_of(pt, kk), do_tile, dv)
-        dk = fl.times_tile(dst.__getitem__, q_tile, dk)
-        ke.barrier()  # every warp's keys of dS^T are in (the next step's `landed` guards their reuse)
-        # dQ += dS K over this block's 64 keys, this warp's 16 queries, two fragments at a time
-        ds = fl.a_transposed(tiles[6])
-        acc = b.gep(acc_ptr, [b.mul(first, c(spec.h))], inbounds=True, source_etype=F32)
-        for e in range(0, n_out, 2):
-            fl.add_rows(fl.times_tile(ds.__getitem__, tiles[0], [[fl.f(0.0)] * 4] * 2, e), acc, q_start, spec.t, e)
-        return list(ahead) + [x for regs in dk + dv for x in regs]
+        st, dpt = fl.times_rows(kf, q_tile), fl.times_rows(vf, do_tile)
+        pt, dst = _softmax_grad(fl, st, dpt, column(lse2_at), column(delta_at), keep)
+        dv = fl.times_tile(pt, do_tile, dv)
+        dk = fl.times_tile(dst, q_tile, dk)
+        return [x for regs in dk + dv for x in regs]
 
-    values = loop(b, 0, total, body, [first_head, first_q] + [fl.f(0.0)] * (8 * n_out), name="q", vectorize=False,
-                  unroll=1)
-    accs = [values[2 + 4 * e:6 + 4 * e] for e in range(2 * n_out)]
-    dk, dv = accs[:n_out], accs[n_out:]
+    values = loop(b, 0, total, body, [fl.f(0.0)] * (8 * n_out), name="q", vectorize=False, unroll=1)
+    dk = [values[4 * e:4 * e + 4] for e in range(n_out)]
+    dv = [values[4 * (n_out + e):4 * (n_out + e) + 4] for e in range(n_out)]
     fl.store_rows(dk, fl.rows_of(dk_ptr, batch, kv_head, spec.kv, spec.s), k0, spec.s, fl.f(spec.scale))
     fl.store_rows(dv, fl.rows_of(dv_ptr, batch, kv_head, spec.kv, spec.s), k0, spec.s, fl.f(1.0))
 
 
-def _dq(fl: _Flash) -> None:
-    """dQ: the block's 64 rows of the accumulator times the softmax scale, in q's type and layout."""
-    ke, b, spec, c = fl.ke, fl.b, fl.spec, fl.c
-    (_, acc_ptr), dq_ptr = ke.extra_ptrs, ke.out_ptrs[0]
-    batch, head, _, q0, _ = _query_block(fl)
-    first = b.mul(b.add(b.mul(batch, c(spec.n)), head), c(spec.t))
-    acc = b.gep(acc_ptr, [b.mul(first, c(spec.h))], inbounds=True, source_etype=F32)
-    base, stride = fl.rows_of(dq_ptr, batch, head, spec.n, spec.t)
-    scale = fl.f(spec.scale)
-    ke.await_producers()
-    for row, col, ok in fl.row_chunks(q0):
-        with b.if_then(ok):
-            values = []
-            for half in range(2):
-                at = b.add(b.mul(row, c(spec.h)), b.add(col, c(4 * half)))
-                got = b.load(b.gep(acc, [at], inbounds=True, source_etype=F32), typ=ir.VectorType(F32, 4), align=16)
-                values += [b.fmul(b.extract_element(got, ir.Constant(I32, e)), scale) for e in range(4)]
-            words = ir.Constant(ir.VectorType(I32, 4), None)
-            for e in range(4):
-                words = b.insert_element(words, fl.pack(values[2 * e], values[2 * e + 1]), ir.Constant(I32, e))
-            at = b.add(b.mul(row, c(stride)), col)
-            b.store(words, b.gep(base, [at], inbounds=True, source_etype=I16), align=16)
-
-
-__all__ = ["PARTS", "backward_scratch", "emit_flash", "flash_note", "flash_spec", "why_not_flash"]
+__all__ = ["PARTS", "emit_flash", "flash_note", "flash_spec", "why_not_flash"]
