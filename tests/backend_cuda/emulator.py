@@ -143,10 +143,13 @@ uint32_t emu_f2tf32(float x) {  /* to nearest, ties away from zero, at 10 mantis
 }
 
 /* cp.async as a plain copy (a thread's copies are done before anything reads them here) */
-void emu_cp_async(void *target, const void *source, int32_t nbytes) {
+static void copy_async(void *target, const void *source, int32_t nbytes, int32_t size) {
     memcpy(target, source, nbytes);
-    memset((char *)target + nbytes, 0, 16 - nbytes);
+    memset((char *)target + nbytes, 0, size - nbytes);
 }
+void emu_cp_async(void *target, const void *source, int32_t nbytes) { copy_async(target, source, nbytes, 16); }
+void emu_cp_async_4(void *target, const void *source, int32_t nbytes) { copy_async(target, source, nbytes, 4); }
+void emu_cp_async_8(void *target, const void *source, int32_t nbytes) { copy_async(target, source, nbytes, 8); }
 void emu_cp_async_commit(void) {}
 void emu_cp_async_wait(int32_t n) { (void)n; }
 
@@ -224,7 +227,8 @@ _INTRINSICS = {
     "llvm.nvvm.rcp.approx.ftz.f": "emu_rcp", "llvm.nvvm.ex2.approx.ftz.f": "emu_ex2_ftz",
     "llvm.nvvm.lg2.approx.ftz.f": "emu_lg2_ftz", "llvm.nvvm.sqrt.approx.ftz.f": "emu_sqrt_ftz",
     "llvm.nvvm.rsqrt.approx.ftz.f": "emu_rsqrt_ftz",
-    "llvm.nvvm.cp.async.cg.shared.global.16.s": "emu_cp_async", "llvm.nvvm.cp.async.commit.group": "emu_cp_async_commit",
+    "llvm.nvvm.cp.async.cg.shared.global.16.s": "emu_cp_async", "llvm.nvvm.cp.async.ca.shared.global.4.s": "emu_cp_async_4",
+    "llvm.nvvm.cp.async.ca.shared.global.8.s": "emu_cp_async_8", "llvm.nvvm.cp.async.commit.group": "emu_cp_async_commit",
     "llvm.nvvm.cp.async.wait.group": "emu_cp_async_wait", "llvm.nvvm.f2tf32.rna": "emu_f2tf32",
 }
 

@@ -464,7 +464,6 @@ def _dkv(fl: _Flash, tiles: list[ir.Value], floats: ir.Value) -> None:
     seen = b.icmp_unsigned("<", first_q, c(tiles_q))
     per_head = b.select(seen, b.sub(c(tiles_q), first_q), c(1))  # (1 where no query sees the keys)
     total = b.select(seen, b.mul(per_head, c(spec.group)), c(0))
-    stats = [b.gep(floats, [c(i * ROWS)], inbounds=True, source_etype=F32) for i in range(4)]  # lse, delta x 2
 
     def fetch(it: ir.Value, stage: ir.Value) -> None:
         """Copy step `it`'s query tile (Q, dO) and its rows' lse and delta into `stage`."""
@@ -472,14 +471,15 @@ def _dkv(fl: _Flash, tiles: list[ir.Value], floats: ir.Value) -> None:
         q_start = b.mul(b.add(first_q, b.urem(it, per_head)), c(ROWS))
         for p, pair_of in ((q_ptr, tiles[2:4]), (dout_ptr, tiles[4:6])):
             fl.copy_tile(fl.rows_of(p, batch, head, spec.n, spec.t), q_start, spec.t, _staged(fl, pair_of, stage))
+        # thread i < 64 copies the lse of the tile's row i, thread 64 + i its delta, a float each
+        # (a row's floats need not start 16-byte aligned), so that no warp waits on them
         first = b.mul(b.add(b.mul(batch, c(spec.n)), head), c(spec.t))
-        with b.if_then(b.icmp_unsigned("<", fl.tid, c(ROWS))):
-            at = b.add(q_start, fl.tid)
-            lse = b.fmul(fl.load_row_value(lse_ptr, first, at, spec.t), fl.f(LOG2E))
-            delta = fl.load_row_value(delta_ptr, first, at, spec.t)
-            for value, pair_of in ((lse, stats[0:2]), (delta, stats[2:4])):
-                target = b.select(b.icmp_unsigned("==", stage, c(0)), pair_of[0], pair_of[1])
-                b.store(value, b.gep(target, [fl.tid], inbounds=True, source_etype=F32))
+        at = b.add(q_start, b.urem(fl.tid, c(ROWS)))
+        ok = b.icmp_unsigned("<", at, c(spec.t))
+        source = b.select(b.icmp_unsigned("<", fl.tid, c(ROWS)), lse_ptr, delta_ptr)
+        source = b.gep(source, [b.add(first, b.select(ok, at, c(0)))], inbounds=True, source_etype=F32)
+        cp_async(ke, b.gep(floats, [b.add(b.mul(stage, c(2 * ROWS)), fl.tid)], inbounds=True, source_etype=F32),
+                 source, b.select(ok, ir.Constant(I32, 4), ir.Constant(I32, 0)), size=4)
 
     ke.await_producers()
     for rows, tile in zip(kv_rows, tiles[0:2]):
@@ -499,8 +499,8 @@ def _dkv(fl: _Flash, tiles: list[ir.Value], floats: ir.Value) -> None:
             fetch(following, b.sub(c(1), stage))
             fl.commit()
         q_tile, do_tile = _staged(fl, tiles[2:4], stage), _staged(fl, tiles[4:6], stage)
-        lse2_at = b.select(b.icmp_unsigned("==", stage, c(0)), stats[0], stats[1])
-        delta_at = b.select(b.icmp_unsigned("==", stage, c(0)), stats[2], stats[3])
+        lse_at = b.gep(floats, [b.mul(stage, c(2 * ROWS))], inbounds=True, source_etype=F32)  # the stage's rows
+        delta_at = b.gep(lse_at, [c(ROWS)], inbounds=True, source_etype=F32)
         q_start = b.mul(b.add(first_q, b.urem(it, per_head)), c(ROWS))
         dk, dv = [values[4 * e:4 * e + 4] for e in range(n_out)], [values[4 * (n_out + e):4 * (n_out + e) + 4]
                                                                     for e in range(n_out)]
@@ -517,7 +517,8 @@ def _dkv(fl: _Flash, tiles: list[ir.Value], floats: ir.Value) -> None:
             return ok
 
         st, dpt = fl.times_rows(kf, q_tile), fl.times_rows(vf, do_tile)
-        pt, dst = _softmax_grad(fl, st, dpt, column(lse2_at), column(delta_at), keep)
+        lse = column(lse_at)
+        pt, dst = _softmax_grad(fl, st, dpt, lambda f, r: b.fmul(lse(f, r), fl.f(LOG2E)), column(delta_at), keep)
         dv = fl.times_tile(pt, do_tile, dv)
         dk = fl.times_tile(dst, q_tile, dk)
         return [x for regs in dk + dv for x in regs]

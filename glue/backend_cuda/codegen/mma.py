@@ -205,9 +205,11 @@ def _copyable(s: _Staged) -> bool:
     return isinstance(load, Load) and not load.mask and s.lanes is not None and load in s.lanes.loads
 
 
-def cp_async(ke: KernelEmitter, target: ir.Value, source: ir.Value, nbytes: ir.Value) -> None:
-    """Copy 16 bytes from global to shared memory without a register (zeros past `nbytes`)."""
-    name = "llvm.nvvm.cp.async.cg.shared.global.16.s"
+def cp_async(ke: KernelEmitter, target: ir.Value, source: ir.Value, nbytes: ir.Value, size: int = 16) -> None:
+    """Copy `size` bytes (16, or 4 or 8) from global to shared memory without a register (zeros
+    past `nbytes`); both addresses aligned to `size`. 16 bytes bypass L1 (`.cg`); the smaller
+    sizes have only the form that goes through it (`.ca`)."""
+    name = f"llvm.nvvm.cp.async.{'cg' if size == 16 else 'ca'}.shared.global.{size}.s"
     fn = ke.module.globals.get(name) or ir.Function(
         ke.module, ir.FunctionType(ir.VoidType(), [PTR3, ir.PointerType(addrspace=1), I32]), name)
     ke.b.call(fn, [target, source, nbytes])
