@@ -43,7 +43,11 @@ GROUPS_PER_BLOCK = 32  # a warp's row groups: its loads of one point are 32 cons
 SLICES = 8             # threads per row group: each folds the others' partials, one by one
 ROWS_PER_THREAD = 4    # reduced points a thread folds, at least, before its partials are written
 UNROLL = 4             # points whose loads a thread issues before it folds the first of them
-TARGET_BLOCKS = 264    # two blocks per H200 multiprocessor
+SMS = 132              # an H200's multiprocessors
+# A thread's live values per row group (width x (reductions + row-level stores)) from which
+# ptxas gives the kernel more than 128 registers, so one 256-thread block per multiprocessor:
+# such a grid is one wave of SMS blocks, a lighter one two waves of two.
+HEAVY_VALUES = 64
 FOLD_UNROLL = 4        # rounds of the splits' partials the last block loads at once
 SLOT_BYTES = 8         # a partial's slot in scratch holds any register type up to 64 bits
 
@@ -88,7 +92,10 @@ class ColumnPlan:
         self.block = self.per_block * self.slices
         self.tiles = -(-self.groups // self.per_block)
         most = max(1, self.points // (ROWS_PER_THREAD * self.slices))
-        self.splits = max(1, min(most, -(-TARGET_BLOCKS // self.tiles)))
+        row_stores = sum(s.level == "row" for s in kernel.stores)
+        resident = 1 if self.width * (len(kernel.reductions) + row_stores) >= HEAVY_VALUES else 2
+        # whole waves: a last partial wave would take a whole block's time for a few blocks
+        self.splits = max(1, min(most, resident * SMS // self.tiles))
         self.per_split = -(-self.points // self.splits)
         self.per_slice = -(-self.per_split // self.slices)
         self.reductions = len(kernel.reductions)
