@@ -61,8 +61,13 @@ class CpuBackend(Backend):
 
     @lru_cache(maxsize=256)
     def body(self, graph: Graph, options: CpuOptions) -> Executable:
-        """The executable of a call kernel's body, compiled once for every program using it."""
-        return Lowering(self, graph, (), "body", options).compile()
+        """The executable of a call kernel's body, compiled once for every program using it
+        (its kernels' code usually built already, in the batch of the program calling it)."""
+        return self.body_lowering(graph, options).compile()
+
+    @lru_cache(maxsize=256)
+    def body_lowering(self, graph: Graph, options: CpuOptions) -> Lowering:
+        return Lowering(self, graph, (), "body", options)
 
 
 def _assembly(lowering: Lowering) -> str:
@@ -72,10 +77,36 @@ def _assembly(lowering: Lowering) -> str:
 
 
 def _objects(lowering: Lowering) -> dict:
-    codes = kernel_code(lowering["program"], lowering)
+    """The code of the program's kernels and of every call kernel's bodies (and theirs) not
+    compiled yet, in one batch: the bodies' LLVM jobs run beside the program's in the compile
+    workers instead of one body after another when the program is loaded."""
+    bodies = _uncompiled_bodies(lowering)
+    codes = kernel_code([lowering["program"]] + [body["program"] for body in bodies], lowering)
+    for body, code in zip(bodies, codes[1:]):
+        body.provide("object", code)
+        for source in body["program"].sources.values():  # the same stats: linking adds to them
+            body.kernel_stats[source.symbol] = lowering.kernel_stats[source.symbol]
     if all(stats.source != "built" for stats in lowering.kernel_stats.values()):
         lowering.note_cached("object")
-    return codes
+    return codes[0]
+
+
+def _uncompiled_bodies(lowering: Lowering) -> list[Lowering]:
+    """The lowerings of the bodies of `lowering`'s call kernels, and of theirs, whose code is
+    not built yet (each once)."""
+    found: dict[int, Lowering] = {}
+    todo = [lowering]
+    while todo:
+        program: Program = todo.pop()["program"]
+        for use in program.uses:
+            if not isinstance(use, CallSite):
+                continue
+            for graph in use.plan.bodies:
+                body = lowering.backend.body_lowering(graph, lowering.options)
+                if id(body) not in found and not body.built("object"):
+                    found[id(body)] = body
+                    todo.append(body)
+    return list(found.values())
 
 
 __all__ = ["CpuBackend", "CpuOptions", "Executable"]

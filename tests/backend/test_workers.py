@@ -112,3 +112,49 @@ def test_the_backend_reports_a_kernel_llvm_rejects(monkeypatch):
     with config.override(cache_dir=""):
         with pytest.raises(BackendError, match="LLVM could not compile kernel"):
             glue.jit(lambda x: gnp.exp(x) + 1, backend="cpu").lower(x).compile()
+
+
+def test_a_call_kernels_bodies_are_compiled_in_the_programs_batch():
+    """The kernels of a scan's body (and of a scan nested in it) are built in the calling
+    program's object stage, beside its own kernels, and loading it compiles nothing more."""
+    from glue import lax
+
+    def inner(c, x):
+        return c * 0.25 + gnp.sin(x), c.sum()
+
+    def outer(c, xs):
+        c, ys = lax.scan(inner, c, xs)
+        return gnp.tanh(c) * 1.5, ys.sum()
+
+    def f(c, xss):
+        c, sums = lax.scan(outer, c, xss)
+        return gnp.exp(c) + 3.0, sums
+
+    c, xss = np.linspace(-1, 1, 23, dtype=np.float32), np.linspace(0, 1, 4 * 3 * 23, dtype=np.float32).reshape(4, 3, 23)
+    with config.override(compile_workers=2, cache_dir=""):
+        lowering = glue.jit(f, backend="cpu").lower(c, xss).lowering
+        lowering["object"]
+        built = {k.symbol for k in lowering.kernel_stats.values() if k.source == "built"}
+        levels, todo = [], [lowering]
+        while todo:  # the program, the outer scan's body, the inner scan's body
+            program = todo.pop()["program"]
+            levels.append({s.symbol for s in program.sources.values()})
+            for use in program.uses:
+                for graph in getattr(getattr(use, "plan", None), "bodies", ()):
+                    body = lowering.backend.body_lowering(graph, lowering.options)
+                    assert body.built("object")
+                    todo.append(body)
+        assert len(levels) == 3 and all(level <= built for level in levels)
+        compiled = lowering.compile()
+    assert {k.symbol for k in lowering.kernel_stats.values()} == built  # nothing built at load
+    got_c, got_sums = compiled(c, xss)
+    want_c, want_sums = c.astype(np.float64), []
+    for xs in xss:
+        sums = []
+        for x in xs:
+            sums.append(want_c.sum())
+            want_c = want_c * 0.25 + np.sin(x)
+        want_c = np.tanh(want_c) * 1.5
+        want_sums.append(np.sum(sums))
+    np.testing.assert_allclose(np.asarray(got_c), np.exp(want_c) + 3.0, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(got_sums), want_sums, rtol=1e-5, atol=1e-5)
