@@ -25,6 +25,8 @@ from glue.backend_cpu.kernels import KernelFunction
 from glue.backend_cpu.program import Program
 from glue.backend_cpu.target import LoadedCode
 from glue.errors import BackendError
+from glue.codegen.mathlib import UNARY_FUNCTIONS
+from glue.scheduler.kernel_ir import Op, operands, postorder
 
 DISK = DiskCache("cpu")
 # Everything about a KernelFunction but the kernel it was built for, as stored on disk.
@@ -50,6 +52,7 @@ class LoadedKernel:
 
 
 Code = Union[ObjectCode, LoadedKernel]
+MATH_FUNCTIONS = UNARY_FUNCTIONS | {"pow"}
 _loaded: "weakref.WeakValueDictionary[bytes, LoadedKernel]" = weakref.WeakValueDictionary()
 
 
@@ -74,9 +77,17 @@ def _decode(payload: bytes, program: Program, key: bytes) -> ObjectCode | None:
 
 def _cost(program: Program, key: bytes) -> tuple[bool, int]:
     """How long a kernel's LLVM job is expected to take, as a sort key: blocked matmuls
-    longest, then by the kernel's fused ops (an estimate of its module's size)."""
+    longest, then by the size of what the kernel computes (its expressions' nodes, math
+    functions counting ten, and its operands: an estimate of its module's size)."""
     kernel = program.sources[key].kernel
-    return kernel.kind == "contraction", len(kernel.ops) + len(kernel.stores) + len(kernel.reductions)
+    seen: set = set()
+    size = len(kernel.inputs) + len(kernel.outputs)
+    for root in kernel.roots:
+        for node in postorder(root, operands, seen):
+            seen.add(node)
+            # a math function is a polynomial's worth of instructions
+            size += 10 if isinstance(node, Op) and node.primitive in MATH_FUNCTIONS else 1
+    return kernel.kind == "contraction", size
 
 
 def kernel_code(programs: Sequence[Program], lowering: Lowering) -> list[dict[bytes, Code]]:

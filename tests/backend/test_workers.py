@@ -158,3 +158,26 @@ def test_a_call_kernels_bodies_are_compiled_in_the_programs_batch():
         want_sums.append(np.sum(sums))
     np.testing.assert_allclose(np.asarray(got_c), np.exp(want_c) + 3.0, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(np.asarray(got_sums), want_sums, rtol=1e-5, atol=1e-5)
+
+
+def test_workers_start_while_a_large_program_is_scheduled_unless_it_was_compiled_before(monkeypatch, tmp_path):
+    from glue import backend_cpu
+
+    def f(x):  # enough equations to count as large
+        for n in range(backend_cpu.PRESTART_EQNS // 2 + 1):
+            x = gnp.tanh(x * 1.01 + n)
+        return x
+
+    x = np.linspace(-1, 1, 37, dtype=np.float32)
+    with config.override(compile_workers=2, cache_dir=str(tmp_path)):
+        monkeypatch.setattr(workers, "_pool", None)
+        lowered = glue.jit(f, backend="cpu").lower(x)
+        assert workers.started() == 2  # before any stage has run
+        np.testing.assert_allclose(np.asarray(lowered.compile()(x)), np.asarray(glue.jit(f, backend="reference")(x)),
+                                   rtol=1e-5, atol=1e-6)
+        monkeypatch.setattr(workers, "_pool", None)
+        glue.jit(f, backend="cpu").lower(np.linspace(-1, 1, 37, dtype=np.float32)).compile()
+        assert workers.started() == 0  # its kernels are on disk: no worker is needed
+        monkeypatch.setattr(workers, "_pool", None)
+        glue.jit(lambda x: gnp.tanh(x) * 3, backend="cpu").lower(x).compile()
+        assert workers.started() == 0  # a small program: its lone kernel compiles here
