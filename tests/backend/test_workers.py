@@ -179,5 +179,6 @@ def test_workers_start_while_a_large_program_is_scheduled_unless_it_was_compiled
         glue.jit(f, backend="cpu").lower(np.linspace(-1, 1, 37, dtype=np.float32)).compile()
         assert workers.started() == 0  # its kernels are on disk: no worker is needed
         monkeypatch.setattr(workers, "_pool", None)
+        monkeypatch.setattr(workers, "_ran_here", 0)
         glue.jit(lambda x: gnp.tanh(x) * 3, backend="cpu").lower(x).compile()
         assert workers.started() == 0  # a small program: its lone kernel compiles here
