@@ -19,6 +19,7 @@ the fewest to the most layers, per added layer.
     python -m benchmarks compile                         # cpu, the whole suite
     python -m benchmarks compile --backend cuda          # on the GPU host
     python -m benchmarks compile --configs small --layers 2,4 --chains 100,1000
+    python -m benchmarks compile --configs small --layers 4 --precisions f32,bf16 --chains ''
 """
 from __future__ import annotations
 
@@ -39,13 +40,13 @@ CHAINS = (100, 1000, 10000)
 
 # --- the programs (built in the child process) ------------------------------------------------
 
-def _step_program(xp: Any, nn: Any, logsumexp: Any, grad: Any, config: str, layers: int):
+def _step_program(xp: Any, nn: Any, logsumexp: Any, grad: Any, config: str, layers: int, bf16: bool):
     from benchmarks import step
 
     cfg = replace(step.CONFIGS[config], layers=layers)
 
     def loss_fn(params, tokens, targets):
-        return step.model_loss(xp, nn, logsumexp, cfg, params, tokens, targets, False)
+        return step.model_loss(xp, nn, logsumexp, cfg, params, tokens, targets, bf16)
 
     def fn(params, m, v, tokens, targets, c1, c2):
         loss, grads = grad(loss_fn)(params, tokens, targets)
@@ -88,7 +89,8 @@ def _program(spec: dict, impl: str):
         import glue.numpy as gnp
         xp, nn, logsumexp, grad = gnp, gnn, gnn.logsumexp, glue.value_and_grad
     if spec["program"] == "step":
-        return _step_program(xp, nn, logsumexp, grad, spec["config"], spec["layers"])
+        return _step_program(xp, nn, logsumexp, grad, spec["config"], spec["layers"],
+                             spec.get("precision") == "bf16")
     return _chain_program(xp, spec["program"], spec["ops"])
 
 
@@ -148,7 +150,7 @@ def measure(spec: dict, timeout: float, jax: bool) -> dict:
 
 def _label(spec: dict) -> str:
     if spec["program"] == "step":
-        return f"step {spec['config']} {spec['layers']} layers"
+        return f"step {spec['config']} {spec.get('precision', 'f32')} {spec['layers']} layers"
     return f"{spec['program']} chain {spec['ops']} ops"
 
 
@@ -188,14 +190,18 @@ def table(rows: list[tuple[dict, dict]], jax: bool) -> str:
 
 
 def per_layer(rows: list[tuple[dict, dict]]) -> list[str]:
-    """Per config: the cold compile's growth per added layer, between the fewest and most layers."""
+    """Per config and precision: the cold compile's growth per added layer, between the fewest
+    and most layers."""
     notes = []
-    for config in dict.fromkeys(s["config"] for s, _ in rows if s["program"] == "step"):
+    for config, precision in dict.fromkeys((s["config"], s.get("precision", "f32")) for s, _ in rows
+                                           if s["program"] == "step"):
         done = sorted((s["layers"], r["cold"]["seconds"]) for s, r in rows
-                      if s.get("config") == config and "seconds" in r["cold"])
+                      if s.get("config") == config and s.get("precision", "f32") == precision
+                      and "seconds" in r["cold"])
         if len(done) >= 2:
             (l0, t0), (l1, t1) = done[0], done[-1]
-            notes.append(f"{config}: {(t1 - t0) / (l1 - l0):.2f} s per added layer ({l0} -> {l1} layers, cold)")
+            notes.append(f"{config} {precision}: {(t1 - t0) / (l1 - l0):.2f} s per added layer "
+                         f"({l0} -> {l1} layers, cold)")
     return notes
 
 
@@ -214,6 +220,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--backend", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--configs", default="small,gpt2", help="step configs ('' for none)")
     parser.add_argument("--layers", default=",".join(map(str, LAYERS)))
+    parser.add_argument("--precisions", default="f32", help="step precisions: f32, bf16 (mixed precision)")
     parser.add_argument("--chains", default=",".join(map(str, CHAINS)), help="chain lengths in ops ('' for none)")
     parser.add_argument("--kinds", default="elementwise,reduction", help="chain kinds")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per compile")
@@ -224,8 +231,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.child:
         print(json.dumps(child(json.loads(args.child))))
         return
-    specs = [{"program": "step", "config": c, "layers": int(n), "backend": args.backend}
-             for c in filter(None, args.configs.split(",")) for n in filter(None, args.layers.split(","))]
+    specs = [{"program": "step", "config": c, "layers": int(n), "backend": args.backend, "precision": p}
+             for c in filter(None, args.configs.split(",")) for p in filter(None, args.precisions.split(","))
+             for n in filter(None, args.layers.split(","))]
     specs += [{"program": kind, "ops": int(n), "backend": args.backend}
               for kind in filter(None, args.kinds.split(",")) for n in filter(None, args.chains.split(","))]
     jax = not args.no_jax and _jax_available()

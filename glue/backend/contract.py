@@ -137,6 +137,18 @@ class Lowering:
             self.timings[name] = StageTime(elapsed - self._nested, name in self._cached)
             self._nested = outer + elapsed
 
+    def built(self, name: str) -> bool:
+        """Whether stage `name`'s artifact exists yet."""
+        return name in self._artifacts
+
+    def provide(self, name: str, artifact: Any) -> None:
+        """Stage `name`'s artifact, built elsewhere (a cpu program builds the code of its call
+        kernels' bodies in its own batch): it took none of this lowering's time."""
+        if name not in self._table:
+            raise KeyError(name)
+        self._artifacts[name] = artifact
+        self.timings[name] = StageTime(0.0, name in self._cached)
+
     def note_cached(self, name: str) -> None:
         """Mark stage `name` as served from a cache (its builder calls this)."""
         self._cached.add(name)

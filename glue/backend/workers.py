@@ -5,7 +5,8 @@ once; separate processes can. A cold compile hands each kernel's module to the p
 its IR is built, so LLVM runs on every core while this process builds the next kernel's IR.
 
 Workers are `python -P llvm_jobs.py`, which imports llvmlite and nothing of glue; they start
-when first needed (about 0.1-0.2 s each, in parallel), live as long as this process and serve
+when first needed (about 0.1-0.2 s each, in parallel), or ahead of it (`prestart`), live as
+long as this process and serve
 any number of jobs. Each pool thread owns one worker at a time and talks to it over its pipes
 (length-prefixed pickles); a worker that dies fails its job with a RuntimeError, like an LLVM
 error, and is replaced on the next job. `config.compile_workers` bounds the pool (default: the
@@ -115,6 +116,14 @@ class _Pool:
     def submit(self, name: str, args: tuple, label: str) -> Future:
         return self._threads.submit(self._run, name, args, label)
 
+    def prestart(self) -> None:
+        """Start every worker not running yet; each imports llvmlite while this process goes on."""
+        with self._lock:
+            while len(self._all) < self.size:
+                worker = _Worker()
+                self._all.append(worker)
+                self._idle.put(worker)
+
     def _run(self, name: str, args: tuple, label: str) -> Any:
         with profiler.span("compile", f"{name} {label}"):
             try:
@@ -190,6 +199,14 @@ class Jobs:
         return self._pool.submit(name, args, label)
 
 
+def prestart() -> None:
+    """Start the pool's workers now, ahead of a batch of jobs expected soon (a cold compile
+    starts them while the scheduler runs, so they are ready when its first module is)."""
+    size = worker_count()
+    if size > 1:
+        _the_pool(size).prestart()
+
+
 def started() -> int:
     """How many worker processes this process has running."""
     return _pool.started if _pool is not None and _pool.pid == os.getpid() else 0
@@ -201,4 +218,4 @@ def _close() -> None:
         _pool.close()
 
 
-__all__ = ["Jobs", "started", "usable_cores", "worker_count"]
+__all__ = ["Jobs", "prestart", "started", "usable_cores", "worker_count"]

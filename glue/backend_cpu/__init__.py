@@ -13,15 +13,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
+from glue.backend import workers
+from glue.backend.cache import code_version, digest
 from glue.backend.contract import Backend, Lowering, Options, add_plan_stages
 from glue.backend_cpu.calls import CallSite
-from glue.backend_cpu.code import kernel_code, link
+from glue.backend_cpu.code import DISK, kernel_code, link
 from glue.backend_cpu.program import Program, build_program
 from glue.backend_cpu.runtime import Executable
 from glue.backend_cpu.target import assembly, host
 from glue.codegen.analysis import estimate_cost
 from glue.errors import BackendError
 from glue.ir import Graph
+
+# Programs of at least this many equations start the compile workers while they are scheduled,
+# unless the disk cache marks them as compiled before (`_program_hint`).
+PRESTART_EQNS = 100
+
 
 @dataclass(frozen=True)
 class CpuOptions(Options):
@@ -45,6 +52,8 @@ class CpuBackend(Backend):
         return "LLVM cannot generate code for this host"
 
     def add_stages(self, lowering: Lowering) -> None:
+        if _hinted(lowering) and DISK.load(_program_hint(lowering)) is None:
+            workers.prestart()  # likely a cold compile of many kernels: workers start meanwhile
         add_plan_stages(lowering)
         lowering.add_stage("program", lambda lw: build_program(lw["plan"], lw.options.key, lw.options.opt_level),
                            text=None)
@@ -61,8 +70,13 @@ class CpuBackend(Backend):
 
     @lru_cache(maxsize=256)
     def body(self, graph: Graph, options: CpuOptions) -> Executable:
-        """The executable of a call kernel's body, compiled once for every program using it."""
-        return Lowering(self, graph, (), "body", options).compile()
+        """The executable of a call kernel's body, compiled once for every program using it
+        (its kernels' code usually built already, in the batch of the program calling it)."""
+        return self.body_lowering(graph, options).compile()
+
+    @lru_cache(maxsize=256)
+    def body_lowering(self, graph: Graph, options: CpuOptions) -> Lowering:
+        return Lowering(self, graph, (), "body", options)
 
 
 def _assembly(lowering: Lowering) -> str:
@@ -72,10 +86,51 @@ def _assembly(lowering: Lowering) -> str:
 
 
 def _objects(lowering: Lowering) -> dict:
-    codes = kernel_code(lowering["program"], lowering)
+    """The code of the program's kernels and of every call kernel's bodies (and theirs) not
+    compiled yet, in one batch: the bodies' LLVM jobs run beside the program's in the compile
+    workers instead of one body after another when the program is loaded."""
+    bodies = _uncompiled_bodies(lowering)
+    codes = kernel_code([lowering["program"]] + [body["program"] for body in bodies], lowering)
+    for body, code in zip(bodies, codes[1:]):
+        body.provide("object", code)
+        for source in body["program"].sources.values():  # the same stats: linking adds to them
+            body.kernel_stats[source.symbol] = lowering.kernel_stats[source.symbol]
     if all(stats.source != "built" for stats in lowering.kernel_stats.values()):
         lowering.note_cached("object")
-    return codes
+    elif _hinted(lowering):
+        DISK.store(_program_hint(lowering), b"compiled")
+    return codes[0]
+
+
+def _hinted(lowering: Lowering) -> bool:
+    """Whether a program is large enough to start the compile workers ahead of its kernels."""
+    return lowering.name != "body" and len(lowering.graph.eqns) >= PRESTART_EQNS
+
+
+def _program_hint(lowering: Lowering) -> bytes:
+    """The disk cache key of a mark that a program like this one (the same primitives, types
+    and options; a hint, not an identity) has had its kernels compiled into the cache."""
+    graph = lowering.graph
+    return digest("cpu program compiled", code_version(), host().fingerprint, lowering.options.key,
+                  repr(graph.in_types), repr(graph.out_types), " ".join(e.primitive for e in graph.eqns))
+
+
+def _uncompiled_bodies(lowering: Lowering) -> list[Lowering]:
+    """The lowerings of the bodies of `lowering`'s call kernels, and of theirs, whose code is
+    not built yet (each once)."""
+    found: dict[int, Lowering] = {}
+    todo = [lowering]
+    while todo:
+        program: Program = todo.pop()["program"]
+        for use in program.uses:
+            if not isinstance(use, CallSite):
+                continue
+            for graph in use.plan.bodies:
+                body = lowering.backend.body_lowering(graph, lowering.options)
+                if id(body) not in found and not body.built("object"):
+                    found[id(body)] = body
+                    todo.append(body)
+    return list(found.values())
 
 
 __all__ = ["CpuBackend", "CpuOptions", "Executable"]

@@ -15,7 +15,7 @@ import json
 import time
 import weakref
 from dataclasses import dataclass, fields
-from typing import Union
+from typing import Sequence, Union
 
 from glue import profiler
 from glue.backend.cache import DiskCache, digest
@@ -25,6 +25,8 @@ from glue.backend_cpu.kernels import KernelFunction
 from glue.backend_cpu.program import Program
 from glue.backend_cpu.target import LoadedCode
 from glue.errors import BackendError
+from glue.codegen.mathlib import UNARY_FUNCTIONS
+from glue.scheduler.kernel_ir import Op, operands, postorder
 
 DISK = DiskCache("cpu")
 # Everything about a KernelFunction but the kernel it was built for, as stored on disk.
@@ -50,6 +52,7 @@ class LoadedKernel:
 
 
 Code = Union[ObjectCode, LoadedKernel]
+MATH_FUNCTIONS = UNARY_FUNCTIONS | {"pow"}
 _loaded: "weakref.WeakValueDictionary[bytes, LoadedKernel]" = weakref.WeakValueDictionary()
 
 
@@ -72,30 +75,56 @@ def _decode(payload: bytes, program: Program, key: bytes) -> ObjectCode | None:
     return ObjectCode(function, code)
 
 
-def kernel_code(program: Program, lowering: Lowering) -> dict[bytes, Code]:
-    """The code of every distinct kernel of `program`, with what it cost in `lowering`'s
-    kernel stats (the missing ones compiled, in parallel where there are several)."""
+def _cost(program: Program, key: bytes) -> tuple[bool, int]:
+    """How long a kernel's LLVM job is expected to take, as a sort key: blocked matmuls
+    longest, then by the size of what the kernel computes (its expressions' nodes, math
+    functions counting ten, and its operands: an estimate of its module's size)."""
+    kernel = program.sources[key].kernel
+    seen: set = set()
+    size = len(kernel.inputs) + len(kernel.outputs)
+    for root in kernel.roots:
+        for node in postorder(root, operands, seen):
+            seen.add(node)
+            # a math function is a polynomial's worth of instructions
+            size += 10 if isinstance(node, Op) and node.primitive in MATH_FUNCTIONS else 1
+    return kernel.kind == "contraction", size
+
+
+def kernel_code(programs: Sequence[Program], lowering: Lowering) -> list[dict[bytes, Code]]:
+    """The code of every distinct kernel of each of `programs` (a program and the bodies of its
+    call kernels), with what it cost in `lowering`'s kernel stats. The missing kernels are
+    compiled as one batch, in parallel where there are several, the most expensive first (so
+    that the compile workers end the batch on short jobs): each module is built here and
+    handed to the workers at once, which optimise it while the next one is built."""
     found: dict[bytes, Code] = {}
-    missing = []
-    uses = program.uses_by_key()
-    for key, source in program.sources.items():
-        stats = lowering.kernel(source.symbol, source.kernel.kind)
-        stats.uses = len(uses[key])
-        loaded = _loaded.get(key)
-        if loaded is not None:
-            found[key], stats.source = loaded, "memory"
-            continue
-        start = time.perf_counter()
-        payload = DISK.load(_disk_key(key))
-        stored = _decode(payload, program, key) if payload is not None else None
-        stats.add("disk cache", time.perf_counter() - start)
-        if stored is not None:
-            found[key], stats.source = stored, "disk"
-        else:
-            missing.append(key)
+    missing: dict[bytes, Program] = {}
+    uses: dict[bytes, int] = {}
+    for program in programs:
+        for key, positions in program.uses_by_key().items():
+            uses[key] = uses.get(key, 0) + len(positions)
+            if key in found or key in missing:
+                continue
+            source = program.sources[key]
+            stats = lowering.kernel(source.symbol, source.kernel.kind)
+            loaded = _loaded.get(key)
+            if loaded is not None:
+                found[key], stats.source = loaded, "memory"
+                continue
+            start = time.perf_counter()
+            payload = DISK.load(_disk_key(key))
+            stored = _decode(payload, program, key) if payload is not None else None
+            stats.add("disk cache", time.perf_counter() - start)
+            if stored is not None:
+                found[key], stats.source = stored, "disk"
+            else:
+                missing[key] = program
+    for program in programs:
+        for key, source in program.sources.items():
+            lowering.kernel_stats[source.symbol].uses = uses[key]
     jobs = Jobs(len(missing))
     pending = {}
-    for key in missing:
+    for key in sorted(missing, key=lambda k: _cost(missing[k], k), reverse=True):
+        program = missing[key]
         stats = lowering.kernel_stats[program.sources[key].symbol]
         start = time.perf_counter()
         with profiler.span("compile", f"llvm build {stats.symbol}"):
@@ -112,7 +141,7 @@ def kernel_code(program: Program, lowering: Lowering) -> dict[bytes, Code]:
             stats.add(step, spent)
         found[key] = ObjectCode(function, code)
         DISK.store(_disk_key(key), _encode(found[key]))
-    return found
+    return [{key: found[key] for key in program.sources} for program in programs]
 
 
 def link(codes: dict[bytes, Code], lowering: Lowering) -> dict[bytes, LoadedKernel]:

@@ -37,7 +37,8 @@ from glue.codegen.loops import loop, unflatten
 from glue.codegen.scope import Analysis, hoist
 from glue.codegen.types import I1, I8, I32, I64, register_type
 from glue.ir import dtypes as dt
-from glue.scheduler.kernel_ir import Expr, Kernel, Load, Op
+from glue.ir.core import strides
+from glue.scheduler.kernel_ir import Clamp, Dim, Div, Expr, Index, Kernel, Load, Mod, Op
 from glue.settings import config
 
 MR = 6  # rows of a micro-tile: 6 x 2 vectors of accumulators + 3 operands fit 16 registers
@@ -101,7 +102,11 @@ class MatmulBuilder(KernelBuilder):
         # packed copy (one broadcast load per row and step either way; measured 5-10% faster
         # without the copy, also at 2048 rows, whose power-of-two stride could alias in L1).
         # Anything else is packed, so that casts and masks are evaluated once per k-block.
-        self.pack_left = not (isinstance(self.left, Load) and self.left.dtype == self.acc and not self.left.mask)
+        # The micro-kernel walks A's rows by pointer (`left_stride`), so in place it needs a
+        # left whose address moves by a constant stride per step of the flat k.
+        self.left_stride = _k_stride(self.left, kernel) if isinstance(self.left, Load) else None
+        self.pack_left = not (isinstance(self.left, Load) and self.left.dtype == self.acc and not self.left.mask
+                              and self.left_stride is not None)
         # Per-thread scratch: packed B block, packed A micro-panel, the unit's partial sums.
         self.b_bytes = _round64(self.kc * self.nc * self.size)
         self.a_bytes = _round64(self.kc * MR * self.size) if self.pack_left else 0
@@ -146,7 +151,7 @@ class MatmulBuilder(KernelBuilder):
         self.use_reciprocals(frozenset(self.col_dims))
         units = self.B * self.m_blocks * self.n_blocks
         with self.b.if_then(self.b.icmp_signed("<", self.start, self.end)):
-            loop(self.b, self.start, self.end, self.unit, name="unit", vectorize=False)
+            loop(self.b, self.start, self.end, self.unit, name="unit", vectorize=False, unroll=1)
         self.b.ret_void()
         return KernelFunction(source, self.symbol, units, 1, 2.0 * self.B * self.M * self.N * self.K,
                               scratch_bytes=self.scratch_bytes)
@@ -173,24 +178,24 @@ class MatmulBuilder(KernelBuilder):
             def micro_panel(b: ir.IRBuilder, i: ir.Value, _):
                 row0 = b.add(m0, b.mul(i, self.const(MR)))
                 if self.pack_left:
-                    height = _min(b, self.const(MR), b.sub(b.add(m0, m_len), row0))
-                    self.pack_a(bc, row0, height, k0, k_len, packed_a)
+                    self.pack_a(bc, row0, k0, k_len, packed_a)
                     source = packed_a
                 else:  # rows past the end repeat the last one; their sums are never stored
                     last = self.const(self.M - 1)
-                    source = [_min(b, b.add(row0, self.const(mm)), last) for mm in range(MR)]
+                    source = [self.left_address(bc, _min(b, b.add(row0, self.const(mm)), last), k0)
+                              for mm in range(MR)]
                 tile = b.mul(i, self.const(MR * self.nc))
 
                 def panel(b: ir.IRBuilder, p: ir.Value, _):
-                    self.micro_kernel(bc, source, k0, k_len, first,
+                    self.micro_kernel(source, k_len, first,
                                       self.element(packed_b, b.mul(p, self.const(self.kc * self.nr))),
                                       self.element(sums, b.add(tile, b.mul(p, self.const(self.nr)))))
                     return []
-                loop(b, 0, panels, panel, name="panel", vectorize=False)
+                loop(b, 0, panels, panel, name="panel", vectorize=False, unroll=1)
                 return []
-            loop(b, 0, micro, micro_panel, name="micro", vectorize=False)
+            loop(b, 0, micro, micro_panel, name="micro", vectorize=False, unroll=1)
             return []
-        loop(b, 0, self.k_blocks, k_block, name="kblock", vectorize=False)
+        loop(b, 0, self.k_blocks, k_block, name="kblock", vectorize=False, unroll=1)
         self.epilogue(bc, m0, m_len, n0, n_len, sums)
         return []
 
@@ -217,35 +222,43 @@ class MatmulBuilder(KernelBuilder):
                     return []
                 loop(b, 0, width, column, name="jj")
                 return []
-            loop(b, 0, k_len, step, name="k", vectorize=False)
+            loop(b, 0, k_len, step, name="k", vectorize=False, unroll=1)
             return []
-        loop(b, 0, panels, panel, name="bpanel", vectorize=False)
+        loop(b, 0, panels, panel, name="bpanel", vectorize=False, unroll=1)
 
-    def pack_a(self, bc, row0, height, k0, k_len, packed) -> None:
-        """packed[kk][mm] = left(row0 + mm, k0 + kk), zero past the last row."""
+    def pack_a(self, bc, row0, k0, k_len, packed) -> None:
+        """packed[kk][mm] = left(row0 + mm, k0 + kk); rows past the end repeat the last one
+        (their sums are never stored)."""
         b = self.b
-        with b.if_then(b.icmp_unsigned("<", height, self.const(MR))):
-            self.zero_fill(packed, self.kc * MR)
+        last = self.const(self.M - 1)
+        rows = [self.point(bc, _min(b, b.add(row0, self.const(mm)), last), None, None) for mm in range(MR)]
 
-        def row(b: ir.IRBuilder, mm: ir.Value, _):
-            m = b.add(row0, mm)
-
-            def step(b: ir.IRBuilder, kk: ir.Value, _):
-                value = self.value_at(self.left, self.point(bc, m, None, b.add(k0, kk)))
-                at = b.add(b.mul(kk, self.const(MR)), mm)
-                b.store(convert(b, value, self.left.dtype, self.acc), self.element(packed, at))
-                return []
-            loop(b, 0, k_len, step, name="ka")
+        def step(b: ir.IRBuilder, kk: ir.Value, _):
+            reduce_dims = self.point(bc, None, None, b.add(k0, kk))
+            at = b.mul(kk, self.const(MR))
+            for mm, dims in enumerate(rows):
+                point = [r if r is not None else k for r, k in zip(dims, reduce_dims)]
+                value = self.value_at(self.left, point)
+                b.store(convert(b, value, self.left.dtype, self.acc), self.element(packed, b.add(at, self.const(mm))))
             return []
-        loop(b, 0, height, row, name="mm", vectorize=False)
+        loop(b, 0, k_len, step, name="ka")
 
-    def micro_kernel(self, bc, source, k0, k_len, first, packed_b: ir.Value, sums: ir.Value) -> None:
+    def left_address(self, bc, m: ir.Value, k: ir.Value) -> ir.Value:
+        """The address of left(row m, flat reduce index k), a plain load read in place."""
+        em = ExprEmitter(self.b, self.point(bc, m, None, k), self.shapes, self.load)
+        offset = em.offset(self.left.index, self.shapes[self.left.input])
+        return self.element(self.in_ptrs[self.left.input], offset)
+
+    def micro_kernel(self, source, k_len, first, packed_b: ir.Value, sums: ir.Value) -> None:
         """sums[mm][v*VL : (v+1)*VL] (+)= sum over kk of A[k0 + kk][mm] * B[kk][v*VL : (v+1)*VL].
 
         The accumulators start from zero in the first k-block and from the stored partial sums
         in the others, so every sum still runs over k in order, whatever the blocking. A comes
         from the packed micro-panel (`source` a pointer) or, read in place, from `left` at the
-        micro-panel's rows (`source` their flat indices)."""
+        micro-panel's rows (`source` the addresses of their elements at the k-block's first k).
+        The loop walks pointers (B's panel, A's packed panel) and the in-place rows share one
+        offset (the step count at unit stride), each advanced by a constant per step, so the
+        code generator needs no loop strength reduction to address them well."""
         b, lanes, vectors = self.b, self.lanes, self.nr // self.lanes
         vt = ir.VectorType(self.ty, lanes)
         fma = intrinsic(b.module, "llvm.fma", vt, [vt] * 3, [vt])
@@ -253,26 +266,32 @@ class MatmulBuilder(KernelBuilder):
         splat_mask = ir.Constant(ir.VectorType(I32, lanes), [0] * lanes)
         tile = [self.element(sums, self.const(mm * self.nc + v * lanes)) for mm in range(MR) for v in range(vectors)]
         start = [b.select(first, zero, b.load(at, typ=vt, align=self.size)) for at in tile]
+        in_place = isinstance(source, list)
+        # In place, the rows share one element offset: the step count itself at unit stride.
+        walk = in_place and self.left_stride != 1
 
-        def a_values(b: ir.IRBuilder, kk: ir.Value) -> list[ir.Value]:
-            if not isinstance(source, list):
-                base = b.mul(kk, self.const(MR))
-                return [b.load(self.element(source, b.add(base, self.const(mm))), typ=self.ty) for mm in range(MR)]
-            k = b.add(k0, kk)
-            return [self.value_at(self.left, self.point(bc, m, None, k)) for m in source]
-
-        def step(b: ir.IRBuilder, kk: ir.Value, accs: list[ir.Value]):
-            row = b.mul(kk, self.const(self.nr))
-            bv = [b.load(self.element(packed_b, b.add(row, self.const(v * lanes))), typ=vt, align=self.size)
-                  for v in range(vectors)]
+        def step(b: ir.IRBuilder, kk: ir.Value, state: list[ir.Value]):
+            pb, at, accs = state[0], state[1] if walk or not in_place else kk, state[2:]
+            bv = [b.load(self.element(pb, self.const(v * lanes)), typ=vt, align=self.size) for v in range(vectors)]
+            if in_place:
+                a_values = [b.load(self.element(row, at), typ=self.ty) for row in source]
+            else:
+                a_values = [b.load(self.element(at, self.const(mm)), typ=self.ty) for mm in range(MR)]
             out = []
-            for mm, a in enumerate(a_values(b, kk)):
+            for mm, a in enumerate(a_values):
                 av = b.shuffle_vector(b.insert_element(ir.Constant(vt, None), a, ir.Constant(I32, 0)),
                                       ir.Constant(vt, None), splat_mask)
                 out += [b.call(fma, [av, bv[v], accs[mm * vectors + v]]) for v in range(vectors)]
-            return out
-        accs = loop(b, 0, k_len, step, start, name="kk", vectorize=False)
-        for acc, at in zip(accs, tile):
+            if walk:
+                following = b.add(at, self.const(self.left_stride))
+            elif in_place:
+                following = at  # unused
+            else:
+                following = self.element(at, self.const(MR))
+            return [self.element(pb, self.const(self.nr)), following] + out
+        a_start = self.const(0) if in_place else source
+        state = loop(b, 0, k_len, step, [packed_b, a_start] + start, name="kk", vectorize=False)
+        for acc, at in zip(state[2:], tile):
             b.store(acc, at, align=self.size)
 
     def epilogue(self, bc, m0, m_len, n0, n_len, sums) -> None:
@@ -296,7 +315,42 @@ class MatmulBuilder(KernelBuilder):
                 return []
             loop(b, 0, n_len, column, name="n", interleave=spread)
             return []
-        loop(self.b, 0, m_len, row, name="em", vectorize=False)
+        loop(self.b, 0, m_len, row, name="em", vectorize=False, unroll=1)
+
+
+def _mentions(atom, dims: frozenset[int]) -> bool:
+    """Whether an index atom depends on any of the domain `dims` other than as a plain term."""
+    if isinstance(atom, Dim):
+        return atom.k in dims
+    if isinstance(atom, (Div, Mod, Clamp)):
+        return any(_mentions(a, dims) for a, _ in atom.index.terms)
+    return True  # a data-dependent index
+
+
+def _k_stride(load: Load, kernel: Kernel) -> int | None:
+    """The constant distance in elements between load(..., k) and load(..., k + 1) over the
+    flat reduce index k, or None when the address is not linear in it."""
+    p = len(kernel.parallel)
+    reduce_dims = frozenset(range(p, p + len(kernel.reduce)))
+    flat = Index()
+    for i, s in zip(load.index, strides(kernel.inputs[load.input].type.shape)):
+        flat = flat + i * s
+    coeff = {d: 0 for d in reduce_dims}
+    for atom, c in flat.terms:
+        if isinstance(atom, Dim) and atom.k in reduce_dims:
+            coeff[atom.k] += c
+        elif _mentions(atom, reduce_dims):
+            return None
+    stride = None
+    inner = 1  # the flat k's step for one step of reduce dim d: the extents after it
+    for d in reversed(range(len(kernel.reduce))):
+        if kernel.reduce[d] > 1:
+            if stride is None:
+                stride = coeff[p + d]
+            elif coeff[p + d] != stride * inner:
+                return None
+        inner *= kernel.reduce[d]
+    return stride if stride is not None else 0
 
 
 def _round_up(n: int, m: int) -> int:

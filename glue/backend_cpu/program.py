@@ -74,12 +74,14 @@ class KernelSource:
 
 def pipeline(blocked_matmul: bool, opt_level: int) -> Pipeline:
     """How a kernel's module is optimised, by its class (measured per class with
-    `GLUE_CPU_THREADS=1` on the 2-core development machine). The register-blocked matmul keeps
-    the full pipeline: at O2 and without loop strength reduction its large products ran 7-17%
-    slower. Every other class (pointwise, rows, columns, scatter, small contractions) runs O2
-    without loop strength reduction: no loss within the noise, and half the LLVM time."""
+    `GLUE_CPU_THREADS=1` on the 2-core development machine). The register-blocked matmul runs
+    the full O3 pipeline without loop strength reduction: its micro-kernel walks pointers
+    itself (matmul.py), so the code generator's strength reduction, once 40% of such a module's
+    LLVM time, no longer pays (at O2 its large products ran 7-17% slower). Every other class
+    (pointwise, rows, columns, scatter, small contractions) runs O2 without loop strength
+    reduction: no loss within the noise, and half the LLVM time."""
     if blocked_matmul:
-        return Pipeline(opt_level, strength_reduction=True)
+        return Pipeline(opt_level, strength_reduction=False)
     return Pipeline(min(opt_level, 2), strength_reduction=False)
 
 

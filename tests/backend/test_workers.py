@@ -112,3 +112,73 @@ def test_the_backend_reports_a_kernel_llvm_rejects(monkeypatch):
     with config.override(cache_dir=""):
         with pytest.raises(BackendError, match="LLVM could not compile kernel"):
             glue.jit(lambda x: gnp.exp(x) + 1, backend="cpu").lower(x).compile()
+
+
+def test_a_call_kernels_bodies_are_compiled_in_the_programs_batch():
+    """The kernels of a scan's body (and of a scan nested in it) are built in the calling
+    program's object stage, beside its own kernels, and loading it compiles nothing more."""
+    from glue import lax
+
+    def inner(c, x):
+        return c * 0.25 + gnp.sin(x), c.sum()
+
+    def outer(c, xs):
+        c, ys = lax.scan(inner, c, xs)
+        return gnp.tanh(c) * 1.5, ys.sum()
+
+    def f(c, xss):
+        c, sums = lax.scan(outer, c, xss)
+        return gnp.exp(c) + 3.0, sums
+
+    c, xss = np.linspace(-1, 1, 23, dtype=np.float32), np.linspace(0, 1, 4 * 3 * 23, dtype=np.float32).reshape(4, 3, 23)
+    with config.override(compile_workers=2, cache_dir=""):
+        lowering = glue.jit(f, backend="cpu").lower(c, xss).lowering
+        lowering["object"]
+        built = {k.symbol for k in lowering.kernel_stats.values() if k.source == "built"}
+        levels, todo = [], [lowering]
+        while todo:  # the program, the outer scan's body, the inner scan's body
+            program = todo.pop()["program"]
+            levels.append({s.symbol for s in program.sources.values()})
+            for use in program.uses:
+                for graph in getattr(getattr(use, "plan", None), "bodies", ()):
+                    body = lowering.backend.body_lowering(graph, lowering.options)
+                    assert body.built("object")
+                    todo.append(body)
+        assert len(levels) == 3 and all(level <= built for level in levels)
+        compiled = lowering.compile()
+    assert {k.symbol for k in lowering.kernel_stats.values()} == built  # nothing built at load
+    got_c, got_sums = compiled(c, xss)
+    want_c, want_sums = c.astype(np.float64), []
+    for xs in xss:
+        sums = []
+        for x in xs:
+            sums.append(want_c.sum())
+            want_c = want_c * 0.25 + np.sin(x)
+        want_c = np.tanh(want_c) * 1.5
+        want_sums.append(np.sum(sums))
+    np.testing.assert_allclose(np.asarray(got_c), np.exp(want_c) + 3.0, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(got_sums), want_sums, rtol=1e-5, atol=1e-5)
+
+
+def test_workers_start_while_a_large_program_is_scheduled_unless_it_was_compiled_before(monkeypatch, tmp_path):
+    from glue import backend_cpu
+
+    def f(x):  # enough equations to count as large
+        for n in range(backend_cpu.PRESTART_EQNS // 2 + 1):
+            x = gnp.tanh(x * 1.01 + n)
+        return x
+
+    x = np.linspace(-1, 1, 37, dtype=np.float32)
+    with config.override(compile_workers=2, cache_dir=str(tmp_path)):
+        monkeypatch.setattr(workers, "_pool", None)
+        lowered = glue.jit(f, backend="cpu").lower(x)
+        assert workers.started() == 2  # before any stage has run
+        np.testing.assert_allclose(np.asarray(lowered.compile()(x)), np.asarray(glue.jit(f, backend="reference")(x)),
+                                   rtol=1e-5, atol=1e-6)
+        monkeypatch.setattr(workers, "_pool", None)
+        glue.jit(f, backend="cpu").lower(np.linspace(-1, 1, 37, dtype=np.float32)).compile()
+        assert workers.started() == 0  # its kernels are on disk: no worker is needed
+        monkeypatch.setattr(workers, "_pool", None)
+        monkeypatch.setattr(workers, "_ran_here", 0)
+        glue.jit(lambda x: gnp.tanh(x) * 3, backend="cpu").lower(x).compile()
+        assert workers.started() == 0  # a small program: its lone kernel compiles here

@@ -115,6 +115,24 @@ def test_odd_shapes_and_k_not_a_multiple_of_the_block(m, k, n):
     _close(got, np.tanh(a.astype(np.float64) @ b + bias), dt.float32, scale=8.0)
 
 
+@pytest.mark.parametrize("spec, left", [("mjk,jkn->mn", (23, 9, 13)), ("jkm,jkn->mn", (9, 13, 23)),
+                                         ("mkj,jkn->mn", (23, 13, 9))])
+def test_contractions_over_two_reduce_dims(spec, left):
+    """The micro-kernel reads left in place, walking it by one stride per step of the flat
+    reduce index over both reduce dims (unit stride, or the row count when left is k-major);
+    every k-blocking gives the same bits."""
+    a, b = _data(*left), _data(9, 13, 40)
+
+    def fn(a, b):
+        return gnp.einsum(spec, a, b)
+    with _blocking():
+        whole = _run(fn, a, b)
+    for kc in (1, 5, 13, 50):
+        with _blocking(kc, 1, 6):
+            np.testing.assert_array_equal(_run(fn, a, b), whole, err_msg=f"kc={kc}")
+    _close(whole, np.einsum(spec, a.astype(np.float64), b), dt.float32, scale=8.0)
+
+
 @settings(max_examples=max(25, settings.default.max_examples))
 @given(st.integers(1, 3), st.integers(1, 40), st.integers(1, 70), st.integers(1, 50), st.integers(1, 9),
        st.booleans(), st.sampled_from([np.float32, np.float64]))
