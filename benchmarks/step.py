@@ -172,7 +172,6 @@ def glue_step(cfg: Config, backend: str, bf16: bool) -> Result:
 
     # The previous config's step, its arena and its state go before this one's peak is measured.
     GLUE_STEPS.clear()
-    _LAST_STATE.clear()
     gc.collect()
     if backend == "cuda":
         from glue.backend_cuda.runtime import get_context
@@ -212,8 +211,6 @@ def glue_step(cfg: Config, backend: str, bf16: bool) -> Result:
     t[0] = 0
     final = float(run(STEPS))
     ms = _timed_loops(run, lambda loss: loss.block_until_ready(), STEPS)
-    c1, c2 = corrections(t[0] + 1)
-    _LAST_STATE[jitted] = [*state, tokens, targets, c1, c2]
     peak = None
     if backend == "cuda":
         peak = get_context().allocator.stats().peak_bytes_in_use / 2 ** 20
@@ -357,36 +354,68 @@ def jitted_memory(jitted: Any) -> Any:
 GLUE_STEPS: list[Any] = []  # the jitted steps glue_step made, for `breakdown`
 
 
-def breakdown(jitted: Any, top: int = 25) -> str:
-    """Where one glue step's device time goes: its kernels from a glue.profile trace, summed by
-    name (a kernel's position and fused ops), the largest first; and who serves each contraction."""
-    import json
-    import os
-    import tempfile
+def breakdown(jitted: Any, top: int = 40, repeats: int = 8) -> str:
+    """Where one glue step's device time goes: every launch of the step timed alone as the
+    step runs it, in a CUDA graph of `repeats` back-to-back runs (median of 7 replays; a
+    profile's event pairs around direct launches would time small kernels' enqueue instead),
+    on random arguments, with the bytes its plan kernel reads and writes; then the launches
+    summed by kind and by symbol, the largest first."""
+    import collections
 
-    import glue
+    from glue.backend_cuda.gemm_choice import _random_values
+    from glue.backend_cuda.runtime.device_array import DeviceBuffer
+    from glue.backend_cuda.runtime.graph import capture
+    from glue.backend_cuda.runtime.stream import Event
+    from glue.backend_cuda.steps import chosen_launches
 
-    compiled = next(iter(jitted._compiled.values()))
-    exe = compiled.executable
-    path = os.path.join(tempfile.mkdtemp(), "step.json")
-    state = _LAST_STATE[jitted]
-    with glue.profile(path):
-        *new, loss = jitted(*state)
-        loss.block_until_ready()
-    _LAST_STATE[jitted] = [*new, *state[3:]]
-    events = [e for e in json.load(open(path))["traceEvents"] if e.get("ph") == "X" and e.get("cat") == "kernel"]
-    totals: dict[str, float] = {}
-    for e in events:
-        totals[e["name"]] = totals.get(e["name"], 0.0) + e["dur"]
-    total = sum(totals.values())
-    lines = [f"glue step: {len(events)} kernels, {total / 1e3:.2f} ms of device time; "
-             f"contractions: {sorted(getattr(exe, 'gemm_choices', {}).items())}"]
-    for name, us in sorted(totals.items(), key=lambda kv: -kv[1])[:top]:
-        lines.append(f"  {us:9.1f} us  {100 * us / total:5.1f}%  {name}")
+    exe = next(iter(jitted._compiled.values())).executable
+    program, stream = exe.program, exe.stream
+    rng = np.random.default_rng(0)
+    args = [DeviceBuffer.from_numpy(_random_values(t, rng), stream) for t in program.arg_types]
+    outs = [DeviceBuffer(t.shape, t.dtype, stream) for t in program.output_types]
+    if exe.arena is not None:
+        exe.arena.fill_bytes(0x3C)  # small finite floats wherever an intermediate would be
+    bases = exe._bases(args, outs)
+    exe.ctx.synchronize()
+    rows = []
+    for launch in chosen_launches(program, getattr(exe, "gemm_choices", None)):
+        if launch.call is not None:
+            continue
+        steps = exe._build_steps(program, [launch])
+        for st in steps:
+            st.stream, st.waits, st.record, st.dependent = stream, (), None, None
+        exe.run_steps(steps, bases)
+        graph = capture(stream, lambda: [exe.run_steps(steps, bases) for _ in range(repeats)])
+        samples = []
+        for i in range(9):
+            start, end = Event(exe.ctx, timing=True), Event(exe.ctx, timing=True)
+            start.record(stream)
+            graph.launch(stream)
+            end.record(stream)
+            end.synchronize()
+            if i >= 2:
+                samples.append(start.elapsed_ms(end) * 1e3 / repeats)
+        k = launch.kernel
+        nbytes = sum(b.type.nbytes for b in k.inputs + k.outputs)
+        rows.append((statistics.median(samples), nbytes, k.kind,
+                     f"{launch.variant}:{launch.strategy} g{launch.grid}x{launch.block}", launch.symbol))
+    total = sum(r[0] for r in rows)
+    kinds: dict[str, list] = collections.defaultdict(lambda: [0.0, 0])
+    symbols: dict[str, list] = collections.defaultdict(lambda: [0.0, 0, 0, "", ""])
+    for us, nbytes, kind, strategy, symbol in rows:
+        kinds[kind][0] += us
+        kinds[kind][1] += 1
+        entry = symbols[symbol]
+        entry[0] += us
+        entry[1] += 1
+        entry[2:] = [nbytes, kind, strategy]
+    lines = [f"glue step: {len(rows)} launches, alone in graphs {total / 1e3:.3f} ms; by kind (us, launches): "
+             + ", ".join(f"{k} {v[0]:.1f} x{v[1]}" for k, v in sorted(kinds.items(), key=lambda kv: -kv[1][0]))]
+    for symbol, (us, count, nbytes, kind, strategy) in sorted(symbols.items(), key=lambda kv: -kv[1][0])[:top]:
+        each = us / count
+        lines.append(f"  {us:8.1f} us = {count:2d} x {each:6.1f}  {nbytes / 2 ** 20:7.2f} MiB "
+                     f"{nbytes / each / 1e3:6.0f} GB/s  {kind:11s} {strategy[:60]:60s} {symbol[:70]}")
     return "\n".join(lines)
-
-
-_LAST_STATE: dict[Any, list] = {}
 
 
 def run(configs: list[str], precisions: list[str], peers: set[str], backend: str = "cuda",
