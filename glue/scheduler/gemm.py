@@ -295,23 +295,27 @@ def _unflatten(dims: tuple[int, ...], extents: tuple[int, ...], shape: tuple[int
     return out
 
 
-def operand_kernel(spec: GemmSpec, side: str, name: str) -> Kernel:
+def operand_kernel(spec: GemmSpec, side: str, name: str, transposed: bool = False) -> Kernel:
     """A pointwise kernel writing a computed operand as a row-major [batch, rows, cols] buffer
-    of the product's operand dtype (A: [b, m, k]; B: [b, k, n]), for a product that reads it
-    as a view. Its one input list is the contraction kernel's."""
+    of the product's operand dtype (A: [b, m, k]; B: [b, k, n]), or `transposed`, as
+    [batch, cols, rows] (the operand column-major), for a product that reads it as a view. Its
+    one input list is the contraction kernel's."""
     k = spec.kernel
     extents = k.parallel + k.reduce
     rows, cols = (spec.m, spec.k) if side == "a" else (spec.k, spec.n)
     expr = _strip_widening(spec.a_expr if side == "a" else spec.b_expr, spec.accumulator)
-    shape = (spec.extent(spec.batch), spec.extent(rows), spec.extent(cols))
-    at = {**_unflatten(spec.batch, extents, shape, 0), **_unflatten(rows, extents, shape, 1),
-          **_unflatten(cols, extents, shape, 2)}
+    batch_at, rows_at, cols_at = (0, 2, 1) if transposed else (0, 1, 2)  # the domain dim of each group
+    shape = [0, 0, 0]
+    for at_dim, group in ((batch_at, spec.batch), (rows_at, rows), (cols_at, cols)):
+        shape[at_dim] = spec.extent(group)
+    at = {**_unflatten(spec.batch, extents, tuple(shape), batch_at), **_unflatten(rows, extents, tuple(shape), rows_at),
+          **_unflatten(cols, extents, tuple(shape), cols_at)}
     (value,) = substitute([expr], at)
     if value.dtype != spec.operand_dtype:
         value = Op("convert_element_type", (value,), spec.operand_dtype, (("new_dtype", spec.operand_dtype),))
-    out = Buffer(-1, TensorType(shape, spec.operand_dtype))
+    out = Buffer(-1, TensorType(tuple(shape), spec.operand_dtype))
     store = Store(0, value, "element", (Index.dim(0), Index.dim(1), Index.dim(2)))
-    return Kernel(f"{side}_operand_{name}", "pointwise", shape, (), k.inputs, (out,), (), (store,),
+    return Kernel(f"{side}_operand_{name}", "pointwise", tuple(shape), (), k.inputs, (out,), (), (store,),
                   ("convert_element_type",), None, k.source)
 
 

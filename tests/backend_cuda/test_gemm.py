@@ -30,6 +30,11 @@ CASES = {
     "residual bf16 out": (lambda a, b, r: ((a @ b) + r).astype(gnp.bfloat16), [(40, 24), (24, 56), (40, 56)],
                           np.float32),
     "cast prologue": (lambda a, b: a.astype(gnp.bfloat16) @ b.astype(gnp.bfloat16), [(40, 32), (32, 24)], np.float32),
+    # a weight's cast for the product with its transpose: written column-major, read transposed
+    "transposed cast prologue": (lambda a, w: a.astype(gnp.bfloat16) @ w.T.astype(gnp.bfloat16),
+                                 [(40, 32), (24, 32)], np.float32),
+    "batched transposed cast": (lambda a, w: a.astype(gnp.bfloat16) @ gnp.swapaxes(w, 1, 2).astype(gnp.bfloat16),
+                                [(3, 40, 32), (3, 24, 32)], np.float32),
     "attention scores": (lambda q, k: gnp.einsum("bthd,bshd->bhts", q, k) * 0.125, [(2, 16, 3, 8), (2, 16, 3, 8)], BF16),
     "weight gradient": (lambda x, g: gnp.einsum("btd,bte->de", x, g), [(2, 16, 8), (2, 16, 12)], np.float32),
     "vector": (lambda a, b: a @ b, [(32,), (32, 24)], np.float32),
@@ -82,6 +87,18 @@ def test_the_library_variant_writes_out_only_what_it_cannot_read_in_place():
     assert launches(*CASES["NT bf16"]) == ["gemm"]
     assert launches(*CASES["bias gelu"]) == ["gemm", "epilogue"]
     assert launches(*CASES["cast prologue"]) == ["a", "b", "gemm"]
+
+
+@pytest.mark.skipif(not cublaslt.available(), reason="nvmath-python is not installed")
+def test_a_computed_operand_read_down_its_columns_is_written_column_major():
+    fn, shapes, dtype = CASES["transposed cast prologue"]
+    closed = glue.make_ir(fn)(*_args(shapes, dtype))
+    program = CudaBackend().lower(closed.graph, gemm="library")["llvm"]
+    (gemm,) = [l.library for l in program.launches if l.library is not None]
+    operands = {l.kernel.name.split("_")[0]: l.kernel.outputs[0].type.shape for l in program.launches
+                if l.library is None}
+    assert operands == {"a": (1, 40, 32), "b": (1, 24, 32)}  # b is [k, n] = [32, 24], stored as [n, k]
+    assert gemm.a.layout == "row" and gemm.b.layout == "col"
 
 
 @pytest.mark.cuda

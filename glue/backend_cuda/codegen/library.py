@@ -3,7 +3,9 @@
 The scheduler's `GemmSpec` says what the product is. Operands the library can read in place
 (views with contiguous rows or columns) it reads where they are; computed ones (a rounding
 cast, a gather, batch dims that do not flatten) are first written by a pointwise kernel of
-glue's own into this stream's scratch region, row-major. The product is written straight into
+glue's own into this stream's scratch region, row-major, or column-major where the kernel would
+read its sources down the operand's columns (a weight's cast for the product with its
+transpose), so that it copies contiguous memory. The product is written straight into
 the kernel's output when its epilogue is only that (`GemmSpec.direct`, with contiguous columns),
 else into scratch, and glue's own epilogue kernel (bias, activation, residual, casts: the
 contraction kernel's stores) reads it from there. The variant "library" of a plan kernel is
@@ -15,10 +17,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from glue.backend_cuda.codegen.common import KernelEmitter, Launch, Place
+from glue.backend_cuda.codegen.common import WARP, Launch, Place, flat_index, moves_in_runs
+from glue.codegen.scope import Analysis
 from glue.ir import TensorType
 from glue.scheduler.gemm import GemmSpec, View, epilogue_kernel, operand_kernel, product_type
-from glue.scheduler.kernel_ir import Kernel
+from glue.scheduler.kernel_ir import Kernel, loads_under
 
 ALIGN = 256  # bytes: scratch pieces start where the allocator's blocks would
 
@@ -38,6 +41,24 @@ class LibraryGemm:
 def _row_major(shape: tuple[int, int, int], dtype) -> View:
     batches, rows, cols = shape
     return View(-1, dtype, 0, rows * cols if batches > 1 else 0, cols, 1)
+
+
+def _column_major(shape: tuple[int, int, int], dtype) -> View:
+    """The view of a [batches, cols, rows] buffer as the [batches, rows, cols] operand."""
+    batches, cols, rows = shape
+    return View(-1, dtype, 0, rows * cols if batches > 1 else 0, 1, rows)
+
+
+def _reads_down_columns(kernel: Kernel) -> bool:
+    """Whether a row-major operand kernel reads its sources down its columns (a weight's cast
+    for the product with its transpose): written column-major instead, the kernel copies
+    contiguous memory, and the library reads the operand transposed."""
+    analysis = Analysis()
+    flats = [flat_index(ld.index, kernel.inputs[ld.input].type.shape)
+             for ld in loads_under([s.value for s in kernel.stores])]
+    # (along runs of a warp's 32 points: attention's heads read back as rows move so)
+    return not any(moves_in_runs(f, 2, WARP, analysis) for f in flats) and \
+        any(moves_in_runs(f, 1, WARP, analysis) for f in flats)
 
 
 Emit = Callable[[Kernel, list[Place], list[Place], str], Launch]
@@ -63,10 +84,13 @@ def library_launches(spec: GemmSpec, group: int, symbol: str, inputs: list[Place
             views[side] = (inputs[view.buffer], view)
             continue
         kernel = operand_kernel(spec, side, symbol)
+        transposed = _reads_down_columns(kernel)
+        if transposed:
+            kernel = operand_kernel(spec, side, symbol, transposed=True)
         out = kernel.outputs[0].type
         place = scratch(out)
         launches.append(emit(kernel, inputs, [place], f"{symbol}_{side}"))
-        views[side] = (place, _row_major(out.shape, out.dtype))
+        views[side] = (place, _column_major(out.shape, out.dtype) if transposed else _row_major(out.shape, out.dtype))
     direct = spec.direct
     if direct is not None and direct.col_stride == 1:
         d_place, d_view = outputs[direct.buffer], direct
