@@ -21,7 +21,7 @@ import threading
 import time
 from functools import lru_cache
 
-if __name__ == "__main__":  # a worker: argv names where this process's parent found llvmlite
+if __name__ == "__main__":  # a worker: argv names where its parent found llvmlite, and glue
     sys.path[:0] = sys.argv[1:]
 
 import llvmlite.binding as llvm  # noqa: E402
@@ -117,7 +117,16 @@ def nvptx(ir_text: str, arch: str, features: str, opt_level: int) -> tuple[str, 
                  "llvm cpu": time.process_time() - cpu_start}
 
 
-JOBS = {"host_code": host_code, "nvptx": nvptx}
+def call(module: str, function: str, args: tuple) -> object:
+    """`module.function(*args)`: a job a higher layer defines (a backend emitting a kernel's IR
+    in the worker as well as compiling it); the worker imports that module on its first such
+    job, from the parent's path."""
+    import importlib
+
+    return getattr(importlib.import_module(module), function)(*args)
+
+
+JOBS = {"host_code": host_code, "nvptx": nvptx, "call": call}
 
 
 def write_frame(stream, payload: bytes) -> None:

@@ -4,7 +4,8 @@ llvmlite holds one lock around every call into LLVM, so threads cannot optimise 
 once; separate processes can. A cold compile hands each kernel's module to the pool as soon as
 its IR is built, so LLVM runs on every core while this process builds the next kernel's IR.
 
-Workers are `python -P llvm_jobs.py`, which imports llvmlite and nothing of glue; they start
+Workers are `python -P llvm_jobs.py`, which imports llvmlite and nothing of glue (until a
+"call" job names a module of glue's: a backend's emitter); they start
 when first needed (about 0.1-0.2 s each, in parallel), or ahead of it (`prestart`), live as
 long as this process and serve
 any number of jobs. Each pool thread owns one worker at a time and talks to it over its pipes
@@ -41,6 +42,8 @@ IN_PROCESS_JOBS = 8
 WORKER_JOBS = 512
 # Where the worker finds llvmlite: the same directory this process imported it from.
 _LLVMLITE_HOME = os.path.dirname(os.path.dirname(os.path.abspath(llvmlite.__file__)))
+# Where a "call" job finds glue (imported only by such jobs).
+_GLUE_HOME = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def usable_cores() -> int:
@@ -61,7 +64,7 @@ class _Worker:
     """One worker process and its pipes."""
 
     def __init__(self) -> None:
-        self._process = subprocess.Popen([sys.executable, "-P", _SCRIPT, _LLVMLITE_HOME],
+        self._process = subprocess.Popen([sys.executable, "-P", _SCRIPT, _LLVMLITE_HOME, _GLUE_HOME],
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         self.jobs = 0
 

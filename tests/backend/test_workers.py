@@ -1,5 +1,6 @@
 """Compile workers: LLVM jobs in other processes give what the same job gives here; failures
 come back as errors; a worker that dies is replaced."""
+from concurrent.futures import Future
 from dataclasses import replace
 
 import numpy as np
@@ -182,3 +183,64 @@ def test_workers_start_while_a_large_program_is_scheduled_unless_it_was_compiled
         monkeypatch.setattr(workers, "_ran_here", 0)
         glue.jit(lambda x: gnp.tanh(x) * 3, backend="cpu").lower(x).compile()
         assert workers.started() == 0  # a small program: its lone kernel compiles here
+
+
+def test_a_call_job_runs_a_function_of_glue_in_a_worker():
+    with config.override(compile_workers=2):
+        jobs = workers.Jobs(2)
+        assert jobs.parallel
+        futures = [jobs.submit("call", ("glue.ir.core", "strides", ((2, 3, 4),))) for _ in range(2)]
+        assert [f.result() for f in futures] == [[12, 4, 1]] * 2
+
+
+def _mlp_grad(x, w1, w2):
+    return glue.grad(lambda w1, w2: gnp.tanh(gnp.tanh(x @ w1) @ w2).sum(), argnums=(0, 1))(w1, w2)
+
+
+def _cuda_program(workers_count: int):
+    from glue.backend_cuda import CudaBackend
+    from glue.backend_cuda import codegen
+
+    rng = np.random.default_rng(0)
+    args = [rng.standard_normal(s).astype(np.float32) for s in ((16, 32), (32, 48), (48, 8))]
+    closed = glue.make_ir(_mlp_grad)(*args)
+    codegen._known.clear()
+    with config.override(compile_workers=workers_count, cache_dir=""):
+        low = CudaBackend().lower(closed.graph, arch="sm_90")
+        program = low["llvm"]
+        shapes = [(l.symbol, l.grid, l.block, l.strategy, l.dependent, l.min_blocks, l.shared_bytes, l.params)
+                  for l in program.launches]
+        return low["ptx"].modules, shapes, program.llvm_ir
+
+
+def test_cuda_kernels_emitted_in_workers_are_those_emitted_here(monkeypatch):
+    """From a program's third new kernel on, enough compile workers emit the kernels' modules too
+    (Python, one at a time here); their modules, PTX and launch shapes are this process's."""
+    original, calls = workers.Jobs.submit, []
+
+    def counted(self, name, args, label=""):
+        calls.append(name)
+        return original(self, name, args, label)
+
+    monkeypatch.setattr(workers.Jobs, "submit", counted)
+    here = _cuda_program(1)
+    assert "call" not in calls
+    there = _cuda_program(4)
+    assert len(here[0]) > 3 and calls.count("call") == len(here[0]) - 2
+    assert there[0] == here[0]
+    assert there[1] == here[1]
+    assert there[2] == here[2]
+
+
+def test_a_kernel_a_worker_cannot_emit_is_emitted_here(monkeypatch):
+    original = workers.Jobs.submit
+
+    def no_calls(self, name, args, label=""):
+        if name == "call":  # as if the kernel could not be pickled
+            failed = Future()
+            failed.set_exception(RecursionError("maximum recursion depth exceeded while pickling"))
+            return failed
+        return original(self, name, args, label)
+
+    monkeypatch.setattr(workers.Jobs, "submit", no_calls)
+    assert _cuda_program(4)[0] == _cuda_program(1)[0]

@@ -17,9 +17,13 @@ the aliasing of its operands, which inputs are constant arguments, the arch and 
 the emitters read): the launches of identical kernels (a model's layers) share one
 `DeviceKernel`, its symbol made of its first fused ops and its key. A kernel's code is found in
 this process's memory, in the disk cache (its PTX and how it launches, so a warm start emits no
-LLVM at all), or else emitted here into a module of its own, which goes to the compile workers
-(`ptx.py`'s job) as soon as it is emitted, so that LLVM optimises it while this process emits
-the next; the "ptx" stage waits for them.
+LLVM at all), or else emitted into a module of its own and compiled by the compile workers. A
+program's first two new kernels are emitted here, each sent to the workers (`ptx.py`'s job) as
+soon as it is emitted; once the workers run, and there are EMITTING_WORKERS of them, a worker
+emits each later one as well as compiling it (`emit_and_compile`, a "call" job: emitting is
+Python, one kernel at a time in this process), and its launch shape is filled in when the
+program is built. The "ptx" stage waits
+for them.
 """
 from __future__ import annotations
 
@@ -38,7 +42,7 @@ from llvmlite import ir
 from glue.backend.cache import DiskCache, code_version, digest
 from glue.backend.contract import KernelStats
 from glue.backend.kernel_key import aliases, kernel_key
-from glue.backend.workers import Jobs
+from glue.backend.workers import Jobs, worker_count
 from glue.backend_cuda import cublaslt
 from glue.backend_cuda.codegen.columns import ColumnPlan, columns_fit, emit_columns
 from glue.backend_cuda.codegen.common import KernelEmitter, Launch, Place
@@ -91,6 +95,7 @@ class _Recipe:
     extra: tuple[Place, ...] = ()      # its working memory, when split over blocks
     aligned: bool = True               # operands start 16-byte aligned (else no vector access)
     part: str = ""                     # an attention kernel: which flash kernel (flash.PARTS)
+    opt_level: int = 3                 # of the LLVM pipeline that compiles it
 
     def emit(self) -> tuple[str, KernelShape]:
         module = ir.Module(name=self.symbol)
@@ -116,7 +121,7 @@ class DeviceKernel:
     key: bytes
     symbol: str
     kind: str
-    shape: KernelShape
+    shape: KernelShape | None  # None while a compile worker emits it (`resolve`)
     recipe: _Recipe
     ptx: str | None = None
     _llvm_ir: str | None = field(default=None, repr=False)
@@ -125,9 +130,40 @@ class DeviceKernel:
     @property
     def llvm_ir(self) -> str:
         """Its LLVM module (emitted again when the code came from a cache)."""
+        self.resolve()
         if self._llvm_ir is None:
             self._llvm_ir = self.recipe.emit()[0]
         return self._llvm_ir
+
+    def resolve(self) -> None:
+        """Take the module and launch shape a compile worker emitted (the job then holds the
+        PTX job's result, for `compile_ptx`); if the job failed (a kernel too deep to pickle, a
+        worker gone), emit and compile it here, where an emitter's error is raised as it is."""
+        if self.shape is not None:
+            return
+        try:
+            text, facts, ptx, seconds = self.compiling.result()
+        except Exception:  # noqa: BLE001 - whatever failed there, the work is done here instead
+            text, facts, ptx, seconds = emit_and_compile(self.recipe, {})
+        self.shape, self._llvm_ir = KernelShape(**facts), text
+        done: Future = Future()
+        done.set_result((ptx, seconds))
+        self.compiling = done
+
+
+def emit_and_compile(recipe: _Recipe, settings: dict[str, Any]) -> tuple[str, dict, str, dict[str, float]]:
+    """A kernel's module, its launch shape, its PTX and the seconds of each step: the job a
+    compile worker runs for a kernel this process does not emit itself (`settings`: the
+    parent's emitter settings, CODEGEN_SETTINGS)."""
+    from glue.backend import llvm_jobs
+
+    with config.override(**settings):
+        start = time.perf_counter()
+        text, shape = recipe.emit()
+        built = time.perf_counter() - start
+    name, args = ptx_job(text, recipe.arch, recipe.opt_level)
+    ptx, seconds = llvm_jobs.JOBS[name](*args)
+    return text, vars(shape), ptx, {**seconds, "llvm build": built}
 
 
 @dataclass
@@ -171,6 +207,10 @@ class CudaProgram:
                          for symbol, k in self.kernels.items())
 
 
+# Workers from which they emit kernels too: each first imports glue (a second or two), and
+# with few workers this process emitting beside them is faster (2 on the 2-core dev VM: the
+# small step's cold lowering 9.3-10.1 s with, 13.3-13.9 s without, the machine loaded).
+EMITTING_WORKERS = 4
 _EMIT = {"pointwise": emit_pointwise, "data": emit_data, "reduction": emit_rows}
 DISK = DiskCache("cuda-ptx")
 # Emitter settings (rows.py, contraction.py): part of every kernel's key.
@@ -285,6 +325,7 @@ class _Builder:
         self.kernels: dict[str, DeviceKernel] = {}
         self._by_key: dict[bytes, DeviceKernel] = {}
         self.opt_level = opt_level
+        self.settings = {name: config.read(name) for name in CODEGEN_SETTINGS}  # for the workers' emitters
         self._jobs: Jobs | None = None
         self._unsent: list[DeviceKernel] = []
 
@@ -313,22 +354,47 @@ class _Builder:
         if found is not None:
             return found
         recipe = _Recipe(kernel, f"glue_{label}_{key.hex()[:16]}", tuple(inputs), tuple(outputs), self.arch,
-                         self.written, columns, extra, self.aligned, part)
+                         self.written, columns, extra, self.aligned, part, self.opt_level)
         start = time.perf_counter()
         found, source = _known.get(key), "memory"
         if found is None:
             found, source = _stored(key, recipe), "disk"
         cached = time.perf_counter()
-        if found is None:
+        stats = None
+        if found is None and self._jobs is not None and self._jobs.parallel and worker_count() >= EMITTING_WORKERS:
+            # Emitting is Python, one kernel at a time here: a worker emits it (and compiles
+            # it) while this process goes on to the next; its launch shape comes at the end.
+            found, source = DeviceKernel(key, recipe.symbol, kernel.kind, None, recipe), "built"
+            found.compiling = self._jobs.submit("call", (__name__, "emit_and_compile", (recipe, self.settings)),
+                                                label=recipe.symbol)
+        elif found is None:
             text, shape = recipe.emit()
             found, source = DeviceKernel(key, recipe.symbol, kernel.kind, shape, recipe, None, text), "built"
-        stats = self.stats.setdefault(found.symbol, KernelStats(found.symbol, kernel.kind, 0, source))
-        stats.add("disk cache" if source == "disk" else "memory cache", cached - start)
-        if source == "built":
+            stats = self.stats.setdefault(found.symbol, KernelStats(found.symbol, kernel.kind, 0, source))
             stats.add("llvm build", time.perf_counter() - cached)
             self._send(found)
+        stats = stats or self.stats.setdefault(found.symbol, KernelStats(found.symbol, kernel.kind, 0, source))
+        stats.add("disk cache" if source == "disk" else "memory cache", cached - start)
         self._by_key[key] = self.kernels[found.symbol] = found
         return found
+
+    def _launch(self, code: DeviceKernel, kernel: Kernel, params: tuple[Place, ...], group: int,
+                copy: tuple[Place, Place, int] | None = None) -> Launch:
+        """A launch of `code`; while a worker emits it, one whose shape `resolved` fills in."""
+        self.stats[code.symbol].uses += 1
+        shape = code.shape or KernelShape(-1, 0, "")
+        return Launch(code.symbol, kernel, shape.grid, shape.block, params, shape.strategy, copy, shape.dependent,
+                      shape.min_blocks, group, shared_bytes=shape.shared_bytes)
+
+    def resolved(self, launch: Launch) -> Launch:
+        """`launch` with its kernel's launch shape, once the worker emitting it has."""
+        if launch.grid != -1:
+            return launch
+        code = self.kernels[launch.symbol]
+        code.resolve()
+        shape = code.shape
+        return replace(launch, grid=shape.grid, block=shape.block, strategy=shape.strategy,
+                       dependent=shape.dependent, min_blocks=shape.min_blocks, shared_bytes=shape.shared_bytes)
 
     def launch(self, kernel: Kernel, inputs: list[Place], outputs: list[Place], group: int,
                memory: _Memory | None = None, stream: int = 0) -> Launch:
@@ -340,14 +406,10 @@ class _Builder:
             if plan.splits > 1:
                 extra = (memory.claim_scratch(stream, plan.scratch_bytes), memory.claim_counters(plan.counter_bytes))
         code = self.code(kernel, inputs, outputs, columns, extra)
-        self.stats[code.symbol].uses += 1
         copy = None
         if kernel.init is not None and inputs[kernel.init] != outputs[0]:
             copy = (outputs[0], inputs[kernel.init], kernel.outputs[0].type.nbytes)
-        shape = code.shape
-        return Launch(code.symbol, kernel, shape.grid, shape.block, tuple(dict.fromkeys(inputs + outputs + list(extra))),
-                      shape.strategy, copy, shape.dependent, shape.min_blocks, group,
-                      shared_bytes=shape.shared_bytes)
+        return self._launch(code, kernel, tuple(dict.fromkeys(inputs + outputs + list(extra))), group, copy)
 
 
     def flash_launches(self, kernel: Kernel, inputs: list[Place], outputs: list[Place], group: int,
@@ -362,11 +424,7 @@ class _Builder:
         launches = []
         for part in PARTS[eqn.primitive]:
             code = self.code(kernel, inputs, outputs, extra=extra, part=part)
-            self.stats[code.symbol].uses += 1
-            shape = code.shape
-            launches.append(Launch(code.symbol, kernel, shape.grid, shape.block,
-                                   tuple(dict.fromkeys(inputs + outputs + list(extra))), shape.strategy, None,
-                                   shape.dependent, shape.min_blocks, group, shared_bytes=shape.shared_bytes))
+            launches.append(self._launch(code, kernel, tuple(dict.fromkeys(inputs + outputs + list(extra))), group))
         return launches
 
 
@@ -437,6 +495,7 @@ def build_program(plan: Plan, name: str = "fn", arch: str = DEFAULT_ARCH, gemm: 
             served, need = library_launches(spec, i, symbol, inputs, outputs, stream, emit)
             launches += served
             memory.claim_scratch(stream, need)
+    launches = [builder.resolved(launch) for launch in launches]
     return CudaProgram(plan, launches, arch, memory.regions(), builder.kernels, memory.counters, bodies)
 
 
