@@ -36,10 +36,38 @@ class KernelDag:
         return found
 
     def reaches(self, sources: Iterable[int], target: int) -> bool:
-        """Whether a kernel of `sources` reaches `target`."""
+        """Whether a kernel of `sources` reaches `target`.
+
+        Searched from both ends at once, a step at a time on the side with the smaller frontier:
+        forward from the sources through kernels ranked below `target`, backward from `target`
+        through kernels ranked from the lowest source up. A path shows as a kernel (or an edge)
+        the two searches share; there is none once either search has run out. Either search
+        alone answers the same, but in a deep program one of them often spans most of the graph
+        (from a forward kernel, everything up to a backward one) while the other is a few
+        kernels, and a path, when there is one, is met from both ends well before either ends."""
         limit = self.rank[target]
-        below = self._search(sources, self.succ, lambda n: self.rank[n] < limit)
-        return any(target in self.succ[n] for n in below)
+        ahead = {s for s in sources if self.rank[s] < limit}
+        if not ahead:
+            return False
+        low = min(self.rank[s] for s in ahead)
+        behind = {target}
+        forward, backward = list(ahead), [target]
+        while forward and backward:
+            if len(forward) <= len(backward):
+                for n in self.succ[forward.pop()]:
+                    if n in behind:
+                        return True
+                    if n not in ahead and self.rank[n] < limit:
+                        ahead.add(n)
+                        forward.append(n)
+            else:
+                for n in self.pred[backward.pop()]:
+                    if n in ahead:
+                        return True
+                    if n not in behind and self.rank[n] >= low:
+                        behind.add(n)
+                        backward.append(n)
+        return False
 
     def add_edge(self, u: int, v: int) -> None:
         """u -> v, which must not close a cycle (see `reaches`)."""
@@ -62,10 +90,7 @@ class KernelDag:
     def path_between(self, a: int, b: int) -> bool:
         """Whether one of a, b reaches the other through a third kernel."""
         lo, hi = sorted((a, b), key=self.rank.get)
-        limit = self.rank[hi]
-        between = self._search((n for n in self.succ[lo] if n != hi), self.succ,
-                               lambda n: self.rank[n] < limit)
-        return any(hi in self.succ[n] for n in between)
+        return self.reaches((n for n in self.succ[lo] if n != hi), hi)
 
     def merge(self, keep: int, gone: int) -> None:
         """Make `gone` part of `keep` (no path between them through a third kernel)."""

@@ -14,6 +14,7 @@ ordered after that read, so no stream overwrites what another may still be readi
 from __future__ import annotations
 
 import bisect
+import operator
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
@@ -316,8 +317,10 @@ class _Slot:
 
     def disjoint(self, other: "_Slot") -> bool:
         """Whether every kernel touching one slot finishes before any touching the other starts."""
-        return all(a <= b for a, b in zip(self.last_on, other.before_all)) or \
-            all(a <= b for a, b in zip(other.last_on, self.before_all))
+        # map(le, ...) rather than a generator: packing asks this of every pair of slots alive
+        # together, which in a deep program's backward is most of them
+        return all(map(operator.le, self.last_on, other.before_all)) or \
+            all(map(operator.le, other.last_on, self.before_all))
 
 
 def _slots(values: list[int], users: dict[int, list[int]], types: dict[int, TensorType],

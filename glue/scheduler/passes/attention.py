@@ -56,10 +56,12 @@ class _Found:
 
 
 class _Graph:
-    """Producers and users of a graph's variables."""
+    """Producers and users of a graph's variables, and their printed names (for the notes)."""
 
     def __init__(self, graph: Graph):
         self.graph = graph
+        # Named once per graph: naming is linear in the graph, and every product is matched.
+        self.names = graph_var_names(graph)
         self.producer: dict[int, int] = {}
         self.users: dict[int, list[int]] = {}
         for i, e in enumerate(graph.eqns):
@@ -275,7 +277,7 @@ def _cone(g: _Graph, p: Atom, leaves: set[int]) -> set[int]:
 
 
 def _check_uses(g: _Graph, cone: set[int], index: int, scores: Var) -> None:
-    names = graph_var_names(g.graph)
+    names = g.names
     for i in sorted(cone):
         for var in g.graph.eqns[i].outvars:
             what = "the scores" if var is scores else f"{names[var.id]} (between the two products)"
@@ -336,7 +338,7 @@ def recognize_attention(graph: Graph, dtypes: frozenset | None = None) -> tuple[
     if not any(e.primitive == "dot_general" for e in graph.eqns):
         return graph, ()
     g = _Graph(graph)
-    names = graph_var_names(graph)
+    names = g.names
     notes, replaced, taken = [], {}, set()
     for i, eqn in enumerate(graph.eqns):
         if eqn.primitive != "dot_general" or eqn.inputs[0].type.ndim != 4:

@@ -23,16 +23,19 @@ class Sweep:
     how many times the graph given to the sweep uses a variable (as an input or an output)."""
 
     def __init__(self, graph: Graph | None = None) -> None:
+        self._graph = graph
         self._producers: dict[int, Eqn] = {}
-        self._uses: dict[int, int] = {}
-        for a in [a for e in graph.eqns for a in e.inputs] + list(graph.outvars) if graph else ():
-            if isinstance(a, Var):
-                self._uses[a.id] = self._uses.get(a.id, 0) + 1
+        self._uses: dict[int, int] | None = None  # counted on first use: few rules ask
 
     def producer(self, atom: Atom) -> Eqn | None:
         return self._producers.get(atom.id) if isinstance(atom, Var) else None
 
     def uses(self, atom: Atom) -> int:
+        if self._uses is None:
+            graph, self._uses = self._graph, {}
+            for a in [a for e in graph.eqns for a in e.inputs] + list(graph.outvars) if graph else ():
+                if isinstance(a, Var):
+                    self._uses[a.id] = self._uses.get(a.id, 0) + 1
         return self._uses.get(atom.id, 0) if isinstance(atom, Var) else 0
 
     def add(self, eqn: Eqn) -> None:
@@ -59,10 +62,11 @@ def sweep(graph: Graph, rule: Rule, subst: Mapping[int, Atom] | None = None,
         return env.get(a.id, a) if isinstance(a, Var) else a
 
     for eqn in graph.eqns:
-        inputs = tuple(map(read, eqn.inputs))
-        if any(a is not b for a, b in zip(inputs, eqn.inputs)):
-            eqn = Eqn(eqn.primitive, inputs, eqn.params, eqn.outvars, eqn.source)
-            changed = True
+        if env:  # nothing to substitute until some rule has replaced a value
+            inputs = tuple(map(read, eqn.inputs))
+            if any(a is not b for a, b in zip(inputs, eqn.inputs)):
+                eqn = Eqn(eqn.primitive, inputs, eqn.params, eqn.outvars, eqn.source)
+                changed = True
         out = rule(eqn, ctx)
         if out is None:
             eqns.append(eqn)
