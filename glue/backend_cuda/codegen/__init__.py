@@ -22,8 +22,7 @@ program's first two new kernels are emitted here, each sent to the workers (`ptx
 soon as it is emitted; once the workers run, and there are EMITTING_WORKERS of them, a worker
 emits each later one as well as compiling it (`emit_and_compile`, a "call" job: emitting is
 Python, one kernel at a time in this process), and its launch shape is filled in when the
-program is built. The "ptx" stage waits
-for them.
+program is built. The "ptx" stage waits for them.
 """
 from __future__ import annotations
 
@@ -360,8 +359,9 @@ class _Builder:
         if found is None:
             found, source = _stored(key, recipe), "disk"
         cached = time.perf_counter()
-        stats = None
-        if found is None and self._jobs is not None and self._jobs.parallel and worker_count() >= EMITTING_WORKERS:
+        remote = found is None and self._jobs is not None and self._jobs.parallel and \
+            worker_count() >= EMITTING_WORKERS
+        if remote:
             # Emitting is Python, one kernel at a time here: a worker emits it (and compiles
             # it) while this process goes on to the next; its launch shape comes at the end.
             found, source = DeviceKernel(key, recipe.symbol, kernel.kind, None, recipe), "built"
@@ -370,11 +370,12 @@ class _Builder:
         elif found is None:
             text, shape = recipe.emit()
             found, source = DeviceKernel(key, recipe.symbol, kernel.kind, shape, recipe, None, text), "built"
-            stats = self.stats.setdefault(found.symbol, KernelStats(found.symbol, kernel.kind, 0, source))
-            stats.add("llvm build", time.perf_counter() - cached)
-            self._send(found)
-        stats = stats or self.stats.setdefault(found.symbol, KernelStats(found.symbol, kernel.kind, 0, source))
+        built = time.perf_counter()
+        stats = self.stats.setdefault(found.symbol, KernelStats(found.symbol, kernel.kind, 0, source))
         stats.add("disk cache" if source == "disk" else "memory cache", cached - start)
+        if source == "built" and not remote:  # (a worker's job counts its own "llvm build")
+            stats.add("llvm build", built - cached)
+            self._send(found)
         self._by_key[key] = self.kernels[found.symbol] = found
         return found
 

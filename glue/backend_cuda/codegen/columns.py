@@ -268,9 +268,9 @@ def _combine_splits(ke: KernelEmitter, plan: ColumnPlan, partials: list[list[Par
                 out += acc.combine(b, p.with_values([b.select(inside, value, identities[i])])).values
         return out
 
-    # A loop over the rounds, a few at a time: every round's loads at once would hold a
-    # register each (a norm's three sums of eight rows over eleven rounds: 264) and leave
-    # room for one block per multiprocessor.
+    # A loop over the rounds, FOLD_UNROLL at a time, not every round written out: at GPT-2
+    # width a norm's three sums of eight rows over eleven rounds are 264 loads, which ptxas
+    # would all hoist (the epilogue, not this fold, is what sets the kernel's registers).
     rounds = -(-plan.splits // plan.slices)
     start = [identities[i] for lane_partials in partials for i in range(len(lane_partials))]
     values = iter(loop(b, 0, rounds, fold, start, name="round", vectorize=False, unroll=FOLD_UNROLL))
