@@ -5,10 +5,9 @@ once; separate processes can. A cold compile hands each kernel's module to the p
 its IR is built, so LLVM runs on every core while this process builds the next kernel's IR.
 
 Workers are `python -P llvm_jobs.py`, which imports llvmlite and nothing of glue (until a
-"call" job names a module of glue's: a backend's emitter); they start
-when first needed (about 0.1-0.2 s each, in parallel), or ahead of it (`prestart`), live as
-long as this process and serve
-any number of jobs. Each pool thread owns one worker at a time and talks to it over its pipes
+"call" job names a module of glue's: a backend's emitter); they start when first needed (about
+0.1-0.2 s each, in parallel), or ahead of it (`prestart`), live as long as this process and
+serve any number of jobs. Each pool thread owns one worker at a time and talks to it over its pipes
 (length-prefixed pickles); a worker that dies fails its job with a RuntimeError, like an LLVM
 error, and is replaced on the next job. `config.compile_workers` bounds the pool (default: the
 cores this process may use); with one worker, or for a lone job while no worker runs yet,

@@ -308,14 +308,15 @@ def operand_kernel(spec: GemmSpec, side: str, name: str, transposed: bool = Fals
     shape = [0, 0, 0]
     for at_dim, group in ((batch_at, spec.batch), (rows_at, rows), (cols_at, cols)):
         shape[at_dim] = spec.extent(group)
-    at = {**_unflatten(spec.batch, extents, tuple(shape), batch_at), **_unflatten(rows, extents, tuple(shape), rows_at),
-          **_unflatten(cols, extents, tuple(shape), cols_at)}
+    domain = tuple(shape)
+    at = {**_unflatten(spec.batch, extents, domain, batch_at), **_unflatten(rows, extents, domain, rows_at),
+          **_unflatten(cols, extents, domain, cols_at)}
     (value,) = substitute([expr], at)
     if value.dtype != spec.operand_dtype:
         value = Op("convert_element_type", (value,), spec.operand_dtype, (("new_dtype", spec.operand_dtype),))
-    out = Buffer(-1, TensorType(tuple(shape), spec.operand_dtype))
+    out = Buffer(-1, TensorType(domain, spec.operand_dtype))
     store = Store(0, value, "element", (Index.dim(0), Index.dim(1), Index.dim(2)))
-    return Kernel(f"{side}_operand_{name}", "pointwise", tuple(shape), (), k.inputs, (out,), (), (store,),
+    return Kernel(f"{side}_operand_{name}", "pointwise", domain, (), k.inputs, (out,), (), (store,),
                   ("convert_element_type",), None, k.source)
 
 

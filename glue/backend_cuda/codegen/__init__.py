@@ -38,6 +38,7 @@ from typing import Any, Callable
 import llvmlite
 from llvmlite import ir
 
+from glue.backend import llvm_jobs
 from glue.backend.cache import DiskCache, code_version, digest
 from glue.backend.contract import KernelStats
 from glue.backend.kernel_key import aliases, kernel_key
@@ -154,8 +155,6 @@ def emit_and_compile(recipe: _Recipe, settings: dict[str, Any]) -> tuple[str, di
     """A kernel's module, its launch shape, its PTX and the seconds of each step: the job a
     compile worker runs for a kernel this process does not emit itself (`settings`: the
     parent's emitter settings, CODEGEN_SETTINGS)."""
-    from glue.backend import llvm_jobs
-
     with config.override(**settings):
         start = time.perf_counter()
         text, shape = recipe.emit()
