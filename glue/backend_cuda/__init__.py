@@ -135,7 +135,8 @@ def _attention(options: CudaOptions) -> AttentionPolicy:
     if not options.aligned or not config.cuda_tensor_cores:
         return AttentionPolicy(unfused_bytes=UNFUSED_SCORES_BYTES)
     sm = sm_number(options.arch)
-    return AttentionPolicy(lambda eqn: None if why_not_flash(eqn, sm) else flash_note(eqn), UNFUSED_SCORES_BYTES)
+    return AttentionPolicy(lambda eqn: None if why_not_flash(eqn, sm) else flash_note(eqn), UNFUSED_SCORES_BYTES,
+                           lambda eqn: why_not_flash(eqn, sm))
 
 
 def _program(lowering: Lowering) -> CudaProgram:

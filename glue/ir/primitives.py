@@ -432,9 +432,9 @@ _register("dot_general", "contraction", _dot_general, linear=True)
 
 def canonical_params(name: str, params: dict[str, Any]) -> dict[str, Any]:
     """The params an equation records: defaults made explicit, so that equal programs have
-    equal text and cache keys (a contraction's precision is resolved from
+    equal text and cache keys (a contraction's precision, and an attention's, is resolved from
     `glue.config.default_matmul_precision` when the caller names none)."""
-    if name != "dot_general":
+    if name not in ("dot_general", "attention", "attention_bwd"):
         return params
     from glue.settings import config
 
@@ -442,7 +442,9 @@ def canonical_params(name: str, params: dict[str, Any]) -> dict[str, Any]:
         chosen = canonical_precision(params.get("precision"))
         default = canonical_precision(config.default_matmul_precision)
     except RuleError as err:
-        raise GlueTypeError(f"dot_general: {err}") from None
+        raise GlueTypeError(f"{name}: {err}") from None
+    if name != "dot_general":
+        return {**params, "precision": chosen or default}
     return {**params, "precision": chosen or default,
             "preferred_element_type": params.get("preferred_element_type")}
 
@@ -627,7 +629,9 @@ _register("debug_print", "call", _debug_print, variadic=True, multiple_results=T
 # k and v have K heads, K dividing N (grouped-query: head n reads kv head n // (N // K)), and
 # S positions; v may have another head size. The bias and mask are rank 4 and broadcast to
 # (B, N, T, S). Logits a mask (or, with `causal`, key j > query i) removes take `masked_value`
-# (JAX's large negative finite number, or what the recognised program used). Results: the
+# (JAX's large negative finite number, or what the recognised program used). `precision` is
+# that of its two products, as dot_general's (float32 at "default" or "high" may run on TF32
+# tensor cores; the reference is exact at every precision). Results: the
 # output (q's layout with v's head size, q's dtype) and each row's logsumexp (B, N, T) in the
 # accumulation type (float32 for 16-bit inputs), which the backward recomputes P from.
 
@@ -664,31 +668,33 @@ def _attention_extras(extras: Sequence[TensorType], dims: tuple[int, ...], dtype
         _require(x.dtype == want, f"the {what} must be {want}, not {x.dtype}")
 
 
-def _attention_params(scale: Any, causal: Any, masked_value: Any) -> None:
+def _attention_params(scale: Any, causal: Any, masked_value: Any, precision: Any) -> None:
     _require(isinstance(scale, float) and isinstance(masked_value, float), "scale and masked_value must be floats")
     _require(isinstance(causal, bool), "causal must be a bool")
+    _require(precision is None or precision in PRECISIONS, f"precision must be one of {PRECISIONS}")
 
 
 def _attention(q: TensorType, k: TensorType, v: TensorType, *extras: TensorType, scale: float, causal: bool,
-               layout: str, masked_value: float, has_bias: bool, has_mask: bool) -> tuple[TensorType, ...]:
+               layout: str, masked_value: float, has_bias: bool, has_mask: bool,
+               precision: str | None = None) -> tuple[TensorType, ...]:
     dims = attention_dims(q, k, v, layout)
     _attention_extras(extras, dims, q.dtype, has_bias, has_mask)
-    _attention_params(scale, causal, masked_value)
+    _attention_params(scale, causal, masked_value, precision)
     b, n, t, _, _, _, hv = dims
     out = (b, t, n, hv) if layout == "BTNH" else (b, n, t, hv)
     return TensorType(out, q.dtype), TensorType((b, n, t), attention_accumulator(q.dtype))
 
 
 def _attention_bwd(q: TensorType, k: TensorType, v: TensorType, *rest: TensorType, scale: float, causal: bool,
-                   layout: str, masked_value: float, has_bias: bool, has_mask: bool,
-                   bias_grad: bool) -> tuple[TensorType, ...]:
+                   layout: str, masked_value: float, has_bias: bool, has_mask: bool, bias_grad: bool,
+                   precision: str | None = None) -> tuple[TensorType, ...]:
     """Operands: those of the forward, then its output and logsumexp and their cotangents.
     Results: the cotangents of q, k, v, and of the bias when `bias_grad`."""
     _require(len(rest) == has_bias + has_mask + 4, "attention_bwd takes the forward's operands, out, lse, "
              "and the cotangents of out and lse")
     extras, (out, lse, d_out, d_lse) = rest[:-4], rest[-4:]
     want = _attention(q, k, v, *extras, scale=scale, causal=causal, layout=layout, masked_value=masked_value,
-                      has_bias=has_bias, has_mask=has_mask)
+                      has_bias=has_bias, has_mask=has_mask, precision=precision)
     _same_types((out, lse, d_out, d_lse), want + want, "the forward's results and their cotangents")
     _require(isinstance(bias_grad, bool) and (has_bias or not bias_grad), "bias_grad needs a bias")
     return (q, k, v) + ((extras[0],) if bias_grad else ())

@@ -46,7 +46,8 @@ def _logits(q, k, bias, keep, scale: float, masked_value: float) -> np.ndarray:
 
 
 @IMPLS.register("attention")
-def attention(q, k, v, *extras, scale, causal, layout, masked_value, has_bias, has_mask):
+def attention(q, k, v, *extras, scale, causal, layout, masked_value, has_bias, has_mask, precision=None):
+    """Exact at every precision, as the reference's dot_general."""
     q_, k_, v_, bias, mask = _operands(q, k, v, extras, layout, has_bias, has_mask)
     keep = _keep(mask, causal, q_.shape[2], k_.shape[2])
     with np.errstate(all="ignore"):  # rows masked with -inf everywhere give NaN, as unfused code does
@@ -70,7 +71,8 @@ def _sum_to(x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
 
 
 @IMPLS.register("attention_bwd")
-def attention_bwd(q, k, v, *rest, scale, causal, layout, masked_value, has_bias, has_mask, bias_grad):
+def attention_bwd(q, k, v, *rest, scale, causal, layout, masked_value, has_bias, has_mask, bias_grad,
+                  precision=None):
     extras, (out, lse, d_out, d_lse) = rest[:-4], rest[-4:]
     q_, k_, v_, bias, mask = _operands(q, k, v, extras, layout, has_bias, has_mask)
     out_, d_out_ = _wide(_bnth(out, layout), _bnth(d_out, layout))

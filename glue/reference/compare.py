@@ -44,6 +44,10 @@ def least_precise(*dtypes: dt.DType | None) -> dt.DType | None:
     return max(floats, key=lambda d: TOLERANCES[d.name][0], default=None)
 
 
+# Primitives whose float32 products a TF32 backend may round (at a precision but "highest").
+TF32_PRIMITIVES = frozenset({"dot_general", "attention", "attention_bwd"})
+
+
 def tolerance_dtypes(graph: Graph, tf32: bool = False) -> list[dt.DType]:
     """The dtype whose tolerance applies to each output: for a float output, the least precise
     float dtype among the values it is computed from (rounding there bounds its accuracy);
@@ -59,7 +63,7 @@ def tolerance_dtypes(graph: Graph, tf32: bool = False) -> list[dt.DType]:
 
     for eqn in graph.eqns:
         found = {v.type.dtype for v in eqn.outvars}.union(*map(of, eqn.inputs))
-        if tf32 and eqn.primitive == "dot_general" and eqn.param_dict.get("precision") != "highest" \
+        if tf32 and eqn.primitive in TF32_PRIMITIVES and eqn.param_dict.get("precision") != "highest" \
                 and eqn.inputs[0].type.dtype == dt.float32:
             found.add(dt.bfloat16)
         for v in eqn.outvars:

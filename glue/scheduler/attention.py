@@ -73,11 +73,11 @@ class Ops:
         shape = self.shape(like)
         return self.broadcast(x, shape, range(len(shape) - 1))
 
-    def dot(self, a: Any, b: Any, contract: tuple[int, int]) -> Any:
+    def dot(self, a: Any, b: Any, contract: tuple[int, int], precision: str) -> Any:
         """A product batched over the two leading axes, contracting axis `contract[0]` of a
-        with axis `contract[1]` of b (both rank 4)."""
+        with axis `contract[1]` of b (both rank 4), at the attention's `precision`."""
         return self.emit("dot_general", a, b, dimension_numbers=(((contract[0],), (contract[1],)), ((0, 1), (0, 1))),
-                         precision="highest", preferred_element_type=None)
+                         precision=precision, preferred_element_type=None)
 
     def reduce(self, name: str, x: Any, axis: int) -> Any:
         return self.emit(name, x, axes=(axis,))
@@ -107,12 +107,13 @@ class Spec:
     has_bias: bool
     has_mask: bool
     dtype: dt.DType
+    precision: str  # of the products (an equation that names none is exact: "highest")
 
     @staticmethod
     def of(q: TensorType, k: TensorType, v: TensorType, params: dict[str, Any]) -> "Spec":
         dims = attention_dims(q, k, v, params["layout"])
         return Spec(*dims, params["scale"], params["causal"], params["layout"], params["masked_value"],
-                    params["has_bias"], params["has_mask"], q.dtype)
+                    params["has_bias"], params["has_mask"], q.dtype, params.get("precision") or "highest")
 
     @property
     def group(self) -> int:
@@ -169,7 +170,7 @@ def _logits(ops: Ops, spec: Spec, q5: Any, k: Any, bias: Any | None, keep: Any |
             rows: int) -> Any:
     """Scores (B, K, G*rows, cols) of the scaled, folded q against keys k (B, K, cols, H),
     `fill` where `keep` is false."""
-    s = ops.dot(q5, k, (3, 3))
+    s = ops.dot(q5, k, (3, 3), spec.precision)
     cols = ops.shape(k)[2]
     if bias is not None:
         full = ops.broadcast(ops.convert(bias, spec.acc), (spec.b, spec.n, rows, cols))
@@ -202,7 +203,7 @@ def unfused_attention(ops: Ops, spec: Spec, q: Any, k: Any, v: Any, bias: Any | 
     e = ops.emit("exp", ops.emit("sub", s, ops.rows(m, s)))
     total = ops.reduce("reduce_sum", e, 3)
     p = ops.emit("div", e, ops.rows(total, e))
-    out = ops.dot(p, _kv(ops, spec, v), (3, 2))
+    out = ops.dot(p, _kv(ops, spec, v), (3, 2), spec.precision)
     lse = ops.emit("add", m, ops.emit("log", total))
     return _back(ops, spec, _unfolded(ops, out, spec, spec.t), spec.dtype), ops.reshape(lse, (spec.b, spec.n, spec.t))
 
@@ -220,13 +221,13 @@ def unfused_attention_bwd(ops: Ops, spec: Spec, q: Any, k: Any, v: Any, bias: An
     wide = lambda x: _folded(ops, ops.convert(ops.to_bnth(x, spec.layout), spec.acc), spec, spec.t)  # noqa: E731
     do5 = wide(d_out)
     delta = ops.emit("sub", ops.reduce("reduce_sum", ops.emit("mul", do5, wide(out)), 3), ops.reshape(d_lse, spec.rows))
-    dp = ops.dot(do5, v5, (3, 3))
+    dp = ops.dot(do5, v5, (3, 3), spec.precision)
     ds = ops.emit("mul", p, ops.emit("sub", dp, ops.rows(delta, dp)))
     if keep is not None:
         ds = ops.emit("select", keep, ds, ops.lit(0.0, ds))
-    dq = _unfolded(ops, ops.emit("mul", ops.dot(ds, k5, (3, 2)), ops.lit(spec.scale, ds)), spec, spec.t)
-    grads = [_back(ops, spec, dq, spec.dtype), _back(ops, spec, ops.dot(ds, q5, (2, 2)), spec.dtype),
-             _back(ops, spec, ops.dot(p, do5, (2, 2)), spec.dtype)]
+    dq = _unfolded(ops, ops.emit("mul", ops.dot(ds, k5, (3, 2), spec.precision), ops.lit(spec.scale, ds)), spec, spec.t)
+    grads = [_back(ops, spec, dq, spec.dtype), _back(ops, spec, ops.dot(ds, q5, (2, 2), spec.precision), spec.dtype),
+             _back(ops, spec, ops.dot(p, do5, (2, 2), spec.precision), spec.dtype)]
     if bias_grad:
         grads.append(ops.convert(_summed_to(ops, _unfolded(ops, ds, spec, spec.t), ops.shape(bias)), spec.dtype))
     return grads
@@ -435,7 +436,7 @@ def _forward_step(spec: Spec, rows: int, cols: int) -> Callable[[Ops, list[Var],
         alpha = o.emit("exp", o.emit("sub", m, shift))
         p = o.emit("exp", o.emit("sub", s, o.rows(shift, s)))
         l_new = o.emit("add", o.emit("mul", l, alpha), o.reduce("reduce_sum", p, 3))
-        acc_new = o.emit("add", o.emit("mul", acc, o.rows(alpha, acc)), o.dot(p, got["v"], (3, 2)))
+        acc_new = o.emit("add", o.emit("mul", acc, o.rows(alpha, acc)), o.dot(p, got["v"], (3, 2), spec.precision))
         return [m_new, l_new, acc_new]
     return step
 
@@ -516,7 +517,7 @@ def _probabilities(o: Ops, spec: Spec, got: dict[str, Any], rows: int, cols: int
         if valid is not None:
             uniform = o.emit("select", valid, uniform, o.lit(0.0, p))
         p = o.emit("select", o.rows(got["empty"], p), uniform, p)
-    dp = o.dot(got["d_out"], got["v"], (3, 3))
+    dp = o.dot(got["d_out"], got["v"], (3, 3), spec.precision)
     ds = o.emit("mul", p, o.emit("sub", dp, o.rows(got["delta"], dp)))
     return p, ds if counted is None else o.emit("select", counted, ds, o.lit(0.0, ds))
 
@@ -526,7 +527,7 @@ def _dq_step(spec: Spec, rows: int, cols: int, bias_shape: tuple[int, ...] | Non
     tile where the bias varies along the keys, else a carry."""
     def step(o: Ops, carry: list[Var], got: dict[str, Any]) -> list[Any]:
         _, ds = _probabilities(o, spec, got, rows, cols, got.get("q_start"), _first(o, got, cols))
-        new_carry, ys = [o.emit("add", carry[0], o.dot(ds, got["k"], (3, 2)))], []
+        new_carry, ys = [o.emit("add", carry[0], o.dot(ds, got["k"], (3, 2), spec.precision))], []
         if bias_shape is not None:  # summed over what the bias broadcasts along
             along_keys = bias_shape[3] != 1
             d_bias = _summed_to(o, _unfolded(o, ds, spec, rows),
@@ -543,8 +544,8 @@ def _dkv_step(spec: Spec, rows: int, cols: int):
     """dk and dv of a key tile over one query tile (carries)."""
     def step(o: Ops, carry: list[Var], got: dict[str, Any]) -> list[Any]:
         p, ds = _probabilities(o, spec, got, rows, cols, _first(o, got, rows), got.get("k_start"))
-        return [o.emit("add", carry[0], o.dot(ds, got["q"], (2, 2))),
-                o.emit("add", carry[1], o.dot(p, got["d_out"], (2, 2)))]
+        return [o.emit("add", carry[0], o.dot(ds, got["q"], (2, 2), spec.precision)),
+                o.emit("add", carry[1], o.dot(p, got["d_out"], (2, 2), spec.precision))]
     return step
 
 
@@ -680,21 +681,25 @@ class AttentionPolicy:
     kernel of its own (None for the others); the others run as the tiled scans, or, where their
     B x N x T x S scores take at most `unfused_bytes`, as the plain math with the scores in
     memory (where the backend's contractions and row kernels outrun the scans' many small
-    steps, as on the GPU; longer sequences stay tiled, their memory O(T))."""
+    steps, as on the GPU; longer sequences stay tiled, their memory O(T)). `why_not(eqn)` says
+    why an equation has no kernel of its own, for the line of those that do not."""
 
     native: Callable[[Eqn], "str | None"] | None = None
     unfused_bytes: int = 0
+    why_not: Callable[[Eqn], "str | None"] | None = None
 
     def expansion(self, eqn: Eqn) -> tuple[str, list[Eqn] | None]:
         """The line for the "fusion" stage, and the equations replacing `eqn` (None: kept)."""
         how = self.native(eqn) if self.native is not None else None
         if how is not None:
             return how, None
+        reason = self.why_not(eqn) if self.why_not is not None else None
+        because = f" (no kernel of its own: {reason})" if reason else ""
         spec = Spec.of(*(a.type for a in eqn.inputs[:3]), eqn.param_dict)
         if spec.b * spec.n * spec.t * spec.s * spec.acc.bits // 8 <= self.unfused_bytes:
             return (f"{eqn.primitive} (B={spec.b} N={spec.n} T={spec.t} S={spec.s} H={spec.h}) unfused: "
-                    f"its {spec.t} x {spec.s} scores in memory"), _expand_unfused(eqn)
-        return _describe(eqn), EXPANSIONS[eqn.primitive](eqn)
+                    f"its {spec.t} x {spec.s} scores in memory{because}"), _expand_unfused(eqn)
+        return _describe(eqn) + because, EXPANSIONS[eqn.primitive](eqn)
 
 
 def expand_attention(graph: Graph, policy: AttentionPolicy = AttentionPolicy()) -> tuple[Graph, tuple[str, ...]]:

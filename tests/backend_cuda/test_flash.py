@@ -1,7 +1,7 @@
 """The flash attention kernels (glue/backend_cuda/codegen/flash.py): which attention equations
 take them, their results and gradients against the reference on the CPU emulator (ldmatrix,
 mma.sync and cp.async lane by lane) over random lengths, head sizes, grouped-query heads,
-layouts, 16-bit types and the causal rule, with poisoned outputs; ptxas checks for sm_80 and
+layouts, 16-bit types, float32 on TF32 and the causal rule, with poisoned outputs; ptxas checks for sm_80 and
 sm_90; the plan of a long attention holds no T x S buffer; on a GPU, the same against the
 reference, and a training step's attention found where it is written out by hand."""
 import math
@@ -18,7 +18,7 @@ import glue.numpy as gnp
 from glue.backend_cuda import CudaBackend
 from glue.backend_cuda.ptx import assemble, ptxas_available
 from glue.reference import run_graph
-from glue.reference.compare import mismatch
+from glue.reference.compare import mismatch, tolerance_dtypes
 from glue.ir import dtypes as dt
 from tests.backend_cuda import emulator
 
@@ -65,10 +65,12 @@ def _flash(low) -> list[str]:
 
 def _check(closed, args, outs, label):
     want = run_graph(closed.graph, args, float64=True)
+    # float32 at the default precision: TF32 products, whose tolerance is bfloat16's
+    dtypes = tolerance_dtypes(closed.graph, tf32=True)
     for i, (got, w) in enumerate(zip(outs, want)):
         # P and dS round to the 16-bit type before their products, as FlashAttention's do: a
         # gradient sums hundreds of such products
-        problem = mismatch(got, w, dt.from_numpy(np.asarray(args[-1]).dtype), scale=4.0 if i == 0 and len(outs) == 1 else 8.0)
+        problem = mismatch(got, w, dtypes[i], scale=4.0 if i == 0 and len(outs) == 1 else 8.0)
         assert problem is None, f"{label}, output {i}: {problem}"
 
 
@@ -77,7 +79,7 @@ def _check(closed, args, outs, label):
 # (s >= 2: with one key the softmax is 1 and folds away before attention is recognised)
 @given(t=st.integers(1, 140), s=st.integers(2, 140), h=st.sampled_from([16, 32, 64]), grouped=st.booleans(),
        causal=st.booleans(), layout=st.sampled_from(["BTNH", "BNTH"]), backward=st.booleans(),
-       dtype=st.sampled_from([BF16, np.float16]), seed=st.integers(0, 2**31))
+       dtype=st.sampled_from([BF16, np.float16, np.float32]), seed=st.integers(0, 2**31))
 def test_emulated_flash_kernels_compute_the_reference(t, s, h, grouped, causal, layout, backward, dtype, seed):
     if layout == "BNTH" and grouped:
         grouped = False  # by hand, the heads of q, k and v are one count
@@ -112,7 +114,10 @@ def test_what_takes_the_flash_kernels_and_what_stays_tiled():
     q, k, v = _operands(rng, 1, 2, 2, 64, 64, 64, "BTNH", BF16)
     assert _flash(_lower(_attention(True, "BTNH"), [q, k, v])[1]) == ["flash forward bf16 64x64 h64 causal"]
     f32 = [x.astype(np.float32) for x in (q, k, v)]
-    assert _flash(_lower(_attention(True, "BTNH"), f32)[1]) == []  # float32: the tiled scans
+    assert _flash(_lower(_attention(True, "BTNH"), f32)[1]) == ["flash forward tf32 64x64 h64 causal"]
+    with glue.default_matmul_precision("highest"):  # exact products: the unfused math
+        low = _lower(_attention(True, "BTNH"), f32)[1]
+    assert _flash(low) == [] and 'precision "highest" needs exact products' in low.as_text("fusion")
     odd = _operands(rng, 1, 2, 2, 64, 64, 40, "BTNH", BF16)
     assert _flash(_lower(_attention(False, "BTNH"), odd)[1]) == []  # head size 40
     bias = rng.standard_normal((1, 2, 64, 64)).astype(BF16)
@@ -137,14 +142,19 @@ def test_a_long_attention_and_its_gradient_hold_no_t_by_t_buffer():
 @pytest.mark.skipif(not ptxas_available(), reason="needs ptxas")
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 @pytest.mark.parametrize("h", [64, 128])
-def test_flash_kernels_assemble_without_spills(arch, h):
+@pytest.mark.parametrize("dtype", [BF16, np.float32])
+def test_flash_kernels_assemble_without_spills(arch, h, dtype):
     rng = np.random.default_rng(3)
-    q, k, v = _operands(rng, 1, 2, 2, 128, 128, h, "BTNH", BF16)
+    q, k, v = _operands(rng, 1, 2, 2, 128, 128, h, "BTNH", dtype)
     w = np.zeros(q.shape, np.float32)
     closed = glue.make_ir(_program(True, "BTNH", True, w))(q, k, v)
     low = CudaBackend().lower(closed.graph, name="flash", arch=arch, gemm="codegen")
     flash = [text for symbol, text in low["ptx"].modules.items() if low["llvm"].kernels[symbol].recipe.part]
-    assert len(flash) == 3 and all("mma.sync.aligned.m16n8k16" in text and "ldmatrix" in text for text in flash)
+    if dtype == np.float32 and arch == "sm_80" and h == 128:  # 6 float32 tiles of 136-word rows
+        assert flash == [] and "bytes of shared memory, more than sm_80's" in low.as_text("fusion")
+        return
+    shape, fragments = ("m16n8k8", "cvt.rna.tf32.f32") if dtype == np.float32 else ("m16n8k16", "ldmatrix")
+    assert len(flash) == 3 and all(f"mma.sync.aligned.{shape}" in text and fragments in text for text in flash)
     for text in flash:
         report = assemble(text, arch)
         if h == 64:
@@ -155,10 +165,11 @@ def test_flash_kernels_assemble_without_spills(arch, h):
 @pytest.mark.parametrize("shape", [(1, 1, 1, 64), (2, 100, 100, 64), (1, 257, 130, 32), (2, 512, 512, 128)])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("backward", [False, True])
-def test_on_the_gpu_flash_kernels_compute_the_reference(shape, causal, backward):
+@pytest.mark.parametrize("dtype", [BF16, np.float32])
+def test_on_the_gpu_flash_kernels_compute_the_reference(shape, causal, backward, dtype):
     b, t, s, h = shape
     rng = np.random.default_rng(7)
-    args = _operands(rng, b, 4, 2, t, s, h, "BTNH", BF16)
+    args = _operands(rng, b, 4, 2, t, s, h, "BTNH", dtype)
     w = rng.standard_normal(args[0].shape).astype(np.float32)
     closed = glue.make_ir(_program(causal, "BTNH", backward, w))(*args)
     with glue.config.override(cuda_poison=0xFF):

@@ -2,14 +2,18 @@
 equation as (one forward kernel) and an `attention_bwd` equation as (two kernels), none of
 which ever holds the T x S scores outside registers.
 
-Served: 16-bit q, k, v (bfloat16 or float16) of one head size that is a multiple of 16 up to
-128, either layout, grouped-query heads, causal or not, no bias and no mask operand (the others
-run as the backend's attention policy says: glue/backend_cuda/__init__.py; `why_not_flash`
-says why). A block of four warps takes 64
-rows (each warp 16 of them, as m16n8k16 `mma.sync` fragments) and walks 64-row tiles of the
+Served: q, k, v of one head size that is a multiple of 16 up to 128, in bfloat16 or float16,
+or in float32 at a precision that lets the products round to TF32 (as jax.jit's do on the
+GPU); either layout, grouped-query heads, causal or not, no bias and no mask operand (the
+others run as the backend's attention policy says: glue/backend_cuda/__init__.py;
+`why_not_flash` says why). A block of four warps takes 64 rows (each warp 16 of them, as
+`mma.sync` fragments: m16n8k16 for 16 bits, m16n8k8 for TF32) and walks 64-row tiles of the
 other operand through shared memory, copied by `cp.async` into two stages, so the next tile's
-copies fly while this one multiplies; `ldmatrix` loads the fragments (`.trans` where the
-operand's rows are the product's depth), rows padded by 16 bytes against bank conflicts.
+copies fly while this one multiplies; rows are padded by 16 bytes against bank conflicts.
+16-bit fragments load by `ldmatrix` (`.trans` where the operand's rows are the product's
+depth); TF32 fragments a word at a time, and the A fragments of the tile a block keeps (Q, dO;
+K, V) load at each use instead of staying in registers, which would take twice as many as in
+16 bits.
 
 - forward (`part` "forward"): a block per 64 queries of one (batch, head); for each key tile
   S = Q K^T in registers, the online softmax (running row max and sum, in the log2 domain, the
@@ -34,9 +38,9 @@ from llvmlite import ir
 
 from glue.backend_cuda.codegen.common import WARP, KernelEmitter
 from glue.backend_cuda.codegen.fastmath import exp2_ftz, log2_ftz, pack_bf16x2
-from glue.backend_cuda.codegen.mma import FORMATS, async_call, cp_async, ldmatrix_x4, mma_sync
+from glue.backend_cuda.codegen.mma import FORMATS, async_call, cp_async, ldmatrix_x4, mma_sync, to_tf32
 from glue.codegen.loops import loop
-from glue.codegen.types import F16, F32, I16, I32, I64, from_memory, memory_type
+from glue.codegen.types import F16, F32, I32, I64, from_memory, memory_type
 from glue.ir import Eqn, Var
 from glue.ir import dtypes as dt
 from glue.ir.primitives import attention_dims
@@ -45,9 +49,25 @@ from glue.scheduler.attention import Spec
 ROWS = 64                # a block's rows, and the rows of each tile it walks
 WARPS = ROWS // 16       # each warp 16 rows (one m16 fragment)
 THREADS = WARPS * WARP
-PAD = 8                  # elements past each staged row (16 bytes)
 LOG2E = 1.4426950408889634
 PARTS = {"attention": ("forward",), "attention_bwd": ("dq", "dkv")}
+STAGES = {"forward": 5, "dq": 6, "dkv": 6}  # staged tiles: the block's own, and two stages of two
+FORMAT_OF = {dt.bfloat16: "bf16", dt.float16: "f16", dt.float32: "tf32"}
+
+
+def shared_limit(sm: int) -> int:
+    """Dynamic shared memory a block may opt in to on an sm_`sm` GPU."""
+    if sm in (90, 100):
+        return 227 << 10
+    return 163 << 10 if sm in (80, 87) else 99 << 10
+
+
+def shared_bytes(spec: Spec, part: str) -> int:
+    """A part's staged tiles, then the float32 row values (lse and delta of two stages; or
+    delta) after them."""
+    element = FORMATS[FORMAT_OF[spec.dtype]].element.width // 8
+    pitch = spec.h + 16 // element
+    return STAGES[part] * ROWS * pitch * element + 4 * ROWS * (4 if part == "dkv" else 1)
 
 
 def flash_spec(eqn: Eqn) -> Spec:
@@ -68,8 +88,10 @@ def why_not_flash(eqn: Eqn, sm: int) -> str | None:
     q, k, v = (a.type for a in eqn.inputs[:3])
     if sm < 80:
         return f"tensor cores need sm_80, not sm_{sm}"
-    if q.dtype not in (dt.bfloat16, dt.float16):
-        return f"the flash kernels take bfloat16 or float16, not {q.dtype}"
+    if q.dtype not in FORMAT_OF:
+        return f"the flash kernels take bfloat16, float16 or float32, not {q.dtype}"
+    if q.dtype == dt.float32 and p.get("precision", "highest") == "highest":
+        return 'float32 at precision "highest" needs exact products; the flash kernels round float32 to TF32'
     if p["has_bias"] or p["has_mask"]:
         return "the flash kernels take no bias or mask operand (only the causal rule)"
     _, _, _, h, _, _, hv = attention_dims(q, k, v, p["layout"])
@@ -77,6 +99,10 @@ def why_not_flash(eqn: Eqn, sm: int) -> str | None:
         return f"the flash kernels take one head size, a multiple of 16 up to 128, not {h} and {hv}"
     if not all(isinstance(a, Var) for a in eqn.inputs):
         return "an operand is a literal"
+    spec = flash_spec(eqn)
+    need = max(shared_bytes(spec, part) for part in PARTS[eqn.primitive])
+    if need > shared_limit(sm):
+        return f"its tiles take {need} bytes of shared memory, more than sm_{sm}'s {shared_limit(sm)}"
     return None
 
 
@@ -94,8 +120,10 @@ class _Flash:
 
     def __init__(self, ke: KernelEmitter, spec: Spec):
         self.ke, self.spec, self.b = ke, spec, ke.b
-        self.fmt = FORMATS["bf16" if spec.dtype == dt.bfloat16 else "f16"]
-        self.pitch = spec.h + PAD
+        self.fmt = FORMATS[FORMAT_OF[spec.dtype]]
+        self.tf32 = self.fmt.name == "tf32"
+        self.element = self.fmt.element  # of staged tiles and of the operands' rows: I16, or I32
+        self.pitch = spec.h + self.fmt.chunk  # a staged row and its 16 bytes of padding
         self.tile = ROWS * self.pitch  # elements of one staged tile
         self.tid = ke.thread_index()
         self.lane, self.warp = self.b.urem(self.tid, self.c(WARP)), self.b.udiv(self.tid, self.c(WARP))
@@ -118,22 +146,22 @@ class _Flash:
             first = b.mul(first, self.c(h))
         else:
             first, stride = b.mul(b.mul(b.add(b.mul(batch, self.c(heads)), head), self.c(length)), self.c(h)), h
-        return b.gep(ptr, [first], inbounds=True, source_etype=I16), stride
+        return b.gep(ptr, [first], inbounds=True, source_etype=self.element), stride
 
     def copy_tile(self, rows: tuple, row0: ir.Value, length: int, target: ir.Value) -> None:
         """Start copying rows row0.. row0 + ROWS - 1 (zeros past `length`) into `target`."""
         b, h = self.b, self.spec.h
         base, stride = rows
-        per_row = h // 8
+        per_row = h // self.fmt.chunk
         for i in range(ROWS * per_row // THREADS):
             chunk = b.add(self.tid, self.c(i * THREADS))
-            row, col = b.udiv(chunk, self.c(per_row)), b.mul(b.urem(chunk, self.c(per_row)), self.c(8))
+            row, col = b.udiv(chunk, self.c(per_row)), b.mul(b.urem(chunk, self.c(per_row)), self.c(self.fmt.chunk))
             at = b.add(row0, row)
             ok = b.icmp_unsigned("<", at, self.c(length))
             source = b.gep(base, [b.add(b.mul(b.select(ok, at, self.c(0)), self.c(stride)), col)], inbounds=True,
-                           source_etype=I16)
+                           source_etype=self.element)
             slot = b.add(b.mul(row, self.c(self.pitch)), col)
-            cp_async(self.ke, self.ke.shared_at(target, slot, I16), source,
+            cp_async(self.ke, self.at(target, slot), source,
                      b.select(ok, ir.Constant(I32, 16), ir.Constant(I32, 0)))
 
     def commit(self) -> None:
@@ -146,11 +174,19 @@ class _Flash:
         self.ke.barrier()
 
     def at(self, stage: ir.Value, offset: ir.Value) -> ir.Value:
-        return self.ke.shared_at(stage, offset, I16)
+        return self.ke.shared_at(stage, offset, self.element)
+
+    def word(self, tile: ir.Value, row: ir.Value, col: ir.Value) -> ir.Value:
+        """The staged float32 at (row, col) of a tile, rounded to TF32."""
+        b = self.b
+        return to_tf32(self.ke, b.load(self.at(tile, b.add(b.mul(row, self.c(self.pitch)), col)), typ=F32))
 
     # --- fragments ---------------------------------------------------------------------------
-    def a_fragments(self, tile: ir.Value) -> list[list[ir.Value]]:
-        """This warp's 16 rows of a staged tile as A fragments, one per 16 columns."""
+    def a_fragments(self, tile: ir.Value) -> list[list[ir.Value]] | ir.Value:
+        """This warp's 16 rows of a staged tile as A fragments, one per 16 columns; for TF32
+        the tile itself, whose fragments `times_rows` loads where it uses them."""
+        if self.tf32:
+            return tile
         b, l = self.b, self.lane
         row = b.add(b.mul(self.warp, self.c(16)), b.urem(l, self.c(16)))
         out = []
@@ -159,11 +195,13 @@ class _Flash:
             out.append(ldmatrix_x4(self.ke, self.at(tile, b.add(b.mul(row, self.c(self.pitch)), col)), False))
         return out
 
-    def times_rows(self, a: list[list[ir.Value]], tile: ir.Value) -> list[list[ir.Value]]:
+    def times_rows(self, a: list[list[ir.Value]] | ir.Value, tile: ir.Value) -> list[list[ir.Value]]:
         """A (16 x H, as `a_fragments`) times the staged tile's 64 rows transposed: 16 x 64, as
         eight m16n8 accumulators (the tile's rows are B's columns, its columns the depth)."""
         b, l = self.b, self.lane
         acc = [[self.f(0.0)] * 4 for _ in range(ROWS // 8)]
+        if self.tf32:
+            return self._times_rows_tf32(a, tile, acc)
         for ks in range(self.spec.h // 16):
             for fp in range(0, ROWS // 8, 2):
                 row = b.add(self.c(8 * fp), b.add(b.urem(l, self.c(8)), b.mul(b.udiv(l, self.c(16)), self.c(8))))
@@ -173,11 +211,27 @@ class _Flash:
                 acc[fp + 1] = mma_sync(self.ke, self.fmt, a[ks], regs[2:4], acc[fp + 1])
         return acc
 
+    def _times_rows_tf32(self, a_tile: ir.Value, tile: ir.Value, acc: list[list[ir.Value]]) -> list[list[ir.Value]]:
+        """`times_rows` on m16n8k8: A's a0 (group, quad), a1 eight rows down, a2 and a3 four
+        columns on; B's b0 (depth quad, column group), b1 four deeper. With rows 4 words apart
+        in banks (the padding), each load's 32 lanes hit 32 banks."""
+        b = self.b
+        mine = b.add(b.mul(self.warp, self.c(16)), self.group)
+        for ks in range(self.spec.h // 8):
+            cols = [b.add(self.c(8 * ks), b.add(self.quad, self.c(4 * half))) for half in range(2)]
+            a = [self.word(a_tile, b.add(mine, self.c(8 * (r % 2))), cols[r // 2]) for r in range(4)]
+            for f in range(ROWS // 8):
+                key = b.add(self.c(8 * f), self.group)
+                acc[f] = mma_sync(self.ke, self.fmt, a, [self.word(tile, key, col) for col in cols], acc[f])
+        return acc
+
     def times_tile(self, p: list[list[ir.Value]], tile: ir.Value, acc: list[list[ir.Value]]) -> list[list[ir.Value]]:
         """acc (16 x H, as H/8 accumulators) + P (16 x 64 accumulators, as `times_rows` gives)
         times the staged tile (64 rows, the depth, by H)."""
         b, l = self.b, self.lane
         acc = list(acc)
+        if self.tf32:
+            return self._times_tile_tf32(p, tile, acc)
         for kk in range(ROWS // 16):
             a = [self.pack(p[2 * kk][0], p[2 * kk][1]), self.pack(p[2 * kk][2], p[2 * kk][3]),
                  self.pack(p[2 * kk + 1][0], p[2 * kk + 1][1]), self.pack(p[2 * kk + 1][2], p[2 * kk + 1][3])]
@@ -188,6 +242,23 @@ class _Flash:
                 regs = ldmatrix_x4(self.ke, self.at(tile, b.add(b.mul(row, self.c(self.pitch)), col)), True)
                 acc[e] = mma_sync(self.ke, self.fmt, a, regs[0:2], acc[e])
                 acc[e + 1] = mma_sync(self.ke, self.fmt, a, regs[2:4], acc[e + 1])
+        return acc
+
+    def _times_tile_tf32(self, p: list[list[ir.Value]], tile: ir.Value,
+                         acc: list[list[ir.Value]]) -> list[list[ir.Value]]:
+        """`times_tile` on m16n8k8, each accumulator fragment of P (8 keys) an A fragment as it
+        stands: A's depth index quad is taken for key 2 quad and quad + 4 for key 2 quad + 1,
+        the two keys the lane holds (a sum does not mind the order of its terms), and B's rows
+        are read in the same order."""
+        b = self.b
+        for kk in range(ROWS // 8):
+            regs = p[kk]
+            a = [to_tf32(self.ke, regs[r]) for r in (0, 2, 1, 3)]
+            key = b.add(self.c(8 * kk), b.mul(self.quad, self.c(2)))
+            for e in range(self.spec.h // 8):
+                col = b.add(self.c(8 * e), self.group)
+                pair = [self.word(tile, b.add(key, self.c(r)), col) for r in range(2)]
+                acc[e] = mma_sync(self.ke, self.fmt, a, pair, acc[e])
         return acc
 
     def pack(self, low: ir.Value, high: ir.Value) -> ir.Value:
@@ -241,9 +312,14 @@ class _Flash:
             scale = factor[half] if isinstance(factor, list) else factor
             with b.if_then(b.icmp_unsigned("<", row, self.c(length))):
                 for e, regs in enumerate(acc):
-                    word = self.pack(b.fmul(regs[2 * half], scale), b.fmul(regs[2 * half + 1], scale))
-                    at = b.add(b.mul(row, self.c(stride)), self.col_of(e, 0))
-                    b.store(word, b.gep(base, [at], inbounds=True, source_etype=I16), align=4)
+                    low, high = b.fmul(regs[2 * half], scale), b.fmul(regs[2 * half + 1], scale)
+                    at = b.gep(base, [b.add(b.mul(row, self.c(stride)), self.col_of(e, 0))], inbounds=True,
+                               source_etype=self.element)
+                    if self.tf32:
+                        pair = b.insert_element(ir.Constant(ir.VectorType(F32, 2), None), low, ir.Constant(I32, 0))
+                        b.store(b.insert_element(pair, high, ir.Constant(I32, 1)), at, align=8)
+                    else:
+                        b.store(self.pack(low, high), at, align=4)
 
     def load_row_value(self, ptr: ir.Value, first: ir.Value, row: ir.Value, length: int) -> ir.Value:
         """A float32 per row (lse, delta, d_lse) at ptr[first + row], 0 past `length`."""
@@ -256,11 +332,10 @@ class _Flash:
 def emit_flash(ke: KernelEmitter, spec: Spec, part: str) -> tuple[int, int, str]:
     """Emit one flash kernel (`part`: forward | dq | dkv); its grid, block and strategy."""
     fl = _Flash(ke, spec)
-    stages = {"forward": 5, "dq": 6, "dkv": 6}[part]
-    rows_scratch = 4 * ROWS * (4 if part == "dkv" else 1)  # lse and delta of two stages; or delta
-    smem = ke.dynamic_shared(2 * stages * fl.tile + rows_scratch)
-    tiles = [ke.shared_at(smem, fl.c(i * fl.tile), I16) for i in range(stages)]
-    floats = ke.shared_at(smem, fl.c(stages * fl.tile), I16)  # float32 row values after the tiles
+    stages = STAGES[part]
+    smem = ke.dynamic_shared(shared_bytes(spec, part))
+    tiles = [fl.at(smem, fl.c(i * fl.tile)) for i in range(stages)]
+    floats = fl.at(smem, fl.c(stages * fl.tile))  # float32 row values after the tiles
     {"forward": _forward, "dq": _dq, "dkv": _dkv}[part](fl, tiles, floats)
     ke.b.ret_void()
     return _grid(spec, part), THREADS, f"flash {part} {fl.fmt.name} {ROWS}x{ROWS} h{spec.h}{' causal' if spec.causal else ''}"
@@ -417,7 +492,7 @@ def _dq(fl: _Flash, tiles: list[ir.Value], floats: ir.Value) -> None:
     total = fl.f(0.0)
     for d in range(spec.h // 2):
         where = b.add(offset, c(d))
-        o, do = (from_memory(b, b.load(b.gep(base, [where], inbounds=True, source_etype=I16),
+        o, do = (from_memory(b, b.load(b.gep(base, [where], inbounds=True, source_etype=fl.element),
                                        typ=memory_type(spec.dtype)), spec.dtype) for base in (o_base, do_base))
         total = b.fadd(total, b.fmul(o, do))
     total = b.fadd(total, ke.shuffle_xor(total, 1))

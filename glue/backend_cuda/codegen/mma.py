@@ -215,6 +215,13 @@ def cp_async(ke: KernelEmitter, target: ir.Value, source: ir.Value, nbytes: ir.V
     ke.b.call(fn, [target, source, nbytes])
 
 
+def to_tf32(ke: KernelEmitter, value: ir.Value) -> ir.Value:
+    """A float32 rounded to TF32 (to nearest, ties away), as the 32-bit word an mma takes."""
+    name = "llvm.nvvm.f2tf32.rna"
+    fn = ke.module.globals.get(name) or ir.Function(ke.module, ir.FunctionType(I32, [F32]), name)
+    return ke.b.call(fn, [value])
+
+
 def async_call(ke: KernelEmitter, name: str, *immediate: int) -> None:
     """cp.async.commit_group, or cp.async.wait_group N."""
     fn = ke.module.globals.get(name) or ir.Function(ke.module, ir.FunctionType(ir.VoidType(), [I32] * len(immediate)),
@@ -374,10 +381,7 @@ def emit_mma(ke: KernelEmitter, a_expr: Expr, b_expr: Expr, m_dims: list[int], n
         """The staged float32 at (outer, kk), rounded to TF32 (to nearest, ties away)."""
         slot = b.mul(outer, c(s.row(tile.bk))) if s.k_fastest else b.mul(kk, c(s.row(tile.bk)))
         slot = b.add(slot, kk if s.k_fastest else outer)
-        value = b.load(ke.shared_at(buffer, b.add(base, slot), I32), typ=I32)
-        name = "llvm.nvvm.f2tf32.rna"
-        fn = ke.module.globals.get(name) or ir.Function(ke.module, ir.FunctionType(I32, [F32]), name)
-        return b.call(fn, [b.bitcast(value, F32)])
+        return to_tf32(ke, b.load(ke.shared_at(buffer, b.add(base, slot), I32), typ=F32))
 
     def words_a(buffer: ir.Value, base: ir.Value, ks: int) -> list[list[ir.Value]]:
         """TF32 fragments of A (m16 x k8): a0 (group, quarter), a1 eight rows down, a2 and a3

@@ -35,7 +35,6 @@ from glue.frontend.transforms.core import (Env, add, aval, broadcast, convert, d
                                            reshape, source_line, sub, sum_to, transpose, zeros)
 from glue.frontend.tracing import results_of
 from glue.frontend.transforms.stop_gradient import Stopped, stop_gradient
-from glue.ir import dtypes as dt
 from glue.ir import PRIMITIVES, ClosedGraph, Graph, RuleTable, Var, every_primitive
 from glue.scheduler.passes.attention import recognize_attention
 from glue.settings import config
@@ -468,17 +467,12 @@ def jvp_graph(closed: ClosedGraph, primals: Sequence[Any],
     return [p for p, _ in outs], [t for _, t in outs]
 
 
-SIXTEEN_BIT = frozenset({dt.bfloat16, dt.float16})
-
-
 def with_attention(closed: ClosedGraph) -> ClosedGraph:
     """`closed` with its hand-written attention rewritten to `attention` equations (where
     `config.recognize_attention`), before it is differentiated: the backward of a recognised
     attention is then `attention_bwd` (FlashAttention's, which recomputes P), where the
     derivative of the written-out softmax would keep the forward's T x S probabilities for the
-    backward and no later pass could recognise either half. Only 16-bit attention: float32's
-    runs unfused on the GPU (no flash kernel takes it yet), where its written-out derivative,
-    which keeps P, costs less than recomputing the scores (a GPT-2-width step: 7.7 against 9.1 ms).
+    backward and no later pass could recognise either half.
 
     A `stop_gradient` in the trace is a constant standing for a value of the graph (glue.nn's
     softmax stops its row max), which the recogniser would take for an input: it reads a copy
@@ -496,8 +490,7 @@ def with_attention(closed: ClosedGraph) -> ClosedGraph:
         return atom
 
     seen = tuple(replace(e, inputs=tuple(map(source, e.inputs))) if stopped else e for e in graph.eqns)
-    recognised, _ = recognize_attention(replace(graph, eqns=seen, outvars=tuple(map(source, graph.outvars))),
-                                        SIXTEEN_BIT)
+    recognised, _ = recognize_attention(replace(graph, eqns=seen, outvars=tuple(map(source, graph.outvars))))
     if recognised.eqns is seen:
         return closed
     original = {id(s): e for s, e in zip(seen, graph.eqns)}

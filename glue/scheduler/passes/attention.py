@@ -30,6 +30,7 @@ from glue.errors import GlueTypeError
 from glue.ir import Eqn, Graph, Literal, TensorType, Var, infer_types, params_tuple
 from glue.ir.core import Atom
 from glue.ir.printer import graph_var_names
+from glue.ir.primitives import PRECISIONS
 from glue.scheduler.passes.dce import dce
 
 
@@ -53,6 +54,7 @@ class _Found:
     fill: float
     cone: frozenset[int]     # equations (indices) the attention replaces
     scores: Var
+    precision: str           # the stricter of the two products' precisions
 
 
 class _Graph:
@@ -259,7 +261,12 @@ def _match(g: _Graph, index: int) -> _Found:
     _check_uses(g, cone, index, scores.outvars[0])
     return _Found(q, k, v, q_axes, k_axes, v_axes, None if bias is None else (bias, bshape),
                   None if mask is None or causal else (mask, shape4), drops, causal, scale, fill, frozenset(cone),
-                  scores.outvars[0])
+                  scores.outvars[0], _stricter(scores, pv))
+
+
+def _stricter(*products: Eqn) -> str:
+    """The most exact precision among the products' (one that names none counts as exact)."""
+    return max((e.param_dict.get("precision") or "highest" for e in products), key=PRECISIONS.index)
 
 
 def _cone(g: _Graph, p: Atom, leaves: set[int]) -> set[int]:
@@ -318,7 +325,7 @@ def _replacement(found: _Found, pv: Eqn) -> tuple[Eqn, ...]:
     if mask and found.drops:
         mask = [emit("not", (mask[0],), mask[0].type)]
     params = dict(scale=float(found.scale), causal=found.causal, layout="BNTH", masked_value=float(found.fill),
-                  has_bias=bool(bias), has_mask=bool(mask))
+                  has_bias=bool(bias), has_mask=bool(mask), precision=found.precision)
     operands = (q, k, v, *bias, *mask)
     try:
         out_type, lse_type = infer_types("attention", tuple(a.type for a in operands), params)
