@@ -124,7 +124,10 @@ void emu_mma(int32_t kind, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, u
             uint32_t wa = frags[6 * (warp + (m % 8) * 4 + (k % g) / per) + (m / 8) + 2 * (k / g)];
             uint32_t wb = frags[6 * (warp + n * 4 + (k % g) / per) + 4 + k / g];
             float fa, fb;
-            if (per == 1) { memcpy(&fa, &wa, 4); memcpy(&fb, &wb, 4); }
+            if (per == 1) {  /* TF32: the tensor cores read a word's top 19 bits */
+                wa &= 0xFFFFE000; wb &= 0xFFFFE000;
+                memcpy(&fa, &wa, 4); memcpy(&fb, &wb, 4);
+            }
             else {
                 fa = sixteen((uint16_t)(wa >> (16 * (k % 2))), kind);
                 fb = sixteen((uint16_t)(wb >> (16 * (k % 2))), kind);

@@ -93,9 +93,9 @@ class ColumnPlan:
         self.tiles = -(-self.groups // self.per_block)
         most = max(1, self.points // (ROWS_PER_THREAD * self.slices))
         row_stores = sum(s.level == "row" for s in kernel.stores)
-        resident = 1 if self.width * (len(kernel.reductions) + row_stores) >= HEAVY_VALUES else 2
+        self.resident = 1 if self.width * (len(kernel.reductions) + row_stores) >= HEAVY_VALUES else 2
         # whole waves: a last partial wave would take a whole block's time for a few blocks
-        self.splits = max(1, min(most, resident * SMS // self.tiles))
+        self.splits = max(1, min(most, self.resident * SMS // self.tiles))
         self.per_split = -(-self.points // self.splits)
         self.per_slice = -(-self.per_split // self.slices)
         self.reductions = len(kernel.reductions)
@@ -114,6 +114,11 @@ def emit_columns(ke: KernelEmitter, plan: ColumnPlan) -> tuple[int, int, str]:
     """Emit the kernel; `ke.extra_ptrs` are (partials scratch, counters) when it splits."""
     k, b = ke.kernel, ke.b
     c = lambda v: ir.Constant(I64, v)  # noqa: E731
+    if plan.resident > 1:
+        # the wave of two blocks a multiprocessor the grid is sized for: without the floor the
+        # driver's compiler may take more than half the registers (161 for a norm's weight
+        # gradients at GPT-2 width, one block a multiprocessor and two waves: 33 us for 60 MiB)
+        ke.min_blocks = plan.resident
     ke.await_producers()
     block_id, tid = ke.block_index(), ke.thread_index()
     split, tile = b.udiv(block_id, c(plan.tiles)), b.urem(block_id, c(plan.tiles))

@@ -10,10 +10,10 @@ others run as the backend's attention policy says: glue/backend_cuda/__init__.py
 `mma.sync` fragments: m16n8k16 for 16 bits, m16n8k8 for TF32) and walks 64-row tiles of the
 other operand through shared memory, copied by `cp.async` into two stages, so the next tile's
 copies fly while this one multiplies; rows are padded by 16 bytes against bank conflicts.
-16-bit fragments load by `ldmatrix` (`.trans` where the operand's rows are the product's
-depth); TF32 fragments a word at a time, and the A fragments of the tile a block keeps (Q, dO;
-K, V) load at each use instead of staying in registers, which would take twice as many as in
-16 bits.
+Fragments load by `ldmatrix` (`.trans` where the operand's rows are the product's depth;
+TF32's such fragments a word at a time, since `.trans` moves 16-bit elements); the TF32 A
+fragments of the tile a block keeps (Q, dO; K, V) load at each use instead of staying in
+registers, which would take twice as many as in 16 bits.
 
 - forward (`part` "forward"): a block per 64 queries of one (batch, head); for each key tile
   S = Q K^T in registers, the online softmax (running row max and sum, in the log2 domain, the
@@ -177,9 +177,14 @@ class _Flash:
         return self.ke.shared_at(stage, offset, self.element)
 
     def word(self, tile: ir.Value, row: ir.Value, col: ir.Value) -> ir.Value:
-        """The staged float32 at (row, col) of a tile, rounded to TF32."""
-        b = self.b
-        return to_tf32(self.ke, b.load(self.at(tile, b.add(b.mul(row, self.c(self.pitch)), col)), typ=F32))
+        """The staged float32 at (row, col) of a tile as a TF32 operand: the tensor cores read
+        a float32's top 19 bits, so loaded values go in as they are (truncated, as cuBLAS's
+        TF32 does); only computed ones round, by `to_tf32`."""
+        return self.b.load(self.at(tile, self.b.add(self.b.mul(row, self.c(self.pitch)), col)), typ=I32)
+
+    def matrices(self, tile: ir.Value, row: ir.Value, col: ir.Value) -> list[ir.Value]:
+        """`ldmatrix` x4 from (row, col) of a tile (this lane's row address)."""
+        return ldmatrix_x4(self.ke, self.at(tile, self.b.add(self.b.mul(row, self.c(self.pitch)), col)), False)
 
     # --- fragments ---------------------------------------------------------------------------
     def a_fragments(self, tile: ir.Value) -> list[list[ir.Value]] | ir.Value:
@@ -212,17 +217,21 @@ class _Flash:
         return acc
 
     def _times_rows_tf32(self, a_tile: ir.Value, tile: ir.Value, acc: list[list[ir.Value]]) -> list[list[ir.Value]]:
-        """`times_rows` on m16n8k8: A's a0 (group, quad), a1 eight rows down, a2 and a3 four
-        columns on; B's b0 (depth quad, column group), b1 four deeper. With rows 4 words apart
-        in banks (the padding), each load's 32 lanes hit 32 banks."""
-        b = self.b
-        mine = b.add(b.mul(self.warp, self.c(16)), self.group)
+        """`times_rows` on m16n8k8. An 8 x 8 matrix of 16-bit elements that `ldmatrix` moves
+        is 8 rows of 4 float32 words, lane l getting word l % 4 of row l / 4: the TF32
+        fragment of A's a0 (row group, depth quad) and of B's b0 (column group, depth quad)
+        alike, so both operands load as 16-bit ones do, four matrices an instruction: A's
+        rows 0-7 and 8-15 at depths 0-3 and 4-7; B's depths 0-3 and 4-7 of two 8-key groups."""
+        b, l = self.b, self.lane
+        a_row = b.add(b.mul(self.warp, self.c(16)), b.urem(l, self.c(16)))
+        key = b.add(b.urem(l, self.c(8)), b.mul(b.udiv(l, self.c(16)), self.c(8)))
         for ks in range(self.spec.h // 8):
-            cols = [b.add(self.c(8 * ks), b.add(self.quad, self.c(4 * half))) for half in range(2)]
-            a = [self.word(a_tile, b.add(mine, self.c(8 * (r % 2))), cols[r // 2]) for r in range(4)]
-            for f in range(ROWS // 8):
-                key = b.add(self.c(8 * f), self.group)
-                acc[f] = mma_sync(self.ke, self.fmt, a, [self.word(tile, key, col) for col in cols], acc[f])
+            a = self.matrices(a_tile, a_row, b.add(self.c(8 * ks), b.mul(b.udiv(l, self.c(16)), self.c(4))))
+            depth = b.add(self.c(8 * ks), b.mul(b.urem(b.udiv(l, self.c(8)), self.c(2)), self.c(4)))
+            for f in range(0, ROWS // 8, 2):
+                regs = self.matrices(tile, b.add(self.c(8 * f), key), depth)
+                acc[f] = mma_sync(self.ke, self.fmt, a, regs[0:2], acc[f])
+                acc[f + 1] = mma_sync(self.ke, self.fmt, a, regs[2:4], acc[f + 1])
         return acc
 
     def times_tile(self, p: list[list[ir.Value]], tile: ir.Value, acc: list[list[ir.Value]]) -> list[list[ir.Value]]:
