@@ -7,9 +7,13 @@ arch, the library's version and both variants' launch strategies, so a later pro
 race again. Each variant is timed as the step runs it, in a CUDA graph (REPEATS runs back to
 back, replayed): timed by events around direct launches, a small product's time would be the
 host's time to queue it, which graph replays do not pay, and the library's call costs the host
-more than a kernel launch. `glue.config.gemm` forces one variant ("library" | "codegen"); with
-`glue.config.autotune` off, a kernel with both takes the library's. The choices and their
-timings are on the executable (`gemm_choices`, `gemm_timings`) and in GLUE_DEBUG's log.
+more than a kernel launch. The library variant of a product of at least ALGORITHM_FLOPS is
+timed with each of the first ALGORITHMS algorithms cuBLASLt's heuristics rank for it (as XLA's
+autotuner does: the first is not always the fastest, e.g. for a transposed operand), and runs
+with the fastest. `glue.config.gemm` forces one variant ("library" | "codegen"); with
+`glue.config.autotune` off, a kernel with both takes the library's, with its first algorithm.
+The choices and their timings are on the executable (`gemm_choices`, `gemm_algorithms`,
+`gemm_timings`) and in GLUE_DEBUG's log.
 """
 from __future__ import annotations
 
@@ -37,6 +41,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("glue")
 DISK = DiskCache("gemm")
 WARMUP, RUNS, REPEATS = 2, 7, 8
+ALGORITHMS = 4             # cuBLASLt's candidates raced for one product
+ALGORITHM_FLOPS = 1 << 30  # below this a product's algorithms are not raced (the first serves)
 
 
 def _key(program: "CudaProgram", group: int) -> bytes:
@@ -44,17 +50,18 @@ def _key(program: "CudaProgram", group: int) -> bytes:
 
     launches = [l for l in program.launches if l.group == group]
     strategies = "|".join(f"{l.variant}:{l.strategy}" for l in launches)
-    return digest("gemm choice, graph-timed", program.arch, cublaslt.version(), str(program.plan.kernels[group]),
+    return digest("gemm choice, graph-timed, algorithms", program.arch, cublaslt.version(), str(program.plan.kernels[group]),
                   strategies)
 
 
 def choose_variants(exe: "CudaExecutable", program: "CudaProgram") -> dict[int, str]:
-    """The variant each plan kernel runs ("codegen" where it has only that)."""
+    """The variant each plan kernel runs ("codegen" where it has only that); the library's
+    algorithm for those that take it is set on their products (`exe.gemm_algorithms`)."""
     variants: dict[int, set[str]] = {}
     for launch in program.launches:
         variants.setdefault(launch.group, set()).add(launch.variant)
     choices = {g: next(iter(v)) for g, v in variants.items() if len(v) == 1}
-    exe.gemm_timings = {}
+    exe.gemm_timings, exe.gemm_algorithms = {}, {}
     for group in sorted(g for g, v in variants.items() if "library" in v):
         why_not = _library_fails(exe, program, group)
         if why_not is None:
@@ -73,13 +80,15 @@ def choose_variants(exe: "CudaExecutable", program: "CudaProgram") -> dict[int, 
             choices[group] = "library"
             continue
         key = _key(program, group)
-        cached = DISK.load(key)
-        if cached in (b"codegen", b"library"):
-            choices[group] = cached.decode()
+        cached = (DISK.load(key) or b"").decode().split(":")
+        if cached[0] in ("codegen", "library"):
+            choices[group] = cached[0]
+            if cached[0] == "library":
+                _use_algorithm(exe, program, group, int(cached[1]))
             continue
         try:
             with profiler.span("compile", f"race {program.plan.kernels[group].name}"), profiler.suspended():
-                times = race(exe, program, group, rng)
+                times, algorithm = race(exe, program, group, rng)
         except BackendError as exc:  # the library failed to run it: glue's kernel serves
             log.info("glue.cuda: %s runs on glue's own kernel: cuBLASLt failed on it (%s)",
                      program.plan.kernels[group].name, exc)
@@ -87,10 +96,26 @@ def choose_variants(exe: "CudaExecutable", program: "CudaProgram") -> dict[int, 
             continue
         exe.gemm_timings[group] = times
         choices[group] = min(times, key=times.get)
-        DISK.store(key, choices[group].encode())
-        log.debug("glue.cuda: %s: %s (codegen %.1f us, library %.1f us)", program.plan.kernels[group].name,
-                  choices[group], times["codegen"], times["library"])
+        if choices[group] == "library":
+            _use_algorithm(exe, program, group, algorithm)
+        DISK.store(key, f"{choices[group]}:{algorithm}".encode())
+        log.debug("glue.cuda: %s: %s (codegen %.1f us, library %.1f us with algorithm %d)",
+                  program.plan.kernels[group].name, choices[group], times["codegen"], times["library"], algorithm)
     return choices
+
+
+def _matmuls(exe: "CudaExecutable", program: "CudaProgram", group: int) -> list[Any]:
+    """The planned cuBLASLt products of plan kernel `group`'s library variant."""
+    return [exe._matmul(l, program.plan.streams.streams[group]).matmul for l in program.launches
+            if l.group == group and l.library is not None]
+
+
+def _use_algorithm(exe: "CudaExecutable", program: "CudaProgram", group: int, algorithm: int) -> None:
+    """Run the group's products with cuBLASLt's `algorithm`-th candidate (the first where a
+    product has fewer)."""
+    for matmul in _matmuls(exe, program, group):
+        matmul.choice = algorithm if algorithm < len(matmul.algos) else 0
+    exe.gemm_algorithms[group] = algorithm
 
 
 def _library_fails(exe: "CudaExecutable", program: "CudaProgram", group: int) -> str | None:
@@ -147,10 +172,11 @@ class _ArenaSpace:
         return None
 
 
-def race(exe: "CudaExecutable", program: "CudaProgram", group: int, rng: np.random.Generator) -> dict[str, float]:
-    """Microseconds per run of each variant of plan kernel `group`: a graph of REPEATS runs,
-    every launch on the executable's first stream, replayed WARMUP + RUNS times, the median of
-    the timed replays over REPEATS. The arguments and outputs
+def race(exe: "CudaExecutable", program: "CudaProgram", group: int,
+         rng: np.random.Generator) -> tuple[dict[str, float], int]:
+    """Microseconds per run of each variant of plan kernel `group`, and the library's fastest
+    algorithm: a graph of REPEATS runs, every launch on the executable's first stream, replayed
+    WARMUP + RUNS times, the median of the timed replays over REPEATS. The arguments and outputs
     the variants touch are made for the race, random (a GPT step's arguments are hundreds of
     megabytes, and each product reads a few of them), in arena space the kernel's own
     intermediates leave free."""
@@ -177,10 +203,8 @@ def race(exe: "CudaExecutable", program: "CudaProgram", group: int, rng: np.rand
     outs = [stand_in(t, None) if n_args + j in touched else _Place() for j, t in enumerate(program.output_types)]
     bases = exe._bases(args, outs)
     exe.ctx.synchronize()
-    times = {}
-    for variant, variant_steps in steps.items():
-        for step in variant_steps:
-            step.stream, step.waits, step.record, step.dependent = stream, (), None, None
+
+    def timed(variant_steps: list[Any]) -> float:
         exe.run_steps(variant_steps, bases)  # the library plans and allocates outside the capture
         graph = capture(stream, lambda: [exe.run_steps(variant_steps, bases) for _ in range(REPEATS)])
         samples = []
@@ -192,5 +216,22 @@ def race(exe: "CudaExecutable", program: "CudaProgram", group: int, rng: np.rand
             end.synchronize()
             if run >= WARMUP:
                 samples.append(start.elapsed_ms(end) * 1e3 / REPEATS)
-        times[variant] = statistics.median(samples)
-    return times
+        return statistics.median(samples)
+
+    for variant_steps in steps.values():
+        for step in variant_steps:
+            step.stream, step.waits, step.record, step.dependent = stream, (), None, None
+    times = {"codegen": timed(steps["codegen"])}
+    matmuls = _matmuls(exe, program, group)
+    flops = sum(2 * m.problem.batches * m.problem.m * m.problem.n * m.problem.k for m in matmuls)
+    candidates = min([ALGORITHMS] + [len(m.algos) for m in matmuls]) if flops >= ALGORITHM_FLOPS else 1
+    by_algorithm = []
+    for algorithm in range(candidates):
+        for matmul in matmuls:
+            matmul.choice = algorithm
+        by_algorithm.append(timed(steps["library"]))
+    for matmul in matmuls:
+        matmul.choice = 0
+    best = min(range(candidates), key=by_algorithm.__getitem__)
+    times["library"] = by_algorithm[best]
+    return times, best

@@ -116,3 +116,26 @@ def test_on_the_gpu_every_variant_computes_the_reference(name, gemm):
     _compare(closed.graph, all_args, outs, f"{name} ({gemm})", tf32=True)
     if gemm == "library":
         assert any(step.library is not None for step in exe._steps)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not cublaslt.available(), reason="nvmath-python is not installed")
+def test_on_the_gpu_the_race_times_the_librarys_algorithms_and_a_new_process_reuses_its_choice(tmp_path):
+    """A product past ALGORITHM_FLOPS races glue's kernel against cuBLASLt's first algorithms;
+    the choice (and the algorithm) comes back from the disk cache without a race, and both
+    runs compute the reference."""
+    rng = np.random.default_rng(5)
+    args = [rng.standard_normal((1024, 1024)).astype(np.float32) for _ in range(2)]
+    closed = glue.make_ir(lambda x, y: x @ y)(*args)
+    with glue.config.override(cache_dir=str(tmp_path), autotune=True):
+        first = CudaBackend().lower(closed.graph, name="race", gemm="auto").compile()
+        (group, times), = first.gemm_timings.items()
+        assert set(times) == {"codegen", "library"} and all(t > 0 for t in times.values())
+        again = CudaBackend().lower(closed.graph, name="race", gemm="auto").compile()
+        assert again.gemm_timings == {} and again.gemm_choices == first.gemm_choices
+        assert again.gemm_algorithms == first.gemm_algorithms
+        if first.gemm_choices[group] == "library":
+            chosen = {step.library.matmul.choice for step in again._steps if step.library is not None}
+            assert chosen == {first.gemm_algorithms[group]}
+        for exe in (first, again):
+            _compare(closed.graph, args, [np.asarray(o) for o in exe(*args)], "1024^3 f32", tf32=True)
