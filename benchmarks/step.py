@@ -354,18 +354,39 @@ def jitted_memory(jitted: Any) -> Any:
 GLUE_STEPS: list[Any] = []  # the jitted steps glue_step made, for `breakdown`
 
 
+def _graph_us(exe: Any, stream: Any, queue: Callable[[], None], repeats: int) -> float:
+    """Microseconds per run of what `queue` enqueues: a CUDA graph of `repeats` runs back to
+    back, median of 7 timed replays after 2."""
+    from glue.backend_cuda.runtime.graph import capture
+    from glue.backend_cuda.runtime.stream import Event
+
+    queue()
+    graph = capture(stream, lambda: [queue() for _ in range(repeats)])
+    samples = []
+    for i in range(9):
+        start, end = Event(exe.ctx, timing=True), Event(exe.ctx, timing=True)
+        start.record(stream)
+        graph.launch(stream)
+        end.record(stream)
+        end.synchronize()
+        if i >= 2:
+            samples.append(start.elapsed_ms(end) * 1e3 / repeats)
+    return statistics.median(samples)
+
+
 def breakdown(jitted: Any, top: int = 40, repeats: int = 8) -> str:
     """Where one glue step's device time goes: every launch of the step timed alone as the
     step runs it, in a CUDA graph of `repeats` back-to-back runs (median of 7 replays; a
     profile's event pairs around direct launches would time small kernels' enqueue instead),
-    on random arguments, with the bytes its plan kernel reads and writes; then the launches
-    summed by kind and by symbol, the largest first."""
+    on random arguments, with the bytes its plan kernel reads and writes and the time of a
+    device-to-device copy moving as many bytes (half read, half written: the copy ceiling for
+    them, timed the same way); then the launches summed by kind and by symbol, the largest
+    first, each kind's time against the copy ceiling of its bytes."""
     import collections
 
     from glue.backend_cuda.gemm_choice import _random_values
+    from glue.backend_cuda.runtime import driver as drv
     from glue.backend_cuda.runtime.device_array import DeviceBuffer
-    from glue.backend_cuda.runtime.graph import capture
-    from glue.backend_cuda.runtime.stream import Event
     from glue.backend_cuda.steps import chosen_launches
 
     exe = next(iter(jitted._compiled.values())).executable
@@ -377,44 +398,48 @@ def breakdown(jitted: Any, top: int = 40, repeats: int = 8) -> str:
         exe.arena.fill_bytes(0x3C)  # small finite floats wherever an intermediate would be
     bases = exe._bases(args, outs)
     exe.ctx.synchronize()
+    launches = [l for l in chosen_launches(program, getattr(exe, "gemm_choices", None)) if l.call is None]
+    sizes = [sum(b.type.nbytes for b in l.kernel.inputs + l.kernel.outputs) for l in launches]
+    half = max(sizes, default=0) // 2 + 256
+    source, target = (DeviceBuffer((half,), np.uint8, stream) for _ in range(2))
+    memcpy = drv.load().cuMemcpyDtoDAsync
+    ceilings: dict[int, float] = {}
+
+    def copy_us(nbytes: int) -> float:
+        if nbytes not in ceilings:
+            ceilings[nbytes] = _graph_us(exe, stream, lambda: drv.check(
+                memcpy(target.ptr, source.ptr, nbytes // 2, stream.handle), "cuMemcpyDtoDAsync"), repeats)
+        return ceilings[nbytes]
+
     rows = []
-    for launch in chosen_launches(program, getattr(exe, "gemm_choices", None)):
-        if launch.call is not None:
-            continue
+    for launch, nbytes in zip(launches, sizes):
         steps = exe._build_steps(program, [launch])
         for st in steps:
             st.stream, st.waits, st.record, st.dependent = stream, (), None, None
-        exe.run_steps(steps, bases)
-        graph = capture(stream, lambda: [exe.run_steps(steps, bases) for _ in range(repeats)])
-        samples = []
-        for i in range(9):
-            start, end = Event(exe.ctx, timing=True), Event(exe.ctx, timing=True)
-            start.record(stream)
-            graph.launch(stream)
-            end.record(stream)
-            end.synchronize()
-            if i >= 2:
-                samples.append(start.elapsed_ms(end) * 1e3 / repeats)
-        k = launch.kernel
-        nbytes = sum(b.type.nbytes for b in k.inputs + k.outputs)
-        rows.append((statistics.median(samples), nbytes, k.kind,
+        us = _graph_us(exe, stream, lambda: exe.run_steps(steps, bases), repeats)
+        rows.append((us, copy_us(nbytes), nbytes, launch.kernel.kind,
                      f"{launch.variant}:{launch.strategy} g{launch.grid}x{launch.block}", launch.symbol))
     total = sum(r[0] for r in rows)
-    kinds: dict[str, list] = collections.defaultdict(lambda: [0.0, 0])
-    symbols: dict[str, list] = collections.defaultdict(lambda: [0.0, 0, 0, "", ""])
-    for us, nbytes, kind, strategy, symbol in rows:
+    kinds: dict[str, list] = collections.defaultdict(lambda: [0.0, 0.0, 0])
+    symbols: dict[str, list] = collections.defaultdict(lambda: [0.0, 0, 0.0, 0, "", ""])
+    for us, ceiling, nbytes, kind, strategy, symbol in rows:
         kinds[kind][0] += us
-        kinds[kind][1] += 1
+        kinds[kind][1] += ceiling
+        kinds[kind][2] += 1
         entry = symbols[symbol]
         entry[0] += us
         entry[1] += 1
-        entry[2:] = [nbytes, kind, strategy]
-    lines = [f"glue step: {len(rows)} launches, alone in graphs {total / 1e3:.3f} ms; by kind (us, launches): "
-             + ", ".join(f"{k} {v[0]:.1f} x{v[1]}" for k, v in sorted(kinds.items(), key=lambda kv: -kv[1][0]))]
-    for symbol, (us, count, nbytes, kind, strategy) in sorted(symbols.items(), key=lambda kv: -kv[1][0])[:top]:
+        entry[2] += ceiling
+        entry[3:] = [nbytes, kind, strategy]
+    lines = [f"glue step: {len(rows)} launches, alone in graphs {total / 1e3:.3f} ms; by kind (us, launches, "
+             "% of the copy ceiling for their bytes): "
+             + ", ".join(f"{k} {v[0]:.1f} x{v[2]} {100 * v[1] / v[0]:.0f}%"
+                         for k, v in sorted(kinds.items(), key=lambda kv: -kv[1][0]))]
+    for symbol, (us, count, ceiling, nbytes, kind, strategy) in sorted(symbols.items(), key=lambda kv: -kv[1][0])[:top]:
         each = us / count
         lines.append(f"  {us:8.1f} us = {count:2d} x {each:6.1f}  {nbytes / 2 ** 20:7.2f} MiB "
-                     f"{nbytes / each / 1e3:6.0f} GB/s  {kind:11s} {strategy[:60]:60s} {symbol[:70]}")
+                     f"{nbytes / each / 1e3:6.0f} GB/s {100 * ceiling / us:4.0f}% of copy  {kind:11s} "
+                     f"{strategy[:60]:60s} {symbol[:70]}")
     return "\n".join(lines)
 
 

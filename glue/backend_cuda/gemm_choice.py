@@ -50,8 +50,8 @@ def _key(program: "CudaProgram", group: int) -> bytes:
 
     launches = [l for l in program.launches if l.group == group]
     strategies = "|".join(f"{l.variant}:{l.strategy}" for l in launches)
-    return digest("gemm choice, graph-timed, algorithms", program.arch, cublaslt.version(), str(program.plan.kernels[group]),
-                  strategies)
+    return digest("gemm choice, graph-timed, algorithms", program.arch, cublaslt.version(),
+                  str(program.plan.kernels[group]), strategies)
 
 
 def choose_variants(exe: "CudaExecutable", program: "CudaProgram") -> dict[int, str]:
