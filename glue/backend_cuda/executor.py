@@ -53,7 +53,7 @@ import numpy as np
 from glue import profiler
 from glue.backend.results import assemble, plain_outputs
 from glue.backend_cuda.codegen import CudaProgram, Launch, Place
-from glue.backend_cuda.gemm_choice import choose_variants
+from glue.backend_cuda.gemm_choice import choices_text, choose_variants
 from glue.backend_cuda.runtime import driver as drv
 from glue.backend_cuda.runtime.context import get_context
 from glue.backend_cuda.runtime.device_array import DeviceBuffer, SlabPool
@@ -277,6 +277,11 @@ class CudaExecutable:
         """The CUDA graph the latest replayed or captured call used (None before any): replay it
         with `.launch(stream)` to time the program's device work alone."""
         return next(reversed(self._graphs.values()), None)
+
+    def loaded_text(self, stage: str) -> str:
+        """What `stage`'s text gains once the program is loaded: for "kernels", who serves each
+        contraction and the race's timings."""
+        return choices_text(self, self.program) if stage == "kernels" else ""
 
     @property
     def dependent_launches(self) -> int:

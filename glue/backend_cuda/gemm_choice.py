@@ -104,6 +104,19 @@ def choose_variants(exe: "CudaExecutable", program: "CudaProgram") -> dict[int, 
     return choices
 
 
+def choices_text(exe: "CudaExecutable", program: "CudaProgram") -> str:
+    """A line per contraction with a library variant: who serves it, and the race's timings
+    (or that the disk cache or a setting chose)."""
+    lines = []
+    for group in sorted({l.group for l in program.launches if l.variant == "library"}):
+        choice, times = exe.gemm_choices.get(group, "codegen"), exe.gemm_timings.get(group)
+        how = choice if choice == "codegen" else f"library (cuBLASLt algorithm {exe.gemm_algorithms.get(group, 0)})"
+        why = f"codegen {times['codegen']:.1f} us, library {times['library']:.1f} us" if times else \
+            "from the disk cache, or as settings force"
+        lines.append(f"  {program.plan.kernels[group].name}: {how}; {why}")
+    return "\n".join(["contractions as the program loaded (raced in CUDA graphs):"] + lines) if lines else ""
+
+
 def _matmuls(exe: "CudaExecutable", program: "CudaProgram", group: int) -> list[Any]:
     """The planned cuBLASLt products of plan kernel `group`'s library variant."""
     return [exe._matmul(l, program.plan.streams.streams[group]).matmul for l in program.launches

@@ -339,7 +339,12 @@ class Compiled:
                 "seconds": sum(s["seconds"] for s in stages.values())}
 
     def as_text(self, stage: str = "ir") -> str:
-        return self.lowered.as_text(stage)
+        """The lowered stage's text, and what the backend adds once the program is loaded (the
+        cuda backend's "kernels": who serves each contraction, as raced)."""
+        text = self.lowered.as_text(stage)
+        loaded = getattr(self.executable, "loaded_text", None)
+        extra = loaded(stage) if loaded is not None else ""
+        return f"{text}\n{extra}" if extra else text
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Run on arguments of the signature this was compiled for (like the jitted function)."""

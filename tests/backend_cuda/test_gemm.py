@@ -131,8 +131,10 @@ def test_on_the_gpu_the_race_times_the_librarys_algorithms_and_a_new_process_reu
         first = CudaBackend().lower(closed.graph, name="race", gemm="auto").compile()
         (group, times), = first.gemm_timings.items()
         assert set(times) == {"codegen", "library"} and all(t > 0 for t in times.values())
+        assert "us, library" in first.loaded_text("kernels")
         again = CudaBackend().lower(closed.graph, name="race", gemm="auto").compile()
         assert again.gemm_timings == {} and again.gemm_choices == first.gemm_choices
+        assert "from the disk cache" in again.loaded_text("kernels")
         assert again.gemm_algorithms == first.gemm_algorithms
         if first.gemm_choices[group] == "library":
             chosen = {step.library.matmul.choice for step in again._steps if step.library is not None}
