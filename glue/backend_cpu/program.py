@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from llvmlite import ir
 
 from glue.backend.cache import code_version
-from glue.backend.kernel_key import aliases, kernel_key
+from glue.backend.kernel_key import KernelKeys, aliases
 from glue.backend_cpu.calls import CallSite
 from glue.backend_cpu.kernels import KernelBuilder, KernelFunction
 from glue.backend_cpu.matmul import blocked_contraction
@@ -206,6 +206,7 @@ def build_program(plan: Plan, options_key: str = "", opt_level: int = 3) -> Prog
     context = codegen_context(options_key)
     sources: dict[bytes, KernelSource] = {}
     uses: list[KernelUse | CallSite] = []
+    kernel_key = KernelKeys()
     for kernel in plan.kernels:
         operands = [_operand(placements[b.value_id], n_args, arena_slot) for b in kernel.inputs + kernel.outputs]
         if kernel.call is not None:
