@@ -18,6 +18,7 @@ both. Both walk with explicit stacks, so a chain of any length lowers without re
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 from typing import Callable, Iterable, Mapping, Sequence
 
@@ -235,13 +236,35 @@ def _transpose_reads(domain, eqn, index, mask) -> list[Read]:
     return [(eqn.inputs[0], tuple(inner), mask)]
 
 
+def _reshaped(index: tuple[Index, ...], out_shape: tuple[int, ...], in_shape: tuple[int, ...],
+              extents: tuple[int, ...]) -> tuple[Index, ...]:
+    """Where a reshape from `in_shape` to `out_shape` reads its operand for the value at `index`."""
+    linear = Index()
+    for i, s in zip(index, strides(out_shape)):
+        linear = linear + i * s
+    return tuple(mod(floordiv(linear, s, extents), n, extents) for s, n in zip(strides(in_shape), in_shape))
+
+
+# The same reshapes are asked of the same indices again and again (each fusion trial, every
+# layer of a model) and their floor-div/mod simplification is the dearest of the index rules.
+# Only indices over the domain's dims are remembered: equal as kernel IR nodes means identical
+# there (integer coefficients), which a picked value's float constants would not guarantee.
+_reshaped_affine = functools.lru_cache(maxsize=1 << 14)(_reshaped)
+
+
+def _over_dims(index: Index) -> bool:
+    """Whether `index` is built of domain dims alone (through div, mod and clamp)."""
+    return all(isinstance(a, Dim) or isinstance(a, (Div, Mod, Clamp)) and _over_dims(a.index)
+               for a, _ in index.terms)
+
+
 def _reshape_reads(domain, eqn, index, mask) -> list[Read]:
     x = eqn.inputs[0]
-    linear = Index()
-    for i, s in zip(index, strides(eqn.outvars[0].type.shape)):
-        linear = linear + i * s
-    inner = tuple(mod(floordiv(linear, s, domain.extents), n, domain.extents)
-                  for s, n in zip(strides(x.type.shape), x.type.shape))
+    if all(map(_over_dims, index)):
+        # a tuple of its own: callers tell a read at the requested index itself by identity
+        inner = tuple(iter(_reshaped_affine(index, eqn.outvars[0].type.shape, x.type.shape, domain.extents)))
+    else:
+        inner = _reshaped(index, eqn.outvars[0].type.shape, x.type.shape, domain.extents)
     return [(x, inner, mask)]
 
 

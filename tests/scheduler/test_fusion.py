@@ -306,3 +306,26 @@ def test_identical_groups_are_lowered_once(monkeypatch):
         assert (kernel.name, kernel.inputs, kernel.outputs, kernel.source, str(kernel)) == \
             (fresh.name, fresh.inputs, fresh.outputs, fresh.source, str(fresh))
         assert kernel_structure(kernel) == kernel_structure(fresh)
+
+
+def test_reshape_reads_are_remembered_only_over_domain_dims():
+    """A reshape's read of an index over the domain's dims is computed once and handed out as
+    a tuple of its own each time; an index holding a value (a gather's) is computed afresh."""
+    from glue.ir import Eqn, TensorType, Var
+    from glue.ir import dtypes as dt
+    from glue.scheduler import lowering
+    from glue.scheduler.kernel_ir import Const, FromValue, Index
+
+    x, y = Var(TensorType((4, 6), dt.float32)), Var(TensorType((24,), dt.float32))
+    eqn = Eqn("reshape", (x,), (("new_sizes", (24,)), ("dimensions", None)), (y,))
+    domain = lowering.Domain("pointwise", (24,), (), (24,))
+    index = (Index.dim(0),)
+    first = lowering._reshape_reads(domain, eqn, index, ())[0][1]
+    hits = lowering._reshaped_affine.cache_info().hits
+    again = lowering._reshape_reads(domain, eqn, index, ())[0][1]
+    assert again == first == lowering._reshaped(index, (24,), (4, 6), (24,)) and again is not first
+    assert lowering._reshaped_affine.cache_info().hits == hits + 1
+    picked = (Index.of(FromValue(Const(3, dt.int32))),)
+    asked = lowering._reshaped_affine.cache_info()
+    lowering._reshape_reads(domain, eqn, picked, ())
+    assert lowering._reshaped_affine.cache_info() == asked  # neither served nor stored
