@@ -5,6 +5,7 @@ primitive or function, the shapes/dtypes involved and the user's source line.
 """
 from __future__ import annotations
 
+import functools
 import linecache
 import os
 import sys
@@ -41,16 +42,24 @@ class BackendError(GlueError, RuntimeError):
     """A backend could not compile or run a program."""
 
 
+@functools.lru_cache(maxsize=4096)
+def _user_file(name: str, cwd: str) -> str | None:
+    """How a code object's file is named in locations (`_short_path`, from the working directory
+    `cwd`) when it is user code, else None (glue's own files but the demo, and frozen modules).
+    Tracing asks for every equation it records, of the same few files, so the answer is kept."""
+    path = os.path.abspath(name)
+    inside = path.startswith(_GLUE_DIR + os.sep) and path != _DEMO
+    return None if inside or name.startswith("<frozen") else _short_path(path)
+
+
 def user_frame_location() -> str | None:
     """`file:line` of the innermost stack frame outside the glue package (the user's code;
     glue's own demo, `python -m glue`, counts as user code)."""
-    frame = sys._getframe(1)
+    frame, cwd = sys._getframe(1), os.getcwd()
     while frame is not None:
-        name = frame.f_code.co_filename
-        path = os.path.abspath(name)
-        inside = path.startswith(_GLUE_DIR + os.sep) and path != _DEMO
-        if not inside and not name.startswith("<frozen"):
-            return f"{_short_path(path)}:{frame.f_lineno}"
+        path = _user_file(frame.f_code.co_filename, cwd)
+        if path is not None:
+            return f"{path}:{frame.f_lineno}"
         frame = frame.f_back
     return None
 

@@ -82,17 +82,25 @@ def optimise(module: llvm.ModuleRef, machine: llvm.TargetMachine, speed_level: i
 
 
 def host_code(ir_text: str, triple: str, cpu: str, features: str, speed_level: int, codegen_level: int,
-              strength_reduction: bool, assembly: bool) -> tuple[bytes | str, dict[str, float]]:
+              strength_reduction: bool, assembly: bool, fold_tail: bool = False) -> tuple[bytes | str, dict[str, float]]:
     """A module's native code for the host CPU (object code, or its assembly), optimised at
     `speed_level` with loop and SLP vectorisation, instructions selected at `codegen_level`,
-    with or without loop strength reduction (a quarter of the time of a whole pipeline)."""
+    with or without loop strength reduction (a quarter of the time of a whole pipeline), and
+    with loop tails folded into the vector loop where the vectoriser can mask them (`fold_tail`;
+    else, and where it cannot, a scalar remainder loop follows the vector loop)."""
     with LOCK:
         start, cpu_start = time.perf_counter(), time.process_time()
         machine = host_machine(triple, cpu, features, codegen_level)
         module = parsed(ir_text, machine)
-        optimise(module, machine, speed_level, vectorise=True)
+        # LLVM reads these flags when the vectoriser and the code generator's passes run;
+        # each is reset to its default after
+        if fold_tail:
+            llvm.set_option("", "-prefer-predicate-over-epilogue=predicate-else-scalar-epilogue")
+        try:
+            optimise(module, machine, speed_level, vectorise=True)
+        finally:
+            llvm.set_option("", "-prefer-predicate-over-epilogue=scalar-epilogue")
         optimised = time.perf_counter()
-        # LLVM reads this flag when it builds the code generator's passes; reset to its default
         llvm.set_option("", f"-disable-lsr={0 if strength_reduction else 1}")
         try:
             code = machine.emit_assembly(module) if assembly else machine.emit_object(module)

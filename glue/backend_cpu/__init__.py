@@ -21,7 +21,6 @@ from glue.backend_cpu.code import DISK, kernel_code, link
 from glue.backend_cpu.program import Program, build_program
 from glue.backend_cpu.runtime import Executable
 from glue.backend_cpu.target import assembly, host
-from glue.codegen.analysis import estimate_cost
 from glue.errors import BackendError
 from glue.ir import Graph
 
@@ -66,7 +65,7 @@ class CpuBackend(Backend):
         loaded = link(lowering["object"], lowering)
         bodies = {k: [self.body(graph, lowering.options) for graph in use.plan.bodies]
                   for k, use in enumerate(program.uses) if isinstance(use, CallSite)}
-        return Executable(program, loaded, estimate_cost(lowering["plan"]), bodies)
+        return Executable(program, loaded, bodies)
 
     @lru_cache(maxsize=256)
     def body(self, graph: Graph, options: CpuOptions) -> Executable:

@@ -22,11 +22,9 @@ from glue.backend.cache import DiskCache, digest
 from glue.backend.contract import Lowering
 from glue.backend.workers import Jobs
 from glue.backend_cpu.kernels import KernelFunction
-from glue.backend_cpu.program import Program
+from glue.backend_cpu.program import Program, body_size
 from glue.backend_cpu.target import LoadedCode
 from glue.errors import BackendError
-from glue.codegen.mathlib import UNARY_FUNCTIONS
-from glue.scheduler.kernel_ir import Op, operands, postorder
 
 DISK = DiskCache("cpu")
 # Everything about a KernelFunction but the kernel it was built for, as stored on disk.
@@ -52,7 +50,6 @@ class LoadedKernel:
 
 
 Code = Union[ObjectCode, LoadedKernel]
-MATH_FUNCTIONS = UNARY_FUNCTIONS | {"pow"}
 _loaded: "weakref.WeakValueDictionary[bytes, LoadedKernel]" = weakref.WeakValueDictionary()
 
 
@@ -77,17 +74,9 @@ def _decode(payload: bytes, program: Program, key: bytes) -> ObjectCode | None:
 
 def _cost(program: Program, key: bytes) -> tuple[bool, int]:
     """How long a kernel's LLVM job is expected to take, as a sort key: blocked matmuls
-    longest, then by the size of what the kernel computes (its expressions' nodes, math
-    functions counting ten, and its operands: an estimate of its module's size)."""
+    longest, then by the size of its loop body (`body_size`)."""
     kernel = program.sources[key].kernel
-    seen: set = set()
-    size = len(kernel.inputs) + len(kernel.outputs)
-    for root in kernel.roots:
-        for node in postorder(root, operands, seen):
-            seen.add(node)
-            # a math function is a polynomial's worth of instructions
-            size += 10 if isinstance(node, Op) and node.primitive in MATH_FUNCTIONS else 1
-    return kernel.kind == "contraction", size
+    return kernel.kind == "contraction", body_size(kernel)
 
 
 def kernel_code(programs: Sequence[Program], lowering: Lowering) -> list[dict[bytes, Code]]:

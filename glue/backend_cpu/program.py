@@ -23,14 +23,15 @@ from dataclasses import dataclass, field
 from llvmlite import ir
 
 from glue.backend.cache import code_version
-from glue.backend.kernel_key import aliases, kernel_key
+from glue.backend.kernel_key import KernelKeys, aliases
 from glue.backend_cpu.calls import CallSite
 from glue.backend_cpu.kernels import KernelBuilder, KernelFunction
 from glue.backend_cpu.matmul import blocked_contraction
 from glue.backend_cpu.target import Pipeline, host, thread_count
+from glue.codegen.mathlib import UNARY_FUNCTIONS
 from glue.ir import TensorType
 from glue.scheduler.calls import call_plan
-from glue.scheduler.kernel_ir import Kernel
+from glue.scheduler.kernel_ir import Kernel, Op, operands, postorder
 from glue.scheduler.memory import Placement
 from glue.scheduler.plan import Plan, Result
 from glue.settings import config
@@ -38,6 +39,12 @@ from glue.settings import config
 # Settings the kernel builders (kernels.py, matmul.py) read: part of every kernel's key.
 CODEGEN_SETTINGS = ("cpu_stream_bytes", "cpu_matmul_l1_bytes", "cpu_matmul_l2_bytes", "cpu_matmul_sums_bytes",
                     "cpu_matmul_min_work")
+MATH_FUNCTIONS = UNARY_FUNCTIONS | {"pow"}
+# From this `body_size` on, a kernel's loops fold their tails into the vector loop (see
+# `pipeline`). The training step's largest kernels measure 150; a fused chain of 256 values,
+# the most fusion makes (`glue.scheduler.fusion.MAX_KERNEL_SIZE`), of a third math functions
+# measures about 1,000.
+LONG_BODY = 400
 
 
 @dataclass(frozen=True)
@@ -69,20 +76,37 @@ class KernelSource:
         blocked = built is not None
         if built is None:
             built = KernelBuilder(module, self.kernel, self.symbol, self.aliases).build()
-        return KernelModule(str(module), built, pipeline(blocked, opt_level))
+        return KernelModule(str(module), built, pipeline(blocked, opt_level, body_size(self.kernel)))
 
 
-def pipeline(blocked_matmul: bool, opt_level: int) -> Pipeline:
-    """How a kernel's module is optimised, by its class (measured per class with
-    `GLUE_CPU_THREADS=1` on the 2-core development machine). The register-blocked matmul runs
-    the full O3 pipeline without loop strength reduction: its micro-kernel walks pointers
-    itself (matmul.py), so the code generator's strength reduction, once 40% of such a module's
-    LLVM time, no longer pays (at O2 its large products ran 7-17% slower). Every other class
-    (pointwise, rows, columns, scatter, small contractions) runs O2 without loop strength
-    reduction: no loss within the noise, and half the LLVM time."""
+def body_size(kernel: Kernel) -> int:
+    """An estimate of the size of a kernel's loop body, in instructions of a few: the nodes
+    of its expressions (a math function, a polynomial's worth, counting ten) and its operands."""
+    seen: set = set()
+    size = len(kernel.inputs) + len(kernel.outputs)
+    for root in kernel.roots:
+        for node in postorder(root, operands, seen):
+            seen.add(node)
+            size += 10 if isinstance(node, Op) and node.primitive in MATH_FUNCTIONS else 1
+    return size
+
+
+def pipeline(blocked_matmul: bool, opt_level: int, size: int) -> Pipeline:
+    """How a kernel's module is optimised, by its class and the `body_size` of its kernel
+    (measured per class with `GLUE_CPU_THREADS=1` on the 2-core development machine). The
+    register-blocked matmul runs the full O3 pipeline without loop strength reduction: its
+    micro-kernel walks pointers itself (matmul.py), so the code generator's strength
+    reduction, once 40% of such a module's LLVM time, no longer pays (at O2 its large products
+    ran 7-17% slower). Every other class (pointwise, rows, columns, scatter, small
+    contractions) runs O2 without loop strength reduction: no loss within the noise, and half
+    the LLVM time. A long body (`LONG_BODY`) also folds its loops' tails into the vector loop
+    (masked loads and stores for the last partial vector) instead of compiling it again for
+    a vector epilogue and a scalar remainder: four copies of a 1,000-op chain's body become
+    two (the interleaved pair), its LLVM time falls by a third, and its run time is unchanged
+    (the masks cost nothing beside such a body)."""
     if blocked_matmul:
         return Pipeline(opt_level, strength_reduction=False)
-    return Pipeline(min(opt_level, 2), strength_reduction=False)
+    return Pipeline(min(opt_level, 2), strength_reduction=False, fold_tail=size >= LONG_BODY)
 
 
 @dataclass(frozen=True)
@@ -182,6 +206,7 @@ def build_program(plan: Plan, options_key: str = "", opt_level: int = 3) -> Prog
     context = codegen_context(options_key)
     sources: dict[bytes, KernelSource] = {}
     uses: list[KernelUse | CallSite] = []
+    kernel_key = KernelKeys()
     for kernel in plan.kernels:
         operands = [_operand(placements[b.value_id], n_args, arena_slot) for b in kernel.inputs + kernel.outputs]
         if kernel.call is not None:

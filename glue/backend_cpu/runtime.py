@@ -28,7 +28,7 @@ from glue.backend_cpu.code import LoadedKernel
 from glue.backend_cpu.kernels import KernelFunction
 from glue.backend_cpu.program import Operand, Program
 from glue.backend_cpu.target import thread_count
-from glue.codegen.analysis import CostAnalysis, MemoryAnalysis, analyse_memory
+from glue.codegen.analysis import CostAnalysis, MemoryAnalysis, analyse_memory, estimate_cost
 from glue.errors import BackendError
 from glue.ir import TensorType
 from glue.scheduler.calls import BodyLayout, body_layout
@@ -178,11 +178,11 @@ class Executable:
     """A compiled program: call it with the arguments (constvars' values, then invars').
     `bodies` holds, per call kernel (by step position), the executables of its bodies."""
 
-    def __init__(self, program: Program, code: dict[bytes, LoadedKernel], cost: CostAnalysis,
+    def __init__(self, program: Program, code: dict[bytes, LoadedKernel],
                  bodies: dict[int, list["Executable"]] | None = None):
         self.program = program
         self._code = code  # keeps each kernel's code linked while this program may run it
-        self._cost = cost
+        self._cost: CostAnalysis | None = None  # estimated when first asked for, not at every compile
         self.kernels: list[KernelFunction | CallSite] = [
             use if isinstance(use, CallSite) else replace(code[use.key].function, kernel=use.kernel)
             for use in program.uses]
@@ -262,4 +262,6 @@ class Executable:
         return analyse_memory(self.program.plan, self._scratch * self.threads)
 
     def cost_analysis(self) -> CostAnalysis:
+        if self._cost is None:
+            self._cost = estimate_cost(self.program.plan)
         return self._cost

@@ -1,8 +1,12 @@
 """Glue's math library: elementwise transcendental functions emitted as branch-free LLVM IR.
 
-The code generator lowers elementwise math through `emit_unary` and `emit_pow`, which emit the
-computation inline at the builder's position. The operand is a `float` or `double`, or a vector
-of them; the result has the operand's type. Nothing here calls libm or libdevice: the code uses
+The code generator lowers elementwise math through `emit_unary` and `emit_pow`, which call
+the function's routine for the operand's type: an internal `alwaysinline` function of the
+module, defined on its first use, which LLVM's inliner expands at every call before any loop
+is vectorised. A long fused chain thus costs the Python IR builder one call instruction per
+use, not the routine's dozens of instructions (a 10,000-op tanh chain spent most of its code
+build re-emitting the same polynomials). The operand is a `float` or `double`, or a vector of
+them; the result has the operand's type. Nothing here calls libm or libdevice: the code uses
 float and integer arithmetic, bitcasts, `select` and the intrinsics llvm.fma, llvm.fabs,
 llvm.trunc, llvm.sqrt, llvm.copysign, llvm.minnum and llvm.maxnum, which x86-64 and NVPTX both
 lower to instructions. With no branches and no lookup tables, LLVM's loop vectoriser turns a
@@ -832,16 +836,33 @@ _UNARY: dict[str, Callable[[_Ops, Value], Value]] = {
 UNARY_FUNCTIONS: frozenset[str] = frozenset(_UNARY)
 
 
+def _routine(module: ir.Module, name: str, ty: ir.Type, arity: int,
+             emitter: Callable[..., Value]) -> ir.Function:
+    """The module's internal function computing `name` on values of type `ty`, defined by
+    `emitter` on first use and inlined into every caller by LLVM."""
+    ops = _Ops(ir.IRBuilder(), ty)  # checks the type before anything is added to the module
+    symbol = f"glue.math.{name}.{ops._suffix}"
+    fn = module.globals.get(symbol)
+    if fn is None:
+        fn = ir.Function(module, ir.FunctionType(ty, [ty] * arity), symbol)
+        fn.linkage = "internal"
+        fn.attributes.add("alwaysinline")
+        fn.attributes.add("nounwind")
+        ops.b.position_at_end(fn.append_basic_block("entry"))
+        ops.b.ret(emitter(ops, *fn.args))
+    return fn
+
+
 def emit_unary(builder: ir.IRBuilder, name: str, x: ir.Value) -> ir.Value:
     """Emits `name(x)` at the builder's position; x is a float/double scalar or vector."""
     emitter = _UNARY.get(name)
     if emitter is None:
         raise ValueError(f"mathlib has no unary function {name!r}; it has {sorted(_UNARY)}")
-    return emitter(_Ops(builder, x.type), x)
+    return builder.call(_routine(builder.module, name, x.type, 1, emitter), [x])
 
 
 def emit_pow(builder: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
     """Emits `x ** y` (C99 `pow` semantics) at the builder's position; x and y share one type."""
     if x.type != y.type:
         raise TypeError(f"pow operands must have one type, got {x.type} and {y.type}")
-    return _pow(_Ops(builder, x.type), x, y)
+    return builder.call(_routine(builder.module, "pow", x.type, 2, _pow), [x, y])

@@ -8,7 +8,7 @@ apart from its score:
   computes at which indices and where it reads each value it takes from memory. Whether an
   equation may join a group follows from the places the group reads the equation's value at,
   pushed through the equation's index rule (the same `reads` half lowering builds expressions
-  with), so no attempt builds a kernel; `lower_group` runs once per final kernel.
+  with), so no attempt builds a kernel; `lower_group` runs once per distinct final kernel.
 - Profitability is a score in bytes: the memory traffic a fusion saves (values no longer
   written and read back, inputs read once instead of twice), plus `LAUNCH_BYTES` per launch it
   saves, less what it adds (operands a recomputing kernel must read, the recomputation itself).
@@ -43,9 +43,9 @@ from glue.ir.printer import format_param, graph_var_names
 from glue.scheduler.calls import lower_call
 from glue.scheduler.dag import KernelDag
 from glue.scheduler.kernel_ir import Kernel
-from glue.scheduler.lowering import (Domain, FusionRefused, SiteWalk, check_contents, check_scatter_target,
-                                     contraction_reads, kernel_domain, lower_group, placement, reduction_read,
-                                     root_reads, row_signature, scatter_reads)
+from glue.scheduler.lowering import (Domain, FusionRefused, GroupLowering, SiteWalk, check_contents,
+                                     check_scatter_target, contraction_reads, kernel_domain, placement,
+                                     reduction_read, root_reads, row_signature, scatter_reads)
 
 # A kernel launch costs about the time it takes to move this many bytes (a few microseconds of
 # launch and synchronisation, at the tens of GB/s a small kernel reaches).
@@ -723,10 +723,11 @@ class _Fuser:
         groups = [sorted(self.groups[g].members) for g in order]
         outputs = [self.outputs(g) for g in order]
         kernels = []
+        lower = GroupLowering()  # each distinct group lowered once
         for k, (gid, eqns, outs) in enumerate(zip(order, groups, outputs)):
             call = self._call(self.groups[gid])
             kernels.append(lower_call(call, str(k)) if call is not None else
-                           lower_group([self.eqns[i] for i in eqns], outs, str(k)))
+                           lower([self.eqns[i] for i in eqns], outs, str(k)))
         return Fusion(self.graph, groups, outputs, kernels, self.refusals)
 
 

@@ -18,11 +18,13 @@ both. Both walk with explicit stacks, so a chain of any length lowers without re
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 from typing import Callable, Iterable, Mapping, Sequence
 
 from glue.ir import PRIMITIVES, Eqn, Literal, RuleTable, Var, primitive
 from glue.ir.core import Atom, strides
+from glue.ir.printer import format_param
 from glue.ir import dtypes as dt
 from glue.scheduler.kernel_ir import (Buffer, Clamp, Const, Dim, Div, Expr, FromValue, InBounds, Index,
                                       IndexValue, Kernel, Load, Mod, Op, Reduction, RowValue, Store,
@@ -234,13 +236,35 @@ def _transpose_reads(domain, eqn, index, mask) -> list[Read]:
     return [(eqn.inputs[0], tuple(inner), mask)]
 
 
+def _reshaped(index: tuple[Index, ...], out_shape: tuple[int, ...], in_shape: tuple[int, ...],
+              extents: tuple[int, ...]) -> tuple[Index, ...]:
+    """Where a reshape from `in_shape` to `out_shape` reads its operand for the value at `index`."""
+    linear = Index()
+    for i, s in zip(index, strides(out_shape)):
+        linear = linear + i * s
+    return tuple(mod(floordiv(linear, s, extents), n, extents) for s, n in zip(strides(in_shape), in_shape))
+
+
+# The same reshapes are asked of the same indices again and again (each fusion trial, every
+# layer of a model) and their floor-div/mod simplification is the dearest of the index rules.
+# Only indices over the domain's dims are remembered: equal as kernel IR nodes means identical
+# there (integer coefficients), which a picked value's float constants would not guarantee.
+_reshaped_affine = functools.lru_cache(maxsize=1 << 14)(_reshaped)
+
+
+def _over_dims(index: Index) -> bool:
+    """Whether `index` is built of domain dims alone (through div, mod and clamp)."""
+    return all(isinstance(a, Dim) or isinstance(a, (Div, Mod, Clamp)) and _over_dims(a.index)
+               for a, _ in index.terms)
+
+
 def _reshape_reads(domain, eqn, index, mask) -> list[Read]:
     x = eqn.inputs[0]
-    linear = Index()
-    for i, s in zip(index, strides(eqn.outvars[0].type.shape)):
-        linear = linear + i * s
-    inner = tuple(mod(floordiv(linear, s, domain.extents), n, domain.extents)
-                  for s, n in zip(strides(x.type.shape), x.type.shape))
+    if all(map(_over_dims, index)):
+        # a tuple of its own: callers tell a read at the requested index itself by identity
+        inner = tuple(iter(_reshaped_affine(index, eqn.outvars[0].type.shape, x.type.shape, domain.extents)))
+    else:
+        inner = _reshaped(index, eqn.outvars[0].type.shape, x.type.shape, domain.extents)
     return [(x, inner, mask)]
 
 
@@ -597,6 +621,15 @@ def _scatter_store(lw: Lowerer, eqn: Eqn, slot: int) -> Store:
     return Store(slot, lw.value(*updates), "element", target, "add", bound)
 
 
+def _kernel_name(ops: Sequence[str], name: str) -> str:
+    return f"{'_'.join(ops[:5])}_{name}"
+
+
+def _sources(eqns: Sequence[Eqn]) -> tuple[str, ...]:
+    """The user's source lines of a kernel's equations, each once."""
+    return tuple(dict.fromkeys(e.source for e in eqns if e.source))
+
+
 def lower_group(eqns: Sequence[Eqn], outputs: Sequence[Var], name: str) -> Kernel:
     """The Kernel computing `outputs` from the equations `eqns` (in topological order)."""
     scattered = {e.outvars[0].id for e in eqns if e.primitive == "scatter_add"}
@@ -620,8 +653,53 @@ def lower_group(eqns: Sequence[Eqn], outputs: Sequence[Var], name: str) -> Kerne
         stores.append(Store(slot, lw.value(var, index), level, index))
     ops = tuple(dict.fromkeys(e.primitive for e in eqns if not primitive(e.primitive).moves_data_only)) or \
         tuple(dict.fromkeys(e.primitive for e in eqns))
-    sources = tuple(dict.fromkeys(e.source for e in eqns if e.source))
     precision = next((e.param_dict.get("precision") for e in eqns if e.primitive == "dot_general"), None)
-    return Kernel(f"{'_'.join(ops[:5])}_{name}", domain.kind, domain.parallel, domain.reduce,
+    return Kernel(_kernel_name(ops, name), domain.kind, domain.parallel, domain.reduce,
                   tuple(lw.inputs), tuple(Buffer(v.id, v.type) for v in outputs),
-                  tuple(lw.reductions), tuple(stores), ops, init, sources, precision)
+                  tuple(lw.reductions), tuple(stores), ops, init, _sources(eqns), precision)
+
+
+def _group_shape(eqns: Sequence[Eqn], outputs: Sequence[Var]) -> tuple[tuple, list[int]]:
+    """A group of equations up to the ids of its values: each equation's primitive, params (in
+    their lossless text form), operand types and which values it reads and makes, each value
+    numbered by its first appearance, then which of them are the outputs. Also the value ids
+    in that numbering."""
+    number: dict[int, int] = {}
+    ids: list[int] = []
+
+    def slot(var: Var) -> int:
+        if var.id not in number:
+            number[var.id] = len(ids)
+            ids.append(var.id)
+        return number[var.id]
+
+    parts: list[tuple] = []
+    for e in eqns:
+        args = tuple((slot(a), a.type) if isinstance(a, Var) else (str(a), a.type) for a in e.inputs)
+        params = tuple((key, format_param(value)) for key, value in e.params)
+        parts.append((e.primitive, params, args, tuple((slot(v), v.type) for v in e.outvars)))
+    parts.append(tuple(slot(v) for v in outputs))
+    return tuple(parts), ids
+
+
+class GroupLowering:
+    """`lower_group`, for the groups of one fusion: a group equal to an earlier one up to the
+    ids of its values (each layer of a model makes the same kernels) gets the earlier kernel
+    with its buffers' values, name and source lines replaced, instead of being lowered again.
+    Kernel IR refers to buffers by position, so nothing else in a kernel names a value."""
+
+    def __init__(self) -> None:
+        self._lowered: dict[tuple, tuple[Kernel, list[int]]] = {}
+
+    def __call__(self, eqns: Sequence[Eqn], outputs: Sequence[Var], name: str) -> Kernel:
+        shape, ids = _group_shape(eqns, outputs)
+        earlier = self._lowered.get(shape)
+        if earlier is None:
+            kernel = lower_group(eqns, outputs, name)
+            self._lowered[shape] = (kernel, ids)
+            return kernel
+        kernel, earlier_ids = earlier
+        renamed = dict(zip(earlier_ids, ids))
+        return replace(kernel, name=_kernel_name(kernel.ops, name), source=_sources(eqns),
+                       inputs=tuple(Buffer(renamed[b.value_id], b.type) for b in kernel.inputs),
+                       outputs=tuple(Buffer(renamed[b.value_id], b.type) for b in kernel.outputs))

@@ -8,7 +8,8 @@ from hypothesis import given, settings
 
 import glue
 import glue.numpy as gnp
-from glue.backend.kernel_key import aliases, kernel_key, structure_text
+from glue.backend import kernel_key as kernel_key_module
+from glue.backend.kernel_key import KernelKeys, aliases, kernel_key, structure_text
 from glue.backend_cpu import CpuBackend, code
 from glue.ir import dtypes as dt
 from glue.scheduler.kernel_ir import Const, Index, Load, Op, Store
@@ -90,6 +91,22 @@ def test_identical_layers_run_one_compiled_kernel():
     for w in ws:
         want = np.tanh(want @ w + 1.0)
     np.testing.assert_allclose(np.asarray(exe(x, *ws)[0]), want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_program_hashes_each_distinct_structure_once(monkeypatch):
+    """The layers' copies of one lowered group share its expressions: `KernelKeys` walks them
+    once and gives every kernel the key `kernel_key` gives it."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((8, 16)).astype(np.float32)
+    ws = [rng.standard_normal((16, 16)).astype(np.float32) for _ in range(6)]
+    kernels = schedule(glue.make_ir(_mlp)(x, ws).graph).kernels
+    walked = []
+    monkeypatch.setattr(kernel_key_module, "kernel_key", lambda *a: walked.append(a) or kernel_key(*a))
+    keys = KernelKeys()
+    for kernel in kernels:
+        shared = _own_aliases(kernel)
+        assert keys(kernel, shared, "ctx") == kernel_key(kernel, shared, "ctx") != keys(kernel, shared, "other")
+    assert len(kernels) == 6 and len(walked) == 2  # one walk per context
 
 
 def test_programs_share_the_code_of_their_identical_kernels_in_memory():

@@ -201,3 +201,26 @@ def test_each_kernel_class_gets_its_optimisation_pipeline():
                            backend_options={"opt_level": opt_level}).lower(x, w).lowering["program"]
         pipelines = {program.sources[k].kernel.kind: program.module(k).pipeline for k in program.sources}
         assert pipelines == {"contraction": full, "reduction": cheap}
+
+
+def test_long_bodies_fold_their_loop_tails():
+    """A kernel of hundreds of fused ops compiles its body into the vector loop only (masked
+    for the last partial vector), not again for remainder loops; every length still computes
+    every element."""
+    from glue.backend_cpu.program import LONG_BODY, body_size
+
+    def chain(x):
+        for i in range(60):
+            x = gnp.tanh(x * 1.0001 + 0.01 * (i % 7))
+        return x
+
+    for shape in ((3, 37), (1, 1), (5, 301)):
+        x = RNG.standard_normal(shape).astype(np.float32)
+        lowered = glue.jit(chain, backend="cpu").lower(x)
+        program = lowered.lowering["program"]
+        key, = program.sources  # one fused kernel
+        assert body_size(program.sources[key].kernel) >= LONG_BODY and program.module(key).pipeline.fold_tail
+        np.testing.assert_allclose(np.asarray(lowered.compile()(x)), np.asarray(glue.jit(chain, backend="reference")(x)),
+                                   rtol=1e-5, atol=1e-6)
+    if target.host().triple.startswith("x86_64") and "+avx512f" in target.host().features.split(","):
+        assert not re.search(r"vfmadd\w+ss", lowered.as_text("asm"))  # no scalar remainder loop

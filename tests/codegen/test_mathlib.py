@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from llvmlite import ir
 
+from glue.backend import llvm_jobs
 from glue.codegen import mathlib
 
 F32_ULPS = 2
@@ -406,6 +407,28 @@ def test_rejects_unknown_functions_and_types():
         mathlib.emit_pow(b, ir.Constant(ir.FloatType(), 1.0), ir.Constant(ir.DoubleType(), 1.0))
 
 
+def test_each_routine_is_defined_once_per_module_and_type():
+    """A use is one call of the module's routine for that function and type (the IR builder
+    emits the polynomial once, however long the fused chain); the routines are internal and
+    always inlined, so the optimised code has no calls (`test_no_external_calls`)."""
+    module = ir.Module()
+    f32, v8 = ir.FloatType(), ir.VectorType(ir.FloatType(), 8)
+    fn = ir.Function(module, ir.FunctionType(f32, [f32, v8]), "f")
+    b = ir.IRBuilder(fn.append_basic_block())
+    x, v = fn.args
+    y = mathlib.emit_unary(b, "tanh", mathlib.emit_unary(b, "tanh", x))
+    mathlib.emit_unary(b, "tanh", v)
+    mathlib.emit_pow(b, y, y)
+    b.ret(y)
+    routines = {g.name: g for g in module.functions if g.name.startswith("glue.math.")}
+    assert sorted(routines) == ["glue.math.pow.f32", "glue.math.tanh.f32", "glue.math.tanh.v8f32"]
+    for routine in routines.values():
+        assert routine.linkage == "internal" and "alwaysinline" in routine.attributes
+    calls = [i for i in fn.blocks[0].instructions if i.opname == "call"]
+    assert [c.callee.name for c in calls] == ["glue.math.tanh.f32"] * 2 + ["glue.math.tanh.v8f32",
+                                                                           "glue.math.pow.f32"]
+
+
 def test_vector_operands_match_scalar_code(jit):
     for dtype in DTYPES:
         xs = np.concatenate([_edges(dtype), np.linspace(-30, 30, 1005, dtype=dtype)])
@@ -467,14 +490,9 @@ def _ptx_module():
 
 @pytest.fixture(scope="module")
 def ptx():
-    llvm.initialize_all_targets()
-    llvm.initialize_all_asmprinters()
-    tm = llvm.Target.from_triple("nvptx64-nvidia-cuda").create_target_machine(
-        cpu="sm_90", features="+ptx80", opt=3)
-    mod = llvm.parse_assembly(str(_ptx_module()))
-    mod.data_layout = str(tm.target_data)
-    mod.verify()
-    return tm.emit_assembly(mod)
+    """The kernels' PTX, optimised at O3 as the cuda backend's modules are (which inlines the
+    library's routines)."""
+    return llvm_jobs.nvptx(str(_ptx_module()), "sm_90", "+ptx80", 3)[0]
 
 
 def test_ptx_kernels(ptx):

@@ -280,3 +280,28 @@ def test_device_put_keeps_values_where_the_backend_computes():
     assert glue.device_put(a, "cpu") is a
     f = glue.jit(lambda v: v * 2, backend="cpu")
     assert np.asarray(f(a)).tolist() == [0.0, 2.0, 4.0]
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_no_garbage_collection_while_compiling(enabled):
+    """Tracing, lowering and compiling run with the cyclic collector off (a compile's many
+    long-lived objects made it rescan the heap again and again), and leave it as they found it."""
+    import gc
+
+    seen = []
+
+    def fn(x):
+        seen.append(gc.isenabled())
+        return x * 2.0
+
+    was = gc.isenabled()
+    (gc.enable if enabled else gc.disable)()
+    try:
+        lowered = glue.jit(fn, backend="cpu").lower(X)
+        assert gc.isenabled() == enabled
+        lowered.as_text("kernels")
+        assert gc.isenabled() == enabled
+        np.testing.assert_array_equal(lowered.compile()(X), X * 2)
+        assert seen == [False] and gc.isenabled() == enabled
+    finally:
+        (gc.enable if was else gc.disable)()
