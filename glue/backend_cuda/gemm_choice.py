@@ -80,11 +80,11 @@ def choose_variants(exe: "CudaExecutable", program: "CudaProgram") -> dict[int, 
             choices[group] = "library"
             continue
         key = _key(program, group)
-        cached = (DISK.load(key) or b"").decode().split(":")
-        if cached[0] in ("codegen", "library"):
-            choices[group] = cached[0]
-            if cached[0] == "library":
-                _use_algorithm(exe, program, group, int(cached[1]))
+        choice, _, algorithm = (DISK.load(key) or b"").decode().partition(":")
+        if choice in ("codegen", "library"):
+            choices[group] = choice
+            if choice == "library":
+                _use_algorithm(exe, program, group, int(algorithm) if algorithm.isdigit() else 0)
             continue
         try:
             with profiler.span("compile", f"race {program.plan.kernels[group].name}"), profiler.suspended():
