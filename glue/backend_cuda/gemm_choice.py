@@ -18,7 +18,6 @@ The choices and their timings are on the executable (`gemm_choices`, `gemm_algor
 from __future__ import annotations
 
 import logging
-import statistics
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -27,8 +26,7 @@ from glue import profiler
 from glue.backend.cache import DiskCache, digest
 from glue.errors import BackendError
 from glue.backend_cuda.runtime.device_array import DeviceBuffer
-from glue.backend_cuda.runtime.graph import capture
-from glue.backend_cuda.runtime.stream import Event
+from glue.backend_cuda.runtime.graph import replay_us
 from glue.backend_cuda.runtime.transfer import upload
 from glue.ir import TensorType
 from glue.scheduler.memory import ALIGNMENT
@@ -218,18 +216,7 @@ def race(exe: "CudaExecutable", program: "CudaProgram", group: int,
     exe.ctx.synchronize()
 
     def timed(variant_steps: list[Any]) -> float:
-        exe.run_steps(variant_steps, bases)  # the library plans and allocates outside the capture
-        graph = capture(stream, lambda: [exe.run_steps(variant_steps, bases) for _ in range(REPEATS)])
-        samples = []
-        for run in range(WARMUP + RUNS):
-            start, end = Event(exe.ctx, timing=True), Event(exe.ctx, timing=True)
-            start.record(stream)
-            graph.launch(stream)
-            end.record(stream)
-            end.synchronize()
-            if run >= WARMUP:
-                samples.append(start.elapsed_ms(end) * 1e3 / REPEATS)
-        return statistics.median(samples)
+        return replay_us(stream, lambda: exe.run_steps(variant_steps, bases), REPEATS, WARMUP, RUNS)
 
     for variant_steps in steps.values():
         for step in variant_steps:

@@ -69,6 +69,8 @@ def _collections_paused() -> Iterator[None]:
             _gc_pauses -= 1
             if _gc_pauses == 0 and _gc_was_enabled:
                 gc.enable()
+
+
 _STAGE_SUFFIX = {"graph": "dot", "llvm": "ll", "ptx": "ptx", "asm": "s"}
 
 

@@ -62,12 +62,16 @@ def shared_limit(sm: int) -> int:
     return 163 << 10 if sm in (80, 87) else 99 << 10
 
 
+def _pitch(spec: Spec) -> int:
+    """Elements of a staged row: the head and 16 bytes of padding (a 16-byte chunk)."""
+    return spec.h + FORMATS[FORMAT_OF[spec.dtype]].chunk
+
+
 def shared_bytes(spec: Spec, part: str) -> int:
     """A part's staged tiles, then the float32 row values (lse and delta of two stages; or
     delta) after them."""
     element = FORMATS[FORMAT_OF[spec.dtype]].element.width // 8
-    pitch = spec.h + 16 // element
-    return STAGES[part] * ROWS * pitch * element + 4 * ROWS * (4 if part == "dkv" else 1)
+    return STAGES[part] * ROWS * _pitch(spec) * element + 4 * ROWS * (4 if part == "dkv" else 1)
 
 
 def flash_spec(eqn: Eqn) -> Spec:
@@ -123,7 +127,7 @@ class _Flash:
         self.fmt = FORMATS[FORMAT_OF[spec.dtype]]
         self.tf32 = self.fmt.name == "tf32"
         self.element = self.fmt.element  # of staged tiles and of the operands' rows: I16, or I32
-        self.pitch = spec.h + self.fmt.chunk  # a staged row and its 16 bytes of padding
+        self.pitch = _pitch(spec)
         self.tile = ROWS * self.pitch  # elements of one staged tile
         self.tid = ke.thread_index()
         self.lane, self.warp = self.b.urem(self.tid, self.c(WARP)), self.b.udiv(self.tid, self.c(WARP))

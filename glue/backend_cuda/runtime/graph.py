@@ -6,13 +6,15 @@ recorded instead of run, and come back as an instantiated `Graph`, whose `launch
 replays them all in a single driver call. The kernel parameters, buffer addresses included,
 are fixed at capture; a caller whose addresses change captures again (see the executor).
 Capture uses the thread-local mode, so other host threads may go on allocating and launching.
+`replay_us` times what a callable queues, as the GEMM race and the step's profile do.
 """
 from __future__ import annotations
 
+import statistics
 from typing import Callable
 
 from glue.backend_cuda.runtime import driver as drv
-from glue.backend_cuda.runtime.stream import Stream
+from glue.backend_cuda.runtime.stream import Event, Stream
 
 
 class Graph:
@@ -63,3 +65,23 @@ def capture(stream: Stream, enqueue: Callable[[], None]) -> Graph:
         driver.cuGraphDestroy(graph)
         raise
     return Graph(int(graph), int(exec_), int(nodes))
+
+
+def replay_us(stream: Stream, enqueue: Callable[[], None], repeats: int, warmup: int = 2, runs: int = 7) -> float:
+    """Microseconds per run of the work `enqueue()` queues: run once (so that whatever it plans
+    or allocates on first use happens outside the capture), captured `repeats` times back to
+    back as one graph, replayed `warmup` + `runs` times; the median of the timed replays over
+    `repeats`. Timed by events around direct launches, a small kernel's time would be the
+    host's time to queue it, which a graph replay does not pay."""
+    enqueue()
+    graph = capture(stream, lambda: [enqueue() for _ in range(repeats)])
+    samples = []
+    for run in range(warmup + runs):
+        start, end = Event(stream.ctx, timing=True), Event(stream.ctx, timing=True)
+        start.record(stream)
+        graph.launch(stream)
+        end.record(stream)
+        end.synchronize()
+        if run >= warmup:
+            samples.append(start.elapsed_ms(end) * 1e3 / repeats)
+    return statistics.median(samples)
