@@ -349,6 +349,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--suite", default="all", choices=("all", "bandwidth", "loops", "matmul", "step", "attention"),
                         help="the memory-bound kernels, the small-launch loops (cuda_loops.py), both (all), "
                              "the contractions (cuda_matmul.py) or the training step (step.py)")
+    parser.add_argument("--variants", default="library,codegen",
+                        help="matmul suite: who serves glue's products (library, codegen, mma.sync)")
     parser.add_argument("--configs", default="small,gpt2", help="step suite: configs of benchmarks/step.py")
     parser.add_argument("--precisions", default="f32,bf16", help="step suite: f32, bf16 or both")
     parser.add_argument("--profile", action="store_true", help="step suite: where glue's step spends its time")
@@ -365,7 +367,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.suite in ("all", "loops"):
         sections.append(cuda_loops.table(cuda_loops.run(peers, args.only)))
     if args.suite == "matmul":
-        sections.append(cuda_matmul.table(cuda_matmul.run(peers, args.only)))
+        variants = tuple(args.variants.split(","))
+        sections.append(cuda_matmul.table(cuda_matmul.run(peers, args.only, variants)))
     if args.suite == "attention":
         sections.append(cuda_attention.table(cuda_attention.run(peers, [int(t) for t in args.lengths.split(",")],
                                                                 [int(d) for d in args.heads.split(",")])))

@@ -74,12 +74,30 @@ def _burst_us(run: Callable[[], Any]) -> float:
     return statistics.median(burst(n) for _ in range(5))
 
 
-def glue_row(label: str, spec: str, arrays: list[np.ndarray], precision: str, gemm: str) -> dict:
+# The variants a row may time: who serves the product, and the emitter settings it runs under
+# ("mma.sync" is glue's own kernel with the warpgroup kernel of sm_90a left out: a named tile).
+VARIANTS = {"library": ("library", {}), "codegen": ("codegen", {}),
+            "mma.sync": ("codegen", {"cuda_mma_tile": "128x128x32/2x2"})}
+
+
+def reference(spec: str, arrays: list[np.ndarray]) -> np.ndarray:
+    """The product in float64 (through BLAS: einsum's own loops take a minute at 4096^3)."""
+    return np.einsum(spec, *(a.astype(np.float64) for a in arrays), optimize=True)
+
+
+def glue_row(label: str, spec: str, arrays: list[np.ndarray], precision: str, variant: str,
+             want: np.ndarray) -> dict:
+    gemm, settings = VARIANTS[variant]
+    with glue.config.override(**settings):
+        return _glue_row(label, spec, arrays, precision, gemm, variant, want)
+
+
+def _glue_row(label: str, spec: str, arrays: list[np.ndarray], precision: str, gemm: str, variant: str,
+              want: np.ndarray) -> dict:
     f = glue.jit(lambda a, b: gnp.einsum(spec, a, b, precision=precision), backend="cuda",
                  backend_options={"gemm": gemm})
     args = [glue.device_put(a, "cuda") for a in arrays]
     out = f(*args)
-    want = np.einsum(spec, *(a.astype(np.float64) for a in arrays))
     got = np.asarray(out).astype(np.float64)
     err = float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30))
     compiled = next(iter(f._compiled.values()))
@@ -91,7 +109,7 @@ def glue_row(label: str, spec: str, arrays: list[np.ndarray], precision: str, ge
     run = (lambda: graph.launch(get_context().stream)) if graph is not None else (lambda: exe(*buffers))
     us = _burst_us(run)
     kernels = "; ".join(k.strategy for k in exe.kernels)
-    return {"label": label, "impl": f"glue {gemm}", "us": us, "rel_err": err, "tiles": kernels}
+    return {"label": label, "impl": f"glue {variant}", "us": us, "rel_err": err, "tiles": kernels}
 
 
 def torch_row(label: str, spec: str, arrays: list[np.ndarray], dtype: str, precision: str) -> dict:
@@ -125,7 +143,8 @@ def run(peers: set[str], only: str | None = None, variants: tuple[str, ...] = ("
         arrays = [rng.standard_normal(s).astype(np.float32).astype(_NUMPY[dtype]) for s in shapes]
         flops = _flops(spec, shapes)
         found = []
-        attempts = [(f"glue {v}", lambda v=v: glue_row(label, spec, arrays, precision, v)) for v in variants]
+        want = reference(spec, arrays)
+        attempts = [(f"glue {v}", lambda v=v: glue_row(label, spec, arrays, precision, v, want)) for v in variants]
         if "torch" in peers:
             attempts.append(("torch (cuBLAS)", lambda: torch_row(label, spec, arrays, dtype, precision)))
         for impl, attempt in attempts:

@@ -58,6 +58,7 @@ from glue.backend_cuda.runtime import driver as drv
 from glue.backend_cuda.runtime.context import get_context
 from glue.backend_cuda.runtime.device_array import DeviceBuffer, SlabPool
 from glue.backend_cuda.runtime.graph import Graph, capture
+from glue.backend_cuda.runtime import tensor_map
 from glue.backend_cuda.runtime.module import ArgPack, Kernel
 from glue.backend_cuda.runtime.stream import Event, Stream, device_span
 from glue.backend_cuda.runtime.transfer import DIRECT_MAX, download, upload
@@ -98,6 +99,14 @@ class _Step:
     library: Any = None                    # a cuBLASLt product (cublaslt.Matmul) instead of a kernel
     host: HostCall | None = None           # a call kernel the host runs (while, cond, print)
     shared: int = 0                        # dynamic shared memory bytes of its launch
+    tensor_maps: tuple = ()                # TMA descriptors (hopper.TensorMap) after the pointers
+
+    def arguments(self, bases: list[int]) -> list:
+        """The kernel's parameters at these base addresses: its pointers, then its tensor maps
+        encoded from the pointers they view."""
+        pointers = [bases[b] + off for b, off in self.sources]
+        return pointers + [tensor_map.encode(m.dtype, m.dims, m.strides, m.box, pointers[m.param] + m.offset)
+                           for m in self.tensor_maps]
 
 
 @dataclass
@@ -232,13 +241,16 @@ class CudaExecutable:
             runtime = p.owner.runtime if p.owner is not None else self
             kernel = runtime._module.get_function(launch.symbol) if launch is not None and launch.grid else None
             steps.append(_Step(
-                p.name, self.streams[s], kernel, kernel.bind([0] * len(launch.params)) if kernel else None,
+                p.name, self.streams[s], kernel,
+                kernel.bind([0] * len(launch.params) + [bytes(tensor_map.MAP_BYTES)] * len(launch.tensor_maps))
+                if kernel else None,
                 p.sources, ((launch.grid if launch else 0), 1, 1), ((launch.block if launch else 0), 1, 1),
                 p.copy, tuple(self._events[j] for j in plan.waits[k]) if first_of_kernel else (),
                 self._events.get(k) if last_of_kernel else None, first,
                 library=runtime._matmul(launch, 0 if p.owner is not None else s)
                 if launch is not None and launch.library is not None else None, host=p.host,
-                shared=launch.shared_bytes if launch is not None else 0))
+                shared=launch.shared_bytes if launch is not None else 0,
+                tensor_maps=launch.tensor_maps if launch is not None else ()))
             # A kernel whose stream just ran another kernel of this program may be placed on the
             # GPU early, to wait there (it awaits its producers itself); the first kernel of a
             # stream follows someone else's work and launches plainly, so that nothing of it can
@@ -450,7 +462,7 @@ class CudaExecutable:
             if step.library is not None:
                 step.library.run([bases[b] + off for b, off in step.sources], handle)
             if step.kernel is not None:
-                step.pack.pack([bases[b] + off for b, off in step.sources])
+                step.pack.pack(step.arguments(bases))
                 # (not after waiting for an argument here: only a kernel's predecessor on
                 # its stream may still run when it starts early)
                 if step.dependent is not None and prof is None and not (buffers and step.first_args):

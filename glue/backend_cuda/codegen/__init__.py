@@ -45,13 +45,15 @@ from glue.backend.kernel_key import aliases, kernel_key
 from glue.backend.workers import Jobs, worker_count
 from glue.backend_cuda import cublaslt
 from glue.backend_cuda.codegen.columns import ColumnPlan, columns_fit, emit_columns
-from glue.backend_cuda.codegen.common import KernelEmitter, Launch, Place
+from glue.backend_cuda.codegen.common import TENSOR_MAP_ARG, KernelEmitter, Launch, Place
 from glue.backend_cuda.codegen.contraction import emit_contraction
 from glue.backend_cuda.codegen.data import emit_data
 from glue.backend_cuda.codegen.flash import PARTS, emit_flash, flash_spec
+from glue.backend_cuda.codegen.hopper import TensorMap
 from glue.backend_cuda.codegen.library import library_launches
 from glue.backend_cuda.codegen.pointwise import emit_pointwise
 from glue.backend_cuda.codegen.rows import emit_rows
+from glue.backend_cuda.codegen.wgmma import emit_wgmma, wgmma_plan
 from glue.backend_cuda.ptx import DEFAULT_ARCH, ProgramPtx, checked, ptx_job
 from glue.codegen.scope import Analysis
 from glue.errors import BackendError
@@ -79,6 +81,17 @@ class KernelShape:
     dependent: bool = False
     min_blocks: int = 0
     shared_bytes: int = 0
+    tensor_maps: tuple[TensorMap, ...] = ()  # TMA descriptors it takes after its pointers
+
+    def facts(self) -> dict[str, Any]:
+        """Its fields as JSON values (the disk cache's record)."""
+        return {**vars(self), "tensor_maps": [vars(m) for m in self.tensor_maps]}
+
+    @staticmethod
+    def from_facts(facts: dict[str, Any]) -> "KernelShape":
+        maps = tuple(TensorMap(**{k: tuple(v) if isinstance(v, list) else v for k, v in m.items()})
+                     for m in facts.get("tensor_maps", ()))
+        return KernelShape(**{**facts, "tensor_maps": maps})
 
 
 @dataclass(frozen=True)
@@ -99,18 +112,24 @@ class _Recipe:
 
     def emit(self) -> tuple[str, KernelShape]:
         module = ir.Module(name=self.symbol)
+        places = tuple(dict.fromkeys(self.inputs + self.outputs + self.extra))
+        warpgroups = wgmma_plan(self.kernel, places, self.inputs, self.arch, self.aligned) \
+            if self.kernel.kind == "contraction" else None
+        maps = warpgroups.tensor_maps if warpgroups is not None else ()
         ke = KernelEmitter(module, self.kernel, self.symbol, list(self.inputs), list(self.outputs), self.arch,
-                           self.written, list(self.extra), self.aligned)
+                           self.written, list(self.extra), self.aligned, len(maps))
         if self.columns:
             shape = emit_columns(ke, ColumnPlan(self.kernel, ke.analysis))
+        elif warpgroups is not None:
+            shape = emit_wgmma(ke, warpgroups)
         elif self.kernel.kind == "attention":
             shape = emit_flash(ke, flash_spec(self.kernel.call), self.part)
         else:
             shape = emit_contraction(ke) if self.kernel.kind == "contraction" else None
             if shape is None:
                 shape = _EMIT.get(self.kernel.kind, emit_rows)(ke)
-        facts = KernelShape(*shape, ke.awaited, ke.min_blocks, ke.dynamic_shared_bytes)
-        return _launch_bounds(str(module), self.symbol, facts), facts
+        facts = KernelShape(*shape, ke.awaited, ke.min_blocks, ke.dynamic_shared_bytes, maps)
+        return _grid_constants(_launch_bounds(str(module), self.symbol, facts), len(maps)), facts
 
 
 @dataclass(eq=False)
@@ -237,6 +256,16 @@ def _launch_bounds(llvm_ir: str, symbol: str, shape: KernelShape) -> str:
     return header.sub(lambda m: f'{m.group(1)} {bounds}', llvm_ir, count=1)
 
 
+def _grid_constants(llvm_ir: str, count: int) -> str:
+    """Declare the tensor-map parameters as what they are: 128 bytes by value, 64-byte aligned,
+    read in place in parameter space (`nvvm.grid_constant`: a TMA load names the parameter's
+    own address); llvmlite cannot spell these attributes."""
+    for i in range(count):
+        llvm_ir = llvm_ir.replace(f'ptr %"{TENSOR_MAP_ARG}{i}"',
+                                  f'ptr byval([128 x i8]) align 64 "nvvm.grid_constant" %"{TENSOR_MAP_ARG}{i}"', 1)
+    return llvm_ir
+
+
 def _disk_key(key: bytes) -> bytes:
     return digest("cuda kernel ptx", key)
 
@@ -249,7 +278,7 @@ def _stored(key: bytes, recipe: _Recipe) -> DeviceKernel | None:
     head, _, ptx = payload.partition(b"\n")
     try:
         facts = json.loads(head)
-        shape = KernelShape(**facts["shape"])
+        shape = KernelShape.from_facts(facts["shape"])
         return DeviceKernel(key, facts["symbol"], recipe.kernel.kind, shape, recipe, ptx.decode())
     except (ValueError, KeyError, TypeError):
         return None
@@ -257,7 +286,7 @@ def _stored(key: bytes, recipe: _Recipe) -> DeviceKernel | None:
 
 def _store(kernel: DeviceKernel) -> None:
     """Put a compiled kernel (its PTX) in the disk cache and in this process's memory."""
-    facts = {"symbol": kernel.symbol, "shape": vars(kernel.shape)}
+    facts = {"symbol": kernel.symbol, "shape": kernel.shape.facts()}
     DISK.store(_disk_key(kernel.key), json.dumps(facts).encode() + b"\n" + kernel.ptx.encode())
     _known[kernel.key] = kernel
 
@@ -384,7 +413,7 @@ class _Builder:
         self.stats[code.symbol].uses += 1
         shape = code.shape or KernelShape(-1, 0, "")
         return Launch(code.symbol, kernel, shape.grid, shape.block, params, shape.strategy, copy, shape.dependent,
-                      shape.min_blocks, group, shared_bytes=shape.shared_bytes)
+                      shape.min_blocks, group, shared_bytes=shape.shared_bytes, tensor_maps=shape.tensor_maps)
 
     def resolved(self, launch: Launch) -> Launch:
         """`launch` with its kernel's launch shape, once the worker emitting it has."""
@@ -394,7 +423,8 @@ class _Builder:
         code.resolve()
         shape = code.shape
         return replace(launch, grid=shape.grid, block=shape.block, strategy=shape.strategy,
-                       dependent=shape.dependent, min_blocks=shape.min_blocks, shared_bytes=shape.shared_bytes)
+                       dependent=shape.dependent, min_blocks=shape.min_blocks, shared_bytes=shape.shared_bytes,
+                       tensor_maps=shape.tensor_maps)
 
     def launch(self, kernel: Kernel, inputs: list[Place], outputs: list[Place], group: int,
                memory: _Memory | None = None, stream: int = 0) -> Launch:

@@ -44,6 +44,7 @@ from glue.ir import dtypes as dt
 from glue.scheduler.kernel_ir import (Dim, Div, Expr, Index, Kernel, Load, Mod, Reduction, Store, loads_under,
                                       subexpressions)
 
+PTR0 = ir.PointerType()
 PTR1 = ir.PointerType(addrspace=1)
 PTR3 = ir.PointerType(addrspace=3)
 VOID = ir.VoidType()
@@ -51,6 +52,7 @@ WARP = 32
 SEQUENTIAL_WARPS = 8  # warps' partials a thread folds one by one (two 16-byte shared loads of floats)
 VECTOR_BYTES = 16
 MAX_LANES = 8
+TENSOR_MAP_ARG = "tensor_map"  # a TMA descriptor parameter's name, numbered: `.param .align 64 .b8 [128]`
 
 
 @dataclass(frozen=True)
@@ -84,6 +86,7 @@ class Launch:
     call: Any = None          # for a call kernel: its plan (glue.scheduler.calls.CallPlan); the
                               # params are its inputs' places, then its outputs'
     shared_bytes: int = 0     # dynamic shared memory the kernel is launched with
+    tensor_maps: tuple = ()   # TMA descriptors (hopper.TensorMap) passed after the pointers
 
     @property
     def name(self) -> str:
@@ -168,11 +171,13 @@ class KernelEmitter(BufferAccess):
 
     def __init__(self, module: ir.Module, kernel: Kernel, symbol: str, inputs: Sequence[Place],
                  outputs: Sequence[Place], arch: str = DEFAULT_ARCH, written: frozenset[Place] = frozenset(),
-                 extra: Sequence[Place] = (), aligned: bool = True):
+                 extra: Sequence[Place] = (), aligned: bool = True, tensor_maps: int = 0):
         """`written`: every place some kernel of the program writes; the program's arguments
         outside it hold the same values from the call's start to its end. `extra`: places of
         the kernel's own working memory (scratch, counters), after its operands (`extra_ptrs`).
-        `aligned` False: an operand may start at any element, so nothing moves 16 bytes at once."""
+        `aligned` False: an operand may start at any element, so nothing moves 16 bytes at once.
+        `tensor_maps`: TMA descriptors it takes by value after its pointers (`map_args`, see
+        hopper.py)."""
         self.aligned = aligned
         self.module = module
         self.arch = arch
@@ -183,12 +188,16 @@ class KernelEmitter(BufferAccess):
         self.kernel = kernel
         self.symbol = symbol
         self.places = tuple(dict.fromkeys(list(inputs) + list(outputs) + list(extra)))
-        self.fn = ir.Function(module, ir.FunctionType(VOID, [PTR1] * len(self.places)), symbol)
+        params = [PTR1] * len(self.places) + [PTR0] * tensor_maps
+        self.fn = ir.Function(module, ir.FunctionType(VOID, params), symbol)
         self.fn.calling_convention = "ptx_kernel"
-        for arg in self.fn.args:
+        for arg in self.fn.args[:len(self.places)]:
             arg.add_attribute("noalias")
             if aligned:
                 arg.attributes.align = VECTOR_BYTES
+        self.map_args = self.fn.args[len(self.places):]
+        for i, arg in enumerate(self.map_args):
+            arg.name = f"{TENSOR_MAP_ARG}{i}"
         self.in_ptrs = [self.fn.args[self.places.index(p)] for p in inputs]
         self.out_ptrs = [self.fn.args[self.places.index(p)] for p in outputs]
         self.extra_ptrs = [self.fn.args[self.places.index(p)] for p in extra]
@@ -601,3 +610,46 @@ class LaneGroup:
         for lane, value in enumerate(values):
             vector = b.insert_element(vector, to_memory(b, value, dtype), ir.Constant(I32, lane))
         b.store(vector, address, align=align)
+
+
+class AccumulatorStores:
+    """A contraction's epilogue at its float32 accumulators: the kernel's stores at (m, n).
+
+    A tensor-core fragment holds neighbouring columns in register pairs (columns 2q and 2q + 1
+    of one row): where N's innermost dim has an even extent the pair never straddles two of its
+    rows, and both columns' stores become one vector store (bf16 packed into a word), the
+    epilogue's loads along N one vector load."""
+
+    def __init__(self, ke: KernelEmitter, coordinates: Coordinates, m_size: int, n_size: int):
+        k = ke.kernel
+        self.ke, self.point, self.m_size, self.n_size = ke, coordinates.point, m_size, n_size
+        v = coordinates.n_dims[-1] if coordinates.n_dims else None
+        pairs = Vectorization(k, ke.analysis, v, 2) if v is not None and k.parallel[v] % 2 == 0 else None
+        self.pairs = pairs if pairs is not None and pairs.width == 2 else None
+
+    def _dims(self, m: ir.Value, n: ir.Value) -> list[ir.Value | None]:
+        k = self.ke.kernel
+        return self.point(m, n, None)[:len(k.parallel)] + [None] * len(k.reduce)
+
+    def _inside(self, m: ir.Value, n: ir.Value) -> ir.Value:
+        b = self.ke.b
+        return b.and_(b.icmp_unsigned("<", m, ir.Constant(I64, self.m_size)),
+                      b.icmp_unsigned("<", n, ir.Constant(I64, self.n_size)))
+
+    def store_pair(self, m: ir.Value, n: ir.Value, sums: Sequence[ir.Value]) -> None:
+        """The stores at (m, n) and (m, n + 1), n even, of the sums there."""
+        ke, b, stores = self.ke, self.ke.b, self.ke.kernel.stores
+        if self.pairs is None:
+            for lane, total in enumerate(sums):
+                column = b.add(n, ir.Constant(I64, lane))
+                with b.if_then(self._inside(m, column)):
+                    em = ke.emitter(self._dims(m, column))
+                    em.rows = [total]
+                    ke.store_all(em, stores)
+            return
+        with b.if_then(self._inside(m, n)):  # (n + 1 too: n is even and so is N)
+            group = LaneGroup(ke, self.pairs, self._dims(m, n))
+            for em, total in zip(group.emitters, sums):
+                em.rows = [total]
+            group.preload([s.value for s in stores])
+            group.store_all(stores)

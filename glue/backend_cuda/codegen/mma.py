@@ -34,8 +34,8 @@ from dataclasses import dataclass
 
 from llvmlite import ir
 
-from glue.backend_cuda.codegen.common import (PTR3, WARP, Coordinates, KernelEmitter, LaneGroup, Vectorization,
-                                              flat_index, moves_with)
+from glue.backend_cuda.codegen.common import (PTR3, WARP, AccumulatorStores, Coordinates, KernelEmitter, LaneGroup,
+                                              Vectorization, flat_index, moves_with)
 from glue.codegen.loops import loop, unflatten
 from glue.codegen.types import F16, F32, I16, I32, I64, memory_type, round_to_bf16_bits
 from glue.errors import GlueError
@@ -300,7 +300,8 @@ def emit_mma(ke: KernelEmitter, a_expr: Expr, b_expr: Expr, m_dims: list[int], n
     buffers = [base, b.gep(base, [c(sizes[0])], inbounds=True, source_etype=element)]
 
     batch, tile_m, tile_n = unflatten(b, ke.block_index(), [batches, tiles_m, tiles_n])
-    point = Coordinates(ke, m_dims, n_dims, batch_dims, batch).point
+    coordinates = Coordinates(ke, m_dims, n_dims, batch_dims, batch)
+    point = coordinates.point
     m0, n0 = b.mul(tile_m, c(tile.bm)), b.mul(tile_n, c(tile.bn))
     tid = ke.thread_index()
     lane, warp = b.urem(tid, c(WARP)), b.udiv(tid, c(WARP))
@@ -485,16 +486,14 @@ def emit_mma(ke: KernelEmitter, a_expr: Expr, b_expr: Expr, m_dims: list[int], n
     if pipelined:
         async_call(ke, "llvm.nvvm.cp.async.wait.group", 0)  # the zero fills past the end land before exit
 
+    stores = AccumulatorStores(ke, coordinates, m_size, n_size)
     for i in range(tile.frags_m):
         for j in range(tile.frags_n):
-            for r in range(4):  # c0, c1 at row group, columns pair, pair + 1; c2, c3 eight rows down
-                m = b.add(m0, b.add(warp_m, b.add(group, c(i * 16 + 8 * (r // 2)))))
-                n = b.add(n0, b.add(warp_n, b.add(pair, c(j * 8 + r % 2))))
-                ok = b.and_(b.icmp_unsigned("<", m, c(m_size)), b.icmp_unsigned("<", n, c(n_size)))
-                with b.if_then(ok):
-                    em = ke.emitter(point(m, n, None)[:len(k.parallel)] + [None] * len(k.reduce))
-                    em.rows = [accs[4 * (i * tile.frags_n + j) + r]]
-                    ke.store_all(em, k.stores)
+            for half in range(2):  # c0, c1 at row group, columns pair, pair + 1; c2, c3 eight rows down
+                m = b.add(m0, b.add(warp_m, b.add(group, c(i * 16 + 8 * half))))
+                n = b.add(n0, b.add(warp_n, b.add(pair, c(j * 8))))
+                at = 4 * (i * tile.frags_n + j) + 2 * half
+                stores.store_pair(m, n, accs[at:at + 2])
     b.ret_void()
     layouts = "".join("k" if s.k_fastest else "o" for s in (a, bb))
     how = f"cp.async {STAGES} stages" if pipelined else "through registers"

@@ -146,11 +146,12 @@ def version() -> int:
 
 
 def device_arch(index: int) -> str:
-    """The PTX target of device `index` (`sm_90` for compute capability 9.0), read from the
-    driver without creating a context."""
+    """The PTX target of device `index` (`sm_86` for compute capability 8.6), read from the
+    driver without creating a context. Compute capability 9.0 (H100, H200) is `sm_90a`: its
+    arch-specific features (wgmma, setmaxnreg) are what its fastest contractions run on."""
     driver = load()
     dev = call(driver.cuDeviceGet, index)
     attr = driver.CUdevice_attribute
     major = call(driver.cuDeviceGetAttribute, attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev)
     minor = call(driver.cuDeviceGetAttribute, attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev)
-    return f"sm_{major}{minor}"
+    return f"sm_{major}{minor}" + ("a" if (major, minor) == (9, 0) else "")

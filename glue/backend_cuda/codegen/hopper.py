@@ -1,0 +1,146 @@
+"""sm_90a's asynchronous machinery as inline PTX: mbarriers, TMA tile loads, `wgmma`, and the
+shared-memory matrix descriptors `wgmma` reads its operands through.
+
+LLVM 22 has intrinsics for some of these, not for `wgmma.mma_async` itself; writing all of them
+as inline PTX keeps one spelling, the PTX ISA's, for the whole mainloop. Shared addresses are
+the 32-bit offsets these instructions take (`shared_u32`).
+
+A TMA load is described by a `TensorMap`: which kernel parameter's buffer it reads, and the
+tensor's dims, strides and box as `cuTensorMapEncodeTiled` takes them. The kernel receives the
+encoded map by value, a 128-byte `.param` it never copies (`nvvm.grid_constant`); the executor
+encodes it from the buffer's address when it fills the launch's parameters
+(`runtime/tensor_map.py`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llvmlite import ir
+
+from glue.backend_cuda.codegen.common import PTR3, VOID
+from glue.codegen.types import F32, I32, I64
+
+SWIZZLE_BYTES = 128  # TMA writes and wgmma reads 128-byte rows, 16-byte chunks XORed by row % 8
+SWIZZLE_ATOM = 8 * SWIZZLE_BYTES  # the 8 rows one swizzle pattern spans: tiles start aligned to it
+
+
+@dataclass(frozen=True)
+class TensorMap:
+    """A tiled TMA view of one kernel parameter's buffer: `dims` (innermost first, elements),
+    `strides` (bytes, of dims 1 on), `box` (the elements one load brings), from `offset` bytes
+    past the parameter's address; `dtype` is the element's name ("bf16", "f16", "f32")."""
+
+    param: int
+    offset: int
+    dtype: str
+    dims: tuple[int, ...]
+    strides: tuple[int, ...]
+    box: tuple[int, ...]
+
+    @property
+    def box_bytes(self) -> int:
+        size = {"bf16": 2, "f16": 2, "f32": 4}[self.dtype]
+        total = size
+        for n in self.box:
+            total *= n
+        return total
+
+
+def _asm(b: ir.IRBuilder, text: str, constraints: str, args: list[ir.Value], result: ir.Type = VOID) -> ir.Value:
+    asm = ir.InlineAsm(ir.FunctionType(result, [a.type for a in args]), text, constraints, side_effect=True)
+    return b.call(asm, args)
+
+
+def shared_u32(b: ir.IRBuilder, pointer: ir.Value) -> ir.Value:
+    """A shared-memory pointer as the 32-bit address PTX's shared instructions take."""
+    return b.trunc(b.ptrtoint(pointer, I64), I32)
+
+
+def mbarrier_init(b: ir.IRBuilder, barrier: ir.Value, arrivals: int) -> None:
+    _asm(b, f"mbarrier.init.shared::cta.b64 [$0], {arrivals};", "r,~{memory}", [barrier])
+
+
+def fence_barrier_init(b: ir.IRBuilder) -> None:
+    """Make initialised barriers visible to the async proxy (TMA) before anyone uses them."""
+    _asm(b, "fence.mbarrier_init.release.cluster;", "~{memory}", [])
+
+
+def arrive_expect_bytes(b: ir.IRBuilder, barrier: ir.Value, nbytes: int) -> None:
+    """Arrive on `barrier` and tell it `nbytes` more are coming from TMA loads."""
+    _asm(b, f"mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], {nbytes};", "r,~{memory}", [barrier])
+
+
+def arrive(b: ir.IRBuilder, barrier: ir.Value) -> None:
+    _asm(b, "mbarrier.arrive.shared::cta.b64 _, [$0];", "r,~{memory}", [barrier])
+
+
+def wait_parity(b: ir.IRBuilder, barrier: ir.Value, parity: ir.Value) -> None:
+    """Spin until the barrier's phase of `parity` (0 or 1, an i32) has completed."""
+    test = ("{ .reg .pred done; mbarrier.try_wait.parity.shared::cta.b64 done, [$1], $2; "
+            "selp.u32 $0, 1, 0, done; }")
+    fn = b.function
+    spin, after = fn.append_basic_block("wait.spin"), fn.append_basic_block("wait.done")
+    b.branch(spin)
+    b.position_at_end(spin)
+    done = _asm(b, test, "=r,r,r,~{memory}", [barrier, parity], I32)
+    b.cbranch(b.icmp_unsigned("!=", done, ir.Constant(I32, 0)), after, spin)
+    b.position_at_end(after)
+
+
+def tma_load(b: ir.IRBuilder, target: ir.Value, tensor_map: ir.Value, coords: list[ir.Value],
+             barrier: ir.Value) -> None:
+    """Start a TMA load of the box at `coords` (i32, innermost first) of `tensor_map` (its
+    parameter's generic address) into shared `target`, completing bytes on `barrier`."""
+    rank = len(coords)
+    places = ", ".join(f"${i + 2}" for i in range(rank))
+    text = (f"cp.async.bulk.tensor.{rank}d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
+            f"[$0], [$1, {{{places}}}], [${rank + 2}];")
+    _asm(b, text, "r,l," + "r," * rank + "r,~{memory}", [target, b.ptrtoint(tensor_map, I64), *coords, barrier])
+
+
+def set_max_registers(b: ir.IRBuilder, count: int, grow: bool) -> None:
+    """Hand registers to the block's other warpgroups (`grow` False) or take them (True)."""
+    _asm(b, f"setmaxnreg.{'inc' if grow else 'dec'}.sync.aligned.u32 {count};", "~{memory}", [])
+
+
+def wgmma_fence(b: ir.IRBuilder) -> None:
+    _asm(b, "wgmma.fence.sync.aligned;", "~{memory}", [])
+
+
+def wgmma_commit(b: ir.IRBuilder) -> None:
+    _asm(b, "wgmma.commit_group.sync.aligned;", "~{memory}", [])
+
+
+def wgmma_wait(b: ir.IRBuilder, pending: int) -> None:
+    """Wait until at most `pending` committed wgmma groups of this warpgroup are in flight."""
+    _asm(b, f"wgmma.wait_group.sync.aligned {pending};", "~{memory}", [])
+
+
+def matrix_descriptor(b: ir.IRBuilder, start: ir.Value, leading: int, stride: int) -> ir.Value:
+    """The 64-bit descriptor of a 128-byte-swizzled operand tile at shared address `start` (i32):
+    `leading` and `stride` are its byte offsets between core-matrix groups (see wgmma.py)."""
+    address = b.and_(b.lshr(b.zext(start, I64), ir.Constant(I64, 4)), ir.Constant(I64, 0x3FFF))
+    fixed = ((leading >> 4) << 16) | ((stride >> 4) << 32) | (1 << 62)
+    return b.or_(address, ir.Constant(I64, fixed))
+
+
+def wgmma(b: ir.IRBuilder, shape: str, types: str, a_desc: ir.Value, b_desc: ir.Value, acc: list[ir.Value],
+          transpose: tuple[int, int] | None) -> list[ir.Value]:
+    """One `wgmma.mma_async` (`shape` e.g. m64n256k16, `types` e.g. f32.bf16.bf16) adding A x B
+    into the float32 accumulators `acc`; `transpose` the MN-major flags of A and B (16-bit types
+    only; None for tf32, which is K-major only). Returns the accumulators it will hold once the
+    group completes (`wgmma_wait`)."""
+    n = len(acc)
+    regs = ", ".join(f"${i}" for i in range(n))
+    flags = "1, 1" + ("" if transpose is None else f", {transpose[0]}, {transpose[1]}")
+    text = (f"wgmma.mma_async.sync.aligned.{shape}.{types} {{{regs}}}, ${2 * n}, ${2 * n + 1}, 1, {flags};")
+    constraints = ",".join(["=f"] * n + [str(i) for i in range(n)] + ["l", "l"])
+    asm = ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([F32] * n), [F32] * n + [I64, I64]), text, constraints,
+                       side_effect=True)
+    got = b.call(asm, [*acc, a_desc, b_desc])
+    return [b.extract_value(got, i) for i in range(n)]
+
+
+__all__ = ["SWIZZLE_ATOM", "SWIZZLE_BYTES", "TensorMap", "arrive", "arrive_expect_bytes", "fence_barrier_init",
+           "matrix_descriptor", "mbarrier_init", "set_max_registers", "shared_u32", "tma_load", "wait_parity",
+           "wgmma", "wgmma_commit", "wgmma_fence", "wgmma_wait"]

@@ -1,0 +1,333 @@
+"""Contractions on sm_90a's warpgroup tensor cores: TMA tile loads into a ring of shared-memory
+stages, `wgmma.mma_async` reading them there, a producer warpgroup apart from the consumers.
+
+Applies where both operands of a float32-accumulated product are bfloat16 (or both float16)
+tensors read in place (`GemmSpec` views) whose rows or columns are contiguous and whose other
+strides and start are 16-byte multiples, as TMA requires; anything else (a fused prologue, a
+gather, an odd stride) stays on the `mma.sync` kernel (mma.py).
+
+A block of three warpgroups computes a 128 x BN tile of one batch (BN 256, or 128 where more
+blocks fill the GPU better). Warpgroup 0 is the producer: it gives up registers
+(`setmaxnreg.dec`) and one thread of it walks K in steps of 64, waiting for a stage of the ring
+to be free (its `empty` mbarrier), announcing the bytes to come (`full`'s expected
+transactions) and starting the TMA loads of A's 128 x 64 and B's BN x 64 tiles into it. TMA
+writes 128-byte rows with the 128-byte swizzle (16-byte chunks XORed by row % 8), which spreads
+every access `wgmma` makes over all banks, and fills whatever lies past the tensor's edge with
+zeros, so M, N and K need not be multiples of the tile. Warpgroups 1 and 2 are the consumers,
+64 rows each, with the registers the producer gave up: each waits for a stage's `full` barrier,
+issues four m64nBNk16 `wgmma`s on it (their operands named by shared-memory descriptors), and
+once the previous step's group has completed (`wgmma.wait_group 1`: one step stays in flight on
+the tensor cores) frees that step's stage. The epilogue (the kernel's stores: bias, activation,
+cast, residual, an optimizer update) runs on each accumulator where it lies.
+
+Operands are K-major (the contracting dim contiguous: a row-major lhs, the rhs of `x @ w.T`) or
+MN-major (the other dim contiguous); TMA brings either as it lies and `wgmma` reads MN-major
+tiles transposed (its `tnsp` flags), so no transpose is ever materialised. A K-major tile's rows
+are its 64 K values; an MN-major tile is 64-wide boxes of 64 M (or N) values, one 128-byte row
+per K. The descriptors' byte offsets follow (PTX ISA, matrix descriptor): 8-row groups 1024
+bytes apart; an MN-major operand's 64-wide atoms a box (8 KiB) apart; each k16 step moves 32
+bytes along a K-major row, or 16 rows (2 KiB) down an MN-major tile.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llvmlite import ir
+
+from glue.backend_cuda.codegen import hopper as hp
+from glue.backend_cuda.codegen.common import WARP, AccumulatorStores, Coordinates, KernelEmitter, Place
+from glue.backend_cuda.ptx import sm_number
+from glue.codegen.loops import loop
+from glue.codegen.types import F32, I32, I64
+from glue.ir import dtypes as dt
+from glue.scheduler.gemm import View, gemm_spec
+from glue.scheduler.kernel_ir import Kernel
+from glue.settings import config
+
+WARPGROUP = 4 * WARP
+BK = 64                   # K per stage: one 128-byte swizzled row of 16-bit values
+K_STEP = 16               # K of one wgmma on 16-bit operands
+ATOM = 64                 # an MN-major box's width: 128 bytes of 16-bit values
+BOX_BYTES = ATOM * BK * 2  # one 64 x 64 box
+CONSUMERS = 2             # consumer warpgroups, 64 rows of the tile each
+BM = 64 * CONSUMERS
+WIDTHS = (256, 128)       # tile widths (N), widest first
+SHARED_LIMIT = 227 << 10  # dynamic shared memory a block may opt into on the H100/H200
+MAX_STAGES = 6
+SMS = 132                 # multiprocessors of an H100/H200: blocks of a wave
+GROUP_M = 8               # tile rows a band of blocks walks before moving right (L2 reuse)
+# Below this many 128 x 128 tiles the product leaves multiprocessors idle behind a long K loop:
+# the mma.sync kernel's smaller tiles serve it.
+MIN_BLOCKS = SMS // 2
+PRODUCER_REGISTERS, CONSUMER_REGISTERS = 40, 232  # 128 x 40 + 256 x 232 <= 64K registers
+_TYPES = {dt.bfloat16: "bf16", dt.float16: "f16"}
+
+
+@dataclass(frozen=True)
+class Side:
+    """One operand as the kernel loads it: whether K is its contiguous dim, its tensor map,
+    whether it moves with the batch, and its tile's outer size (BM or BN)."""
+
+    k_major: bool
+    tensor_map: hp.TensorMap
+    batched: bool
+    outer: int
+
+    @property
+    def boxes(self) -> int:
+        """TMA loads per stage: a K-major tile is one box, an MN-major one a box per 64."""
+        return 1 if self.k_major else self.outer // ATOM
+
+    @property
+    def nbytes(self) -> int:
+        return self.outer * BK * 2
+
+
+@dataclass(frozen=True)
+class WgmmaPlan:
+    """What the kernel computes and how: a (batches x) m x n x depth product of `dtype`
+    operands, a 128 x `width` tile, `stages` stages, and the two operands' loads."""
+
+    dtype: str
+    width: int
+    stages: int
+    a: Side
+    b: Side
+    batches: int
+    m: int
+    n: int
+    depth: int
+    batch_dims: tuple[int, ...]
+    m_dims: tuple[int, ...]
+    n_dims: tuple[int, ...]
+
+    @property
+    def tensor_maps(self) -> tuple[hp.TensorMap, ...]:
+        return self.a.tensor_map, self.b.tensor_map
+
+    @property
+    def stage_bytes(self) -> int:
+        return self.a.nbytes + self.b.nbytes
+
+    def __str__(self) -> str:
+        layouts = "".join("k" if s.k_major else "o" for s in (self.a, self.b))
+        return (f"wgmma {self.dtype} {BM}x{self.width}x{BK} tma {self.stages} stages staged {layouts} "
+                f"warp-specialized {CONSUMERS}+1 warpgroups")
+
+
+def _width(batches: int, m: int, n: int) -> int:
+    """The tile width that finishes first: the fewest waves of blocks times a block's area
+    (the widest on a tie: it reads fewer operand bytes per multiply)."""
+    def cost(width: int) -> int:
+        blocks = batches * -(-m // BM) * -(-n // width)
+        return -(-blocks // SMS) * width
+    return min(WIDTHS, key=cost)
+
+
+def _side(view: View, param: int, is_a: bool, outer_size: int, depth: int, batches: int,
+          outer_tile: int) -> Side | None:
+    """How TMA loads an operand view (A: rows M, cols K; B: rows K, cols N), or None where it
+    cannot: neither dim contiguous, a stride or start off 16 bytes (the buffers themselves
+    start 256-byte aligned: the allocator's blocks, the arena's places)."""
+    outer_stride, k_stride = (view.row_stride, view.col_stride) if is_a else (view.col_stride, view.row_stride)
+    if k_stride == 1:
+        k_major, stride = True, outer_stride
+    elif outer_stride == 1:
+        k_major, stride = False, k_stride
+    else:
+        return None
+    batched = batches > 1 and view.batch_stride != 0
+    dims = (depth, outer_size) if k_major else (outer_size, depth)
+    row_bytes = 2 * stride
+    batch_bytes = 2 * view.batch_stride if batched else row_bytes * dims[1]
+    offset = 2 * view.offset
+    if any(x % 16 or x <= 0 for x in (row_bytes, batch_bytes)) or offset % 16:
+        return None
+    box = (BK, outer_tile, 1) if k_major else (ATOM, BK, 1)
+    name = _TYPES[view.dtype]
+    tensor_map = hp.TensorMap(param, offset, name, (*dims, batches if batched else 1), (row_bytes, batch_bytes), box)
+    return Side(k_major, tensor_map, batched, outer_tile)
+
+
+def wgmma_plan(kernel: Kernel, places: tuple[Place, ...], inputs: tuple[Place, ...], arch: str,
+               aligned: bool) -> WgmmaPlan | None:
+    """The warpgroup kernel for a contraction, or None where it does not apply (not sm_90a,
+    operand types or layouts TMA cannot load, a product too small)."""
+    if not (arch.endswith("a") and sm_number(arch) == 90 and aligned and config.cuda_tensor_cores):
+        return None
+    if config.cuda_mma_tile:  # a named mma.sync tile: that kernel was asked for
+        return None
+    spec = gemm_spec(kernel)
+    if spec is None or spec.a is None or spec.b is None or spec.accumulator != dt.float32:
+        return None
+    if spec.a.dtype != spec.b.dtype or spec.a.dtype not in _TYPES or kernel.reductions[0].dtype != dt.float32:
+        return None
+    batches, m, n, depth = spec.shape
+    if batches * -(-m // BM) * -(-n // 128) < MIN_BLOCKS:
+        return None
+    width = _width(batches, m, n)
+    sides = [_side(view, places.index(inputs[view.buffer]), is_a, size, depth, batches, outer)
+             for view, is_a, size, outer in ((spec.a, True, m, BM), (spec.b, False, n, width))]
+    if None in sides:
+        return None
+    a, b = sides
+    stages = min(MAX_STAGES, (SHARED_LIMIT - hp.SWIZZLE_ATOM - 256) // (a.nbytes + b.nbytes))
+    return WgmmaPlan(_TYPES[spec.a.dtype], width, stages, a, b, batches, m, n, depth, spec.batch, spec.m, spec.n)
+
+
+def emit_wgmma(ke: KernelEmitter, plan: WgmmaPlan) -> tuple[int, int, str]:
+    """Emit the kernel `plan` describes into `ke` (whose tensor-map parameters it reads)."""
+    b = ke.b
+    c64 = lambda v: ir.Constant(I64, v)  # noqa: E731
+    c32 = lambda v: ir.Constant(I32, v)  # noqa: E731
+    stages, width = plan.stages, plan.width
+    tiles_m, tiles_n = -(-plan.m // BM), -(-plan.n // width)
+    steps = -(-plan.depth // BK)
+    ring = stages * plan.stage_bytes
+    base = ke.dynamic_shared(ring + hp.SWIZZLE_ATOM + 16 * stages)
+    raw = hp.shared_u32(b, base)
+    tiles = b.and_(b.add(raw, c32(hp.SWIZZLE_ATOM - 1)), c32(-hp.SWIZZLE_ATOM))  # swizzling needs 1 KiB alignment
+    full = lambda s: b.add(tiles, b.add(c32(ring), b.mul(s, c32(8))))  # noqa: E731
+    empty = lambda s: b.add(tiles, b.add(c32(ring + 8 * stages), b.mul(s, c32(8))))  # noqa: E731
+    a_tile = lambda s: b.add(tiles, b.mul(s, c32(plan.stage_bytes)))  # noqa: E731
+    b_tile = lambda s: b.add(a_tile(s), c32(plan.a.nbytes))  # noqa: E731
+
+    tid = b.trunc(ke.thread_index(), I32)
+    warpgroup = b.udiv(tid, c32(WARPGROUP))
+    batch, tile_m, tile_n = _tile_of(b, ke.block_index(), plan.batches, tiles_m, tiles_n)
+    m0, n0 = b.mul(tile_m, c64(BM)), b.mul(tile_n, c64(width))
+
+    with b.if_then(b.icmp_unsigned("==", tid, c32(0))):
+        for s in range(stages):
+            hp.mbarrier_init(b, full(c32(s)), 1)
+            hp.mbarrier_init(b, empty(c32(s)), CONSUMERS * WARPGROUP // WARP)  # one arrival per consumer warp
+        hp.fence_barrier_init(b)
+    ke.barrier()
+    ke.await_producers()
+
+    is_producer = b.icmp_unsigned("==", warpgroup, c32(0))
+    with b.if_else(is_producer) as (producer, consumer):
+        with producer:
+            hp.set_max_registers(b, PRODUCER_REGISTERS, grow=False)
+            with b.if_then(b.icmp_unsigned("==", tid, c32(0))):
+                _produce(ke, plan, steps, batch, m0, n0, full, empty, a_tile, b_tile)
+        with consumer:
+            hp.set_max_registers(b, CONSUMER_REGISTERS, grow=True)
+            accs = _consume(ke, plan, steps, tid, warpgroup, full, empty, a_tile, b_tile)
+            _epilogue(ke, plan, accs, tid, warpgroup, batch, m0, n0)
+    b.ret_void()
+    return plan.batches * tiles_m * tiles_n, (CONSUMERS + 1) * WARPGROUP, str(plan)
+
+
+def _tile_of(b: ir.IRBuilder, block: ir.Value, batches: int, tiles_m: int, tiles_n: int
+             ) -> tuple[ir.Value, ir.Value, ir.Value]:
+    """(batch, tile row, tile column) of a block: bands of GROUP_M tile rows, each walked down
+    its rows before moving a column right, so that a wave of blocks shares A's and B's tiles
+    in L2."""
+    c = lambda v: ir.Constant(I64, v)  # noqa: E731
+    per_batch = tiles_m * tiles_n
+    batch, pid = b.udiv(block, c(per_batch)), b.urem(block, c(per_batch))
+    band_blocks = GROUP_M * tiles_n
+    first = b.mul(b.udiv(pid, c(band_blocks)), c(GROUP_M))
+    rows = b.sub(c(tiles_m), first)
+    rows = b.select(b.icmp_unsigned("<", rows, c(GROUP_M)), rows, c(GROUP_M))
+    within = b.urem(pid, c(band_blocks))
+    return batch, b.add(first, b.urem(within, rows)), b.udiv(within, rows)
+
+
+def _coords(b: ir.IRBuilder, side: Side, outer: ir.Value, k0: ir.Value, batch: ir.Value) -> list[list[ir.Value]]:
+    """The TMA coordinates (innermost first, i32) of each box of an operand's stage."""
+    batch = b.trunc(batch, I32) if side.batched else ir.Constant(I32, 0)
+    found = []
+    for box in range(side.boxes):
+        o = b.trunc(b.add(outer, ir.Constant(I64, box * ATOM)), I32)
+        k = b.trunc(k0, I32)
+        found.append([k, o, batch] if side.k_major else [o, k, batch])
+    return found
+
+
+def _produce(ke: KernelEmitter, plan: WgmmaPlan, steps: int, batch, m0, n0, full, empty, a_tile, b_tile) -> None:
+    """The producer thread: for each step of K, wait for its stage to be free, then load A's
+    and B's tiles into it."""
+    b = ke.b
+    c32 = lambda v: ir.Constant(I32, v)  # noqa: E731
+    stages = plan.stages
+
+    def step(b: ir.IRBuilder, t: ir.Value, _: list) -> list:
+        t32 = b.trunc(t, I32)
+        s, use = b.urem(t32, c32(stages)), b.udiv(t32, c32(stages))
+        with b.if_then(b.icmp_unsigned(">=", t32, c32(stages))):  # the stage's previous use must be done
+            hp.wait_parity(b, empty(s), b.and_(b.sub(use, c32(1)), c32(1)))
+        hp.arrive_expect_bytes(b, full(s), plan.stage_bytes)
+        k0 = b.mul(t, ir.Constant(I64, BK))
+        for side, outer, tile, map_arg in ((plan.a, m0, a_tile(s), ke.map_args[0]),
+                                           (plan.b, n0, b_tile(s), ke.map_args[1])):
+            for box, coords in enumerate(_coords(b, side, outer, k0, batch)):
+                hp.tma_load(b, b.add(tile, c32(box * BOX_BYTES)), map_arg, coords, full(s))
+        return []
+
+    loop(b, 0, steps, step, [], name="produce", vectorize=False, unroll=1)
+
+
+def _descriptor(b: ir.IRBuilder, side: Side, tile: ir.Value, j: int) -> ir.Value:
+    """The matrix descriptor of k16 step `j` of an operand's stage at shared address `tile`."""
+    if side.k_major:
+        return hp.matrix_descriptor(b, b.add(tile, ir.Constant(I32, 32 * j)), 16, 8 * hp.SWIZZLE_BYTES)
+    return hp.matrix_descriptor(b, b.add(tile, ir.Constant(I32, K_STEP * hp.SWIZZLE_BYTES * j)), BOX_BYTES,
+                                8 * hp.SWIZZLE_BYTES)
+
+
+def _consume(ke: KernelEmitter, plan: WgmmaPlan, steps: int, tid, warpgroup, full, empty, a_tile, b_tile
+             ) -> list[ir.Value]:
+    """A consumer warpgroup's mainloop: its 64 x BN accumulators after every step of K."""
+    b = ke.b
+    c32 = lambda v: ir.Constant(I32, v)  # noqa: E731
+    stages = plan.stages
+    rows = b.mul(b.sub(warpgroup, c32(1)), c32(64 * hp.SWIZZLE_BYTES))  # its 64 rows of A: 8 KiB on
+    lane = b.urem(tid, c32(WARP))
+    shape, types = f"m64n{plan.width}k{K_STEP}", f"f32.{plan.dtype}.{plan.dtype}"
+    transpose = (int(not plan.a.k_major), int(not plan.b.k_major))
+
+    def step(b: ir.IRBuilder, t: ir.Value, accs: list[ir.Value]) -> list[ir.Value]:
+        t32 = b.trunc(t, I32)
+        s = b.urem(t32, c32(stages))
+        hp.wait_parity(b, full(s), b.and_(b.udiv(t32, c32(stages)), c32(1)))
+        hp.wgmma_fence(b)
+        a0, b0 = b.add(a_tile(s), rows), b_tile(s)
+        for j in range(BK // K_STEP):
+            accs = hp.wgmma(b, shape, types, _descriptor(b, plan.a, a0, j), _descriptor(b, plan.b, b0, j), accs,
+                            transpose)
+        hp.wgmma_commit(b)
+        hp.wgmma_wait(b, 1)  # the previous step's multiplies are done: its stage is free
+        previous = b.urem(b.add(t32, c32(stages - 1)), c32(stages))
+        free = b.and_(b.icmp_unsigned(">", t32, c32(0)), b.icmp_unsigned("==", lane, c32(0)))
+        with b.if_then(free):
+            hp.arrive(b, empty(previous))
+        return accs
+
+    zero = ir.Constant(F32, 0.0)
+    accs = loop(b, 0, steps, step, [zero] * (plan.width // 2), name="kstep", vectorize=False, unroll=1)
+    hp.wgmma_wait(b, 0)
+    return accs
+
+
+def _epilogue(ke: KernelEmitter, plan: WgmmaPlan, accs: list[ir.Value], tid, warpgroup, batch, m0, n0) -> None:
+    """The kernel's stores at each accumulator: register 4j + r of a thread holds row
+    16 w + lane / 4 (+ 8 for r >= 2) of its warpgroup's 64, column 8 j + 2 (lane % 4) + r % 2
+    (mma.sync's m16n8 fragment, once per 8 columns)."""
+    b = ke.b
+    c = lambda v: ir.Constant(I64, v)  # noqa: E731
+    coordinates = Coordinates(ke, list(plan.m_dims), list(plan.n_dims), list(plan.batch_dims), batch)
+    stores = AccumulatorStores(ke, coordinates, plan.m, plan.n)
+    local = b.zext(b.urem(tid, ir.Constant(I32, WARPGROUP)), I64)
+    warp, lane = b.udiv(local, c(WARP)), b.urem(local, c(WARP))
+    row0 = b.add(m0, b.add(b.mul(b.zext(b.sub(warpgroup, ir.Constant(I32, 1)), I64), c(64)),
+                           b.add(b.mul(warp, c(16)), b.udiv(lane, c(4)))))
+    col0 = b.add(n0, b.mul(b.urem(lane, c(4)), c(2)))
+    for j in range(plan.width // 8):
+        for half in range(2):
+            at = 4 * j + 2 * half
+            stores.store_pair(b.add(row0, c(8 * half)), b.add(col0, c(8 * j)), accs[at:at + 2])
+
+
+__all__ = ["WgmmaPlan", "emit_wgmma", "wgmma_plan"]

@@ -1,0 +1,127 @@
+"""The warpgroup kernel of sm_90a (glue/backend_cuda/codegen/wgmma.py): which contractions take
+it and which stay on mma.sync, its tensor maps, ptxas's report on every layout and width; on an
+H100/H200, its results against the reference over layouts, batches, edges that are not
+multiples of the tile, 16-bit types and fused epilogues, with poisoned outputs."""
+import ml_dtypes
+import numpy as np
+import pytest
+
+import glue
+import glue.nn as nn
+import glue.numpy as gnp
+from glue.backend_cuda import CudaBackend, detected_arch
+from glue.backend_cuda.ptx import assemble, ptxas_available
+from glue.reference import run_graph
+from glue.reference.compare import mismatch, tolerance_dtypes
+
+BF16 = ml_dtypes.bfloat16
+
+# (function, operand shapes as functions of (m, k, n))
+FORMS = {
+    "NN": (lambda a, b: a @ b, lambda m, k, n: [(m, k), (k, n)]),
+    "NT": (lambda a, b: a @ b.T, lambda m, k, n: [(m, k), (n, k)]),
+    "TN": (lambda a, b: a.T @ b, lambda m, k, n: [(k, m), (k, n)]),
+    "TT": (lambda a, b: a.T @ b.T, lambda m, k, n: [(k, m), (n, k)]),
+    "batched": (lambda a, b: a @ b, lambda m, k, n: [(3, m, k), (3, k, n)]),
+    "shared weight": (lambda a, b: a @ b, lambda m, k, n: [(3, m, k), (k, n)]),
+    "bias gelu": (lambda a, b: nn.gelu(a @ b + 1.5), lambda m, k, n: [(m, k), (k, n)]),
+    "residual f32 out": (lambda a, b: glue.lax.dot_general(a, b, (((1,), (0,)), ((), ())),
+                                                           preferred_element_type=gnp.float32) * 0.5 + 1.0,
+                         lambda m, k, n: [(m, k), (k, n)]),
+}
+LAYOUTS = {"NN": "ko", "NT": "kk", "TN": "oo", "TT": "ok"}
+
+
+def _lower(fn, args, arch="sm_90a"):
+    closed = glue.make_ir(fn)(*args)
+    return closed, CudaBackend().lower(closed.graph, name="wg", arch=arch, gemm="codegen")
+
+
+def _contractions(low):
+    return [launch for launch in low["llvm"].launches if launch.kind == "contraction"]
+
+
+def _strategy(fn, shapes, dtype=BF16, arch="sm_90a") -> str:
+    return _contractions(_lower(fn, [np.ones(s, dtype) for s in shapes], arch)[1])[0].strategy
+
+
+@pytest.mark.parametrize("form", sorted(LAYOUTS))
+def test_every_layout_is_read_in_place_by_tma(form):
+    fn, shapes = FORMS[form]
+    strategy = _strategy(fn, shapes(1024, 512, 1152))
+    assert strategy.startswith("wgmma bf16 128x"), strategy
+    assert f"staged {LAYOUTS[form]} " in strategy
+
+
+def test_what_stays_on_mma_sync():
+    fn, shapes = FORMS["NN"]
+    big = shapes(1024, 512, 1152)
+    assert _strategy(fn, big, np.float16).startswith("wgmma f16")
+    assert _strategy(fn, big, arch="sm_90").startswith("mma bf16")          # no wgmma without sm_90a
+    assert _strategy(fn, big, np.float32).startswith("mma tf32")            # TF32: mma.sync
+    assert _strategy(fn, shapes(1024, 100, 1152)).startswith("mma bf16")    # 200-byte rows: not TMA's 16
+    assert not _strategy(fn, shapes(256, 512, 256)).startswith("wgmma")      # too few blocks
+    cast = lambda a, b: a @ b.astype(BF16)  # noqa: E731  (a rounding prologue: computed, not a view)
+    x, w = np.ones((1024, 512), BF16), np.ones((512, 1152), np.float32)
+    assert _contractions(_lower(cast, [x, w])[1])[0].strategy.startswith("mma bf16")
+    with glue.config.override(cuda_mma_tile="128x128x32/2x2"):
+        assert _strategy(fn, big).startswith("mma bf16")
+
+
+def test_the_width_follows_the_number_of_waves():
+    fn, shapes = FORMS["NN"]
+    assert " 128x256x64 " in _strategy(fn, shapes(4096, 512, 4096))   # 512 blocks of 128 x 256: 4 waves
+    assert " 128x128x64 " in _strategy(fn, shapes(4096, 768, 2304))   # 288 wide blocks (3 waves) or 576 narrow (5)
+
+
+def test_tensor_maps_describe_each_operand_as_it_lies():
+    fn, shapes = FORMS["batched"]
+    _, low = _lower(fn, [np.ones(s, BF16) for s in shapes(1000, 200, 1096)])
+    launch = _contractions(low)[0]
+    a, b = launch.tensor_maps
+    assert (a.dims, a.strides, a.box) == ((200, 1000, 3), (400, 400_000), (64, 128, 1))   # K-major
+    assert (b.dims, b.strides, b.box) == ((1096, 200, 3), (2192, 438_400), (64, 64, 1))   # N-major
+    assert (a.param, b.param) == (0, 1)
+    assert ".param .align 64 .b8" in low["ptx"].modules[launch.symbol]  # by value, in parameter space
+    fn, shapes = FORMS["shared weight"]  # a weight shared by the batch: the batch folds into M
+    _, low = _lower(fn, [np.ones(s, BF16) for s in shapes(1000, 200, 1096)])
+    a, b = _contractions(low)[0].tensor_maps
+    assert (a.dims, b.dims) == ((200, 3000, 1), (1096, 200, 1))
+
+
+@pytest.mark.skipif(not ptxas_available(), reason="ptxas is not on the PATH")
+@pytest.mark.parametrize("form", sorted(LAYOUTS))
+@pytest.mark.parametrize("n", [4096, 1152])
+def test_ptxas_accepts_every_layout_and_width_without_spilling(form, n):
+    fn, shapes = FORMS[form]
+    _, low = _lower(fn, [np.ones(s, BF16) for s in shapes(4096, 512, n)])
+    launch = _contractions(low)[0]
+    report = assemble(low["ptx"].modules[launch.symbol], "sm_90a")
+    assert " 0 bytes spill stores" in report, report
+    assert "serialized" not in report, report  # wgmma kept asynchronous (no C7515 warning)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(detected_arch() != "sm_90a", reason="the warpgroup kernel needs an sm_90 GPU")
+@pytest.mark.parametrize("form", sorted(FORMS))
+@pytest.mark.parametrize("shape", [(1000, 200, 1096), (1024, 64, 1152), (2048, 4096, 1024)],
+                         ids=["edges", "one step", "long K"])
+@pytest.mark.parametrize("dtype", [BF16, np.float16], ids=["bf16", "f16"])
+def test_on_the_gpu_warpgroup_kernels_compute_the_reference(form, shape, dtype):
+    fn, shapes = FORMS[form]
+    rng = np.random.default_rng(11)
+    args = [rng.standard_normal(s).astype(dtype) for s in shapes(*shape)]
+    closed = glue.make_ir(fn)(*args)
+    with glue.config.override(cuda_poison=0xFF):
+        low = CudaBackend().lower(closed.graph, name="wg", gemm="codegen")
+        assert any(launch.strategy.startswith("wgmma") for launch in _contractions(low))
+        exe = low.compile()
+        all_args = list(closed.consts) + args
+        outs = [np.asarray(o) for o in exe(*all_args)]
+        again = [np.asarray(o) for o in exe(*all_args)]  # a graph replay gives the same bits
+    want = run_graph(closed.graph, all_args, float64=True)
+    for i, (got, w, d) in enumerate(zip(outs, want, tolerance_dtypes(closed.graph))):
+        problem = mismatch(got, w, d if d is not None else closed.graph.out_types[i].dtype, scale=4.0)
+        assert problem is None, f"{form} {shape}, output {i}: {problem}"
+    for a, b in zip(outs, again):
+        np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
