@@ -6,8 +6,9 @@ tensors read in place (`GemmSpec` views) whose rows or columns are contiguous an
 strides and start are 16-byte multiples, as TMA requires; anything else (a fused prologue, a
 gather, an odd stride) stays on the `mma.sync` kernel (mma.py).
 
-A block of three warpgroups computes a 128 x BN tile of one batch (BN 256, or 128 where more
-blocks fill the GPU better). Warpgroup 0 is the producer: it gives up registers
+A block of three warpgroups computes 128 x BN tiles (BN 256, or 128 where more tiles fill the
+GPU better), one after another: the kernel is persistent, a block per multiprocessor.
+Warpgroup 0 is the producer: it gives up registers
 (`setmaxnreg.dec`) and one thread of it walks K in steps of 64, waiting for a stage of the ring
 to be free (its `empty` mbarrier), announcing the bytes to come (`full`'s expected
 transactions) and starting the TMA loads of A's 128 x 64 and B's BN x 64 tiles into it. TMA
@@ -17,8 +18,10 @@ zeros, so M, N and K need not be multiples of the tile. Warpgroups 1 and 2 are t
 64 rows each, with the registers the producer gave up: each waits for a stage's `full` barrier,
 issues four m64nBNk16 `wgmma`s on it (their operands named by shared-memory descriptors), and
 once the previous step's group has completed (`wgmma.wait_group 1`: one step stays in flight on
-the tensor cores) frees that step's stage. The epilogue (the kernel's stores: bias, activation,
-cast, residual, an optimizer update) runs on each accumulator where it lies.
+the tensor cores) frees that step's stage; meanwhile the producer goes on into the block's
+next tile, so that its first stages load while the consumers run this tile's epilogue. The
+epilogue (the kernel's stores: bias, activation, cast, residual, an optimizer update) runs on
+each accumulator where it lies, neighbouring columns stored as one vector.
 
 Operands are K-major (the contracting dim contiguous: a row-major lhs, the rhs of `x @ w.T`) or
 MN-major (the other dim contiguous); TMA brings either as it lies and `wgmma` reads MN-major
@@ -112,7 +115,7 @@ class WgmmaPlan:
     def __str__(self) -> str:
         layouts = "".join("k" if s.k_major else "o" for s in (self.a, self.b))
         return (f"wgmma {self.dtype} {BM}x{self.width}x{BK} tma {self.stages} stages staged {layouts} "
-                f"warp-specialized {CONSUMERS}+1 warpgroups")
+                f"warp-specialized {CONSUMERS}+1 warpgroups persistent")
 
 
 def _width(batches: int, m: int, n: int) -> int:
@@ -175,55 +178,102 @@ def wgmma_plan(kernel: Kernel, places: tuple[Place, ...], inputs: tuple[Place, .
     return WgmmaPlan(_TYPES[spec.a.dtype], width, stages, a, b, batches, m, n, depth, spec.batch, spec.m, spec.n)
 
 
+class _Ring:
+    """The stages in dynamic shared memory (1 KiB aligned: the swizzle pattern spans 8 rows of
+    128 bytes) and their two mbarriers each: `full` (the stage's loads landed) and `empty`
+    (its multiplies are done)."""
+
+    def __init__(self, ke: KernelEmitter, plan: WgmmaPlan):
+        self.b, self.plan, self.stages = ke.b, plan, plan.stages
+        self.ring = plan.stages * plan.stage_bytes
+        base = ke.dynamic_shared(self.ring + hp.SWIZZLE_ATOM + 16 * plan.stages)
+        raw = hp.shared_u32(self.b, base)
+        self.tiles = self.b.and_(self.b.add(raw, self._c(hp.SWIZZLE_ATOM - 1)), self._c(-hp.SWIZZLE_ATOM))
+
+    @staticmethod
+    def _c(v: int) -> ir.Value:
+        return ir.Constant(I32, v)
+
+    def _at(self, offset: int, s: ir.Value, size: int) -> ir.Value:
+        return self.b.add(self.tiles, self.b.add(self._c(offset), self.b.mul(s, self._c(size))))
+
+    def full(self, s: ir.Value) -> ir.Value:
+        return self._at(self.ring, s, 8)
+
+    def empty(self, s: ir.Value) -> ir.Value:
+        return self._at(self.ring + 8 * self.stages, s, 8)
+
+    def a_tile(self, s: ir.Value) -> ir.Value:
+        return self._at(0, s, self.plan.stage_bytes)
+
+    def b_tile(self, s: ir.Value) -> ir.Value:
+        return self._at(self.plan.a.nbytes, s, self.plan.stage_bytes)
+
+    def position(self, step: ir.Value) -> tuple[ir.Value, ir.Value]:
+        """(stage, phase parity) of the block's `step`-th step of K, counted over all its tiles."""
+        s32 = self.b.trunc(step, I32)
+        return self.b.urem(s32, self._c(self.stages)), self.b.and_(self.b.udiv(s32, self._c(self.stages)), self._c(1))
+
+
 def emit_wgmma(ke: KernelEmitter, plan: WgmmaPlan) -> tuple[int, int, str]:
-    """Emit the kernel `plan` describes into `ke` (whose tensor-map parameters it reads)."""
+    """Emit the kernel `plan` describes into `ke` (whose tensor-map parameters it reads).
+
+    The kernel is persistent: a block per multiprocessor (at most one per tile) takes tiles
+    `block, block + grid, ...`, so that the producer streams the next tile's stages in while
+    the consumers run this one's epilogue, and no block pays for filling the ring twice."""
     b = ke.b
-    c64 = lambda v: ir.Constant(I64, v)  # noqa: E731
     c32 = lambda v: ir.Constant(I32, v)  # noqa: E731
-    stages, width = plan.stages, plan.width
-    tiles_m, tiles_n = -(-plan.m // BM), -(-plan.n // width)
+    tiles_m, tiles_n = -(-plan.m // BM), -(-plan.n // plan.width)
+    total = plan.batches * tiles_m * tiles_n
+    grid = min(total, SMS)
     steps = -(-plan.depth // BK)
-    ring = stages * plan.stage_bytes
-    base = ke.dynamic_shared(ring + hp.SWIZZLE_ATOM + 16 * stages)
-    raw = hp.shared_u32(b, base)
-    tiles = b.and_(b.add(raw, c32(hp.SWIZZLE_ATOM - 1)), c32(-hp.SWIZZLE_ATOM))  # swizzling needs 1 KiB alignment
-    full = lambda s: b.add(tiles, b.add(c32(ring), b.mul(s, c32(8))))  # noqa: E731
-    empty = lambda s: b.add(tiles, b.add(c32(ring + 8 * stages), b.mul(s, c32(8))))  # noqa: E731
-    a_tile = lambda s: b.add(tiles, b.mul(s, c32(plan.stage_bytes)))  # noqa: E731
-    b_tile = lambda s: b.add(a_tile(s), c32(plan.a.nbytes))  # noqa: E731
+    ring = _Ring(ke, plan)
 
     tid = b.trunc(ke.thread_index(), I32)
     warpgroup = b.udiv(tid, c32(WARPGROUP))
-    batch, tile_m, tile_n = _tile_of(b, ke.block_index(), plan.batches, tiles_m, tiles_n)
-    m0, n0 = b.mul(tile_m, c64(BM)), b.mul(tile_n, c64(width))
+    block = ke.block_index()
+    mine = b.udiv(b.add(b.sub(ir.Constant(I64, total), block), ir.Constant(I64, grid - 1)), ir.Constant(I64, grid))
+
+    def tile(b: ir.IRBuilder, i: ir.Value) -> tuple[ir.Value, ir.Value, ir.Value]:
+        """(batch, first row, first column) of this block's `i`-th tile."""
+        at = b.add(block, b.mul(i, ir.Constant(I64, grid)))
+        batch, tile_m, tile_n = _tile_of(b, at, plan.batches, tiles_m, tiles_n)
+        return batch, b.mul(tile_m, ir.Constant(I64, BM)), b.mul(tile_n, ir.Constant(I64, plan.width))
 
     with b.if_then(b.icmp_unsigned("==", tid, c32(0))):
-        for s in range(stages):
-            hp.mbarrier_init(b, full(c32(s)), 1)
-            hp.mbarrier_init(b, empty(c32(s)), CONSUMERS * WARPGROUP // WARP)  # one arrival per consumer warp
+        for s in range(plan.stages):
+            hp.mbarrier_init(b, ring.full(c32(s)), 1)
+            hp.mbarrier_init(b, ring.empty(c32(s)), CONSUMERS * WARPGROUP // WARP)  # one arrival per consumer warp
         hp.fence_barrier_init(b)
     ke.barrier()
     ke.await_producers()
 
-    is_producer = b.icmp_unsigned("==", warpgroup, c32(0))
-    with b.if_else(is_producer) as (producer, consumer):
+    with b.if_else(b.icmp_unsigned("==", warpgroup, c32(0))) as (producer, consumer):
         with producer:
             hp.set_max_registers(b, PRODUCER_REGISTERS, grow=False)
             with b.if_then(b.icmp_unsigned("==", tid, c32(0))):
-                _produce(ke, plan, steps, batch, m0, n0, full, empty, a_tile, b_tile)
+                def produce(b: ir.IRBuilder, i: ir.Value, _: list) -> list:
+                    _produce(ke, plan, ring, b.mul(i, ir.Constant(I64, steps)), steps, *tile(b, i))
+                    return []
+                loop(b, 0, mine, produce, [], name="tiles", vectorize=False, unroll=1)
         with consumer:
             hp.set_max_registers(b, CONSUMER_REGISTERS, grow=True)
-            accs = _consume(ke, plan, steps, tid, warpgroup, full, empty, a_tile, b_tile)
-            _epilogue(ke, plan, accs, tid, warpgroup, batch, m0, n0)
+
+            def consume(b: ir.IRBuilder, i: ir.Value, _: list) -> list:
+                batch, m0, n0 = tile(b, i)
+                accs = _consume(ke, plan, ring, b.mul(i, ir.Constant(I64, steps)), steps, tid, warpgroup)
+                _epilogue(ke, plan, accs, tid, warpgroup, batch, m0, n0)
+                return []
+            loop(b, 0, mine, consume, [], name="tiles", vectorize=False, unroll=1)
     b.ret_void()
-    return plan.batches * tiles_m * tiles_n, (CONSUMERS + 1) * WARPGROUP, str(plan)
+    return grid, (CONSUMERS + 1) * WARPGROUP, str(plan)
 
 
 def _tile_of(b: ir.IRBuilder, block: ir.Value, batches: int, tiles_m: int, tiles_n: int
              ) -> tuple[ir.Value, ir.Value, ir.Value]:
-    """(batch, tile row, tile column) of a block: bands of GROUP_M tile rows, each walked down
-    its rows before moving a column right, so that a wave of blocks shares A's and B's tiles
-    in L2."""
+    """(batch, tile row, tile column) of a tile index: bands of GROUP_M tile rows, each walked
+    down its rows before moving a column right, so that the tiles in flight at once share A's
+    and B's tiles in L2."""
     c = lambda v: ir.Constant(I64, v)  # noqa: E731
     per_batch = tiles_m * tiles_n
     batch, pid = b.udiv(block, c(per_batch)), b.urem(block, c(per_batch))
@@ -246,24 +296,22 @@ def _coords(b: ir.IRBuilder, side: Side, outer: ir.Value, k0: ir.Value, batch: i
     return found
 
 
-def _produce(ke: KernelEmitter, plan: WgmmaPlan, steps: int, batch, m0, n0, full, empty, a_tile, b_tile) -> None:
-    """The producer thread: for each step of K, wait for its stage to be free, then load A's
-    and B's tiles into it."""
+def _produce(ke: KernelEmitter, plan: WgmmaPlan, ring: _Ring, before: ir.Value, steps: int, batch, m0, n0) -> None:
+    """The producer thread on one tile (`before`: the block's steps on earlier tiles): for each
+    step of K, wait for its stage to be free, then load A's and B's tiles into it."""
     b = ke.b
-    c32 = lambda v: ir.Constant(I32, v)  # noqa: E731
-    stages = plan.stages
 
     def step(b: ir.IRBuilder, t: ir.Value, _: list) -> list:
-        t32 = b.trunc(t, I32)
-        s, use = b.urem(t32, c32(stages)), b.udiv(t32, c32(stages))
-        with b.if_then(b.icmp_unsigned(">=", t32, c32(stages))):  # the stage's previous use must be done
-            hp.wait_parity(b, empty(s), b.and_(b.sub(use, c32(1)), c32(1)))
-        hp.arrive_expect_bytes(b, full(s), plan.stage_bytes)
+        g = b.add(before, t)
+        s, parity = ring.position(g)
+        with b.if_then(b.icmp_unsigned(">=", g, ir.Constant(I64, plan.stages))):
+            hp.wait_parity(b, ring.empty(s), b.xor(parity, ir.Constant(I32, 1)))  # the stage's previous use
+        hp.arrive_expect_bytes(b, ring.full(s), plan.stage_bytes)
         k0 = b.mul(t, ir.Constant(I64, BK))
-        for side, outer, tile, map_arg in ((plan.a, m0, a_tile(s), ke.map_args[0]),
-                                           (plan.b, n0, b_tile(s), ke.map_args[1])):
+        for side, outer, tile, map_arg in ((plan.a, m0, ring.a_tile(s), ke.map_args[0]),
+                                           (plan.b, n0, ring.b_tile(s), ke.map_args[1])):
             for box, coords in enumerate(_coords(b, side, outer, k0, batch)):
-                hp.tma_load(b, b.add(tile, c32(box * BOX_BYTES)), map_arg, coords, full(s))
+                hp.tma_load(b, b.add(tile, ir.Constant(I32, box * BOX_BYTES)), map_arg, coords, ring.full(s))
         return []
 
     loop(b, 0, steps, step, [], name="produce", vectorize=False, unroll=1)
@@ -277,37 +325,40 @@ def _descriptor(b: ir.IRBuilder, side: Side, tile: ir.Value, j: int) -> ir.Value
                                 8 * hp.SWIZZLE_BYTES)
 
 
-def _consume(ke: KernelEmitter, plan: WgmmaPlan, steps: int, tid, warpgroup, full, empty, a_tile, b_tile
+def _consume(ke: KernelEmitter, plan: WgmmaPlan, ring: _Ring, before: ir.Value, steps: int, tid, warpgroup
              ) -> list[ir.Value]:
-    """A consumer warpgroup's mainloop: its 64 x BN accumulators after every step of K."""
+    """A consumer warpgroup's mainloop on one tile (`before`: the block's steps on earlier
+    tiles): its 64 x BN accumulators after every step of K, every stage freed."""
     b = ke.b
     c32 = lambda v: ir.Constant(I32, v)  # noqa: E731
-    stages = plan.stages
     rows = b.mul(b.sub(warpgroup, c32(1)), c32(64 * hp.SWIZZLE_BYTES))  # its 64 rows of A: 8 KiB on
-    lane = b.urem(tid, c32(WARP))
+    first_lane = b.icmp_unsigned("==", b.urem(tid, c32(WARP)), c32(0))
     shape, types = f"m64n{plan.width}k{K_STEP}", f"f32.{plan.dtype}.{plan.dtype}"
     transpose = (int(not plan.a.k_major), int(not plan.b.k_major))
 
+    def free(g: ir.Value) -> None:
+        with b.if_then(first_lane):
+            hp.arrive(b, ring.empty(ring.position(g)[0]))
+
     def step(b: ir.IRBuilder, t: ir.Value, accs: list[ir.Value]) -> list[ir.Value]:
-        t32 = b.trunc(t, I32)
-        s = b.urem(t32, c32(stages))
-        hp.wait_parity(b, full(s), b.and_(b.udiv(t32, c32(stages)), c32(1)))
+        g = b.add(before, t)
+        s, parity = ring.position(g)
+        hp.wait_parity(b, ring.full(s), parity)
         hp.wgmma_fence(b)
-        a0, b0 = b.add(a_tile(s), rows), b_tile(s)
+        a0, b0 = b.add(ring.a_tile(s), rows), ring.b_tile(s)
         for j in range(BK // K_STEP):
             accs = hp.wgmma(b, shape, types, _descriptor(b, plan.a, a0, j), _descriptor(b, plan.b, b0, j), accs,
                             transpose)
         hp.wgmma_commit(b)
         hp.wgmma_wait(b, 1)  # the previous step's multiplies are done: its stage is free
-        previous = b.urem(b.add(t32, c32(stages - 1)), c32(stages))
-        free = b.and_(b.icmp_unsigned(">", t32, c32(0)), b.icmp_unsigned("==", lane, c32(0)))
-        with b.if_then(free):
-            hp.arrive(b, empty(previous))
+        with b.if_then(b.icmp_unsigned(">", t, ir.Constant(I64, 0))):
+            free(b.sub(g, ir.Constant(I64, 1)))
         return accs
 
     zero = ir.Constant(F32, 0.0)
     accs = loop(b, 0, steps, step, [zero] * (plan.width // 2), name="kstep", vectorize=False, unroll=1)
     hp.wgmma_wait(b, 0)
+    free(b.add(before, ir.Constant(I64, steps - 1)))  # the last stage: the producer is on the next tile
     return accs
 
 
