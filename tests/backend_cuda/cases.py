@@ -214,3 +214,29 @@ def assert_matches_reference(graph, inputs, outs, label):
     for i, (got, w, d) in enumerate(zip(outs, want, tolerance_dtypes(graph, tf32=CudaBackend.rounds_to_tf32))):
         problem = mismatch(np.asarray(got), w, d)
         assert problem is None, f"{label}: output {i}: {problem}\n{graph}"
+
+
+def contraction_outputs_on_gpu(closed, args, strategy: str, **options) -> tuple[list, list]:
+    """Run a traced program on the GPU with poisoned outputs, after checking that one of its
+    contractions took a kernel whose strategy starts with `strategy`, twice (the second call a
+    graph replay, which must give the same bits). Returns (outputs, every argument)."""
+    with glue.config.override(cuda_poison=0xFF):
+        low = CudaBackend().lower(closed.graph, **options)
+        assert any(launch.strategy.startswith(strategy) for launch in low["llvm"].launches
+                   if launch.kind == "contraction")
+        exe = low.compile()
+        all_args = list(closed.consts) + list(args)
+        outs = [np.asarray(o) for o in exe(*all_args)]
+        again = [np.asarray(o) for o in exe(*all_args)]
+    for a, b in zip(outs, again):
+        np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
+    return outs, all_args
+
+
+def check_outputs(closed, all_args, outs, label: str, tf32: bool = False) -> None:
+    """Each output against the float64 reference, at its dtype's tolerance (TF32's where the
+    program's products may round to it)."""
+    want = run_graph(closed.graph, all_args, float64=True)
+    for i, (got, w, d) in enumerate(zip(outs, want, tolerance_dtypes(closed.graph, tf32=tf32))):
+        problem = mismatch(got, w, d if d is not None else closed.graph.out_types[i].dtype, scale=4.0)
+        assert problem is None, f"{label}, output {i}: {problem}"

@@ -16,9 +16,8 @@ import glue.numpy as gnp
 from glue.backend_cuda import CudaBackend
 from glue.backend_cuda.codegen.mma import KNOWN_TILES
 from glue.backend_cuda.ptx import assemble, ptxas_available
-from glue.reference import run_graph
-from glue.reference.compare import mismatch, tolerance_dtypes
 from tests.backend_cuda import emulator
+from tests.backend_cuda.cases import check_outputs, contraction_outputs_on_gpu
 
 BF16 = ml_dtypes.bfloat16
 needs_cc = pytest.mark.skipif(not emulator.available(), reason="the emulator needs a C compiler")
@@ -51,13 +50,6 @@ def _lower(fn, args, **options):
 
 def _strategies(low) -> list[str]:
     return [l.strategy for l in low["llvm"].launches if l.kind == "contraction"]
-
-
-def _check(closed, args, outs, label):
-    want = run_graph(closed.graph, args, float64=True)
-    for i, (got, w, d) in enumerate(zip(outs, want, tolerance_dtypes(closed.graph, tf32=True))):
-        problem = mismatch(got, w, d if d is not None else closed.graph.out_types[i].dtype, scale=4.0)
-        assert problem is None, f"{label}, output {i}: {problem}"
 
 
 def test_16_bit_products_take_tensor_cores_and_others_do_not():
@@ -124,7 +116,8 @@ def test_emulated_tensor_core_kernels_compute_the_reference(form, m, k, n, dtype
     closed, low = _lower(fn, args)
     assert any(s.startswith("mma") for s in _strategies(low))
     all_args = list(closed.consts) + args
-    _check(closed, all_args, emulator.run_program(low["llvm"], all_args, poison=0xFF), f"{form} {m}x{k}x{n}")
+    outs = emulator.run_program(low["llvm"], all_args, poison=0xFF)
+    check_outputs(closed, all_args, outs, f"{form} {m}x{k}x{n}", tf32=True)
 
 
 @needs_cc
@@ -139,7 +132,7 @@ def test_emulated_16_byte_staging_computes_the_reference(form, dtype):
     ptx = "".join(low["ptx"].modules.values())
     assert "cp.async.cg.shared.global" in ptx and re.search(r"cp\.async\.wait_group\s+2;", ptx)
     all_args = list(closed.consts) + args
-    _check(closed, all_args, emulator.run_program(low["llvm"], all_args, poison=0xFF), form)
+    check_outputs(closed, all_args, emulator.run_program(low["llvm"], all_args, poison=0xFF), form, tf32=True)
 
 
 @needs_cc
@@ -151,7 +144,7 @@ def test_emulated_every_tile_computes_the_reference(tile):
         closed, low = _lower(lambda a, b: a @ b, args)
         program = low["llvm"]
     assert f"mma bf16 {tile.replace('/', ' warps ')}" in _strategies(low)[0]
-    _check(closed, args, emulator.run_program(program, args, poison=0xFF), tile)
+    check_outputs(closed, args, emulator.run_program(program, args, poison=0xFF), tile, tf32=True)
 
 
 def test_an_unknown_tile_is_a_glue_error():
@@ -168,7 +161,7 @@ def test_emulated_adversarial_values_stay_the_references():
     w = np.ones((40, 50), BF16)
     x[3, 5], x[9, 0], w[7, 2] = np.inf, np.nan, -np.inf
     closed, low = _lower(lambda a, b: a @ b, [x, w])
-    _check(closed, [x, w], emulator.run_program(low["llvm"], [x, w], poison=0xFF), "adversarial")
+    check_outputs(closed, [x, w], emulator.run_program(low["llvm"], [x, w], poison=0xFF), "adversarial", tf32=True)
 
 
 @pytest.mark.cuda
@@ -180,13 +173,5 @@ def test_on_the_gpu_tensor_core_kernels_compute_the_reference(form, shape, dtype
     rng = np.random.default_rng(7)
     args = [rng.standard_normal(s).astype(dtype) for s in shapes(*shape)]
     closed = glue.make_ir(fn)(*args)
-    with glue.config.override(cuda_poison=0xFF):
-        low = CudaBackend().lower(closed.graph, name="mma", gemm="codegen")
-        assert any(s.startswith("mma") for s in _strategies(low))
-        exe = low.compile()
-        all_args = list(closed.consts) + args
-        outs = [np.asarray(o) for o in exe(*all_args)]
-        again = [np.asarray(o) for o in exe(*all_args)]  # a graph replay gives the same bits
-    _check(closed, all_args, outs, f"{form} {shape}")
-    for a, b in zip(outs, again):
-        np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
+    outs, all_args = contraction_outputs_on_gpu(closed, args, "mma", name="mma", gemm="codegen")
+    check_outputs(closed, all_args, outs, f"{form} {shape}", tf32=True)

@@ -11,8 +11,7 @@ import glue.nn as nn
 import glue.numpy as gnp
 from glue.backend_cuda import CudaBackend, detected_arch
 from glue.backend_cuda.ptx import assemble, ptxas_available
-from glue.reference import run_graph
-from glue.reference.compare import mismatch, tolerance_dtypes
+from tests.backend_cuda.cases import check_outputs, contraction_outputs_on_gpu
 
 BF16 = ml_dtypes.bfloat16
 
@@ -112,16 +111,5 @@ def test_on_the_gpu_warpgroup_kernels_compute_the_reference(form, shape, dtype):
     rng = np.random.default_rng(11)
     args = [rng.standard_normal(s).astype(dtype) for s in shapes(*shape)]
     closed = glue.make_ir(fn)(*args)
-    with glue.config.override(cuda_poison=0xFF):
-        low = CudaBackend().lower(closed.graph, name="wg", gemm="codegen")
-        assert any(launch.strategy.startswith("wgmma") for launch in _contractions(low))
-        exe = low.compile()
-        all_args = list(closed.consts) + args
-        outs = [np.asarray(o) for o in exe(*all_args)]
-        again = [np.asarray(o) for o in exe(*all_args)]  # a graph replay gives the same bits
-    want = run_graph(closed.graph, all_args, float64=True)
-    for i, (got, w, d) in enumerate(zip(outs, want, tolerance_dtypes(closed.graph))):
-        problem = mismatch(got, w, d if d is not None else closed.graph.out_types[i].dtype, scale=4.0)
-        assert problem is None, f"{form} {shape}, output {i}: {problem}"
-    for a, b in zip(outs, again):
-        np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
+    outs, all_args = contraction_outputs_on_gpu(closed, args, "wgmma", name="wg", gemm="codegen")
+    check_outputs(closed, all_args, outs, f"{form} {shape}")

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from llvmlite import ir
 
-from glue.backend_cuda.codegen.common import PTR3, VOID
+from glue.backend_cuda.codegen.common import VOID
 from glue.codegen.types import F32, I32, I64
 
 SWIZZLE_BYTES = 128  # TMA writes and wgmma reads 128-byte rows, 16-byte chunks XORed by row % 8
