@@ -38,7 +38,7 @@ from glue.codegen.scope import Analysis, hoist
 from glue.codegen.types import I1, I8, I32, I64, register_type
 from glue.ir import dtypes as dt
 from glue.ir.core import strides
-from glue.scheduler.kernel_ir import Clamp, Dim, Div, Expr, Index, Kernel, Load, Mod, Op
+from glue.scheduler.kernel_ir import Clamp, Dim, Div, Expr, Index, Kernel, Load, Mod, Op, loads_under
 from glue.settings import config
 
 MR = 6  # rows of a micro-tile: 6 x 2 vectors of accumulators + 3 operands fit 16 registers
@@ -241,7 +241,12 @@ class MatmulBuilder(KernelBuilder):
                 value = self.value_at(self.left, point)
                 b.store(convert(b, value, self.left.dtype, self.acc), self.element(packed, b.add(at, self.const(mm))))
             return []
-        loop(b, 0, k_len, step, name="ka")
+        # Vectorised, a left whose index is not linear in k (a reshape's divisions: attention's
+        # heads merged back) becomes MR x lanes x interleave copies of its index arithmetic,
+        # which LLVM then spends tens of seconds on (GPT-2 width step: 20 s for one kernel),
+        # for a packing loop of gathers that vectors do not speed up.
+        linear = all(_k_stride(ld, self.kernel) is not None for ld in loads_under([self.left]))
+        loop(b, 0, k_len, step, name="ka", vectorize=linear)
 
     def left_address(self, bc, m: ir.Value, k: ir.Value) -> ir.Value:
         """The address of left(row m, flat reduce index k), a plain load read in place."""
