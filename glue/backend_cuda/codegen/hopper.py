@@ -37,14 +37,6 @@ class TensorMap:
     strides: tuple[int, ...]
     box: tuple[int, ...]
 
-    @property
-    def box_bytes(self) -> int:
-        size = {"bf16": 2, "f16": 2, "f32": 4}[self.dtype]
-        total = size
-        for n in self.box:
-            total *= n
-        return total
-
 
 def _asm(b: ir.IRBuilder, text: str, constraints: str, args: list[ir.Value], result: ir.Type = VOID) -> ir.Value:
     asm = ir.InlineAsm(ir.FunctionType(result, [a.type for a in args]), text, constraints, side_effect=True)
