@@ -103,10 +103,12 @@ class _Step:
 
     def arguments(self, bases: list[int]) -> list:
         """The kernel's parameters at these base addresses: its pointers, then its tensor maps
-        encoded from the pointers they view."""
+        (if any) encoded from the pointers they view."""
         pointers = [bases[b] + off for b, off in self.sources]
-        return pointers + [tensor_map.encode(m.dtype, m.dims, m.strides, m.box, pointers[m.param] + m.offset)
-                           for m in self.tensor_maps]
+        if self.tensor_maps:
+            pointers += [tensor_map.encode(m.dtype, m.dims, m.strides, m.box, pointers[m.param] + m.offset)
+                         for m in self.tensor_maps]
+        return pointers
 
 
 @dataclass

@@ -163,7 +163,7 @@ def wgmma_plan(kernel: Kernel, places: tuple[Place, ...], inputs: tuple[Place, .
     spec = gemm_spec(kernel)
     if spec is None or spec.a is None or spec.b is None or spec.accumulator != dt.float32:
         return None
-    if spec.a.dtype != spec.b.dtype or spec.a.dtype not in _TYPES or kernel.reductions[0].dtype != dt.float32:
+    if spec.a.dtype != spec.b.dtype or spec.a.dtype not in _TYPES:
         return None
     batches, m, n, depth = spec.shape
     if batches * -(-m // BM) * -(-n // 128) < MIN_BLOCKS:

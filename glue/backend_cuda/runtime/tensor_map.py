@@ -23,22 +23,20 @@ def _data_type(name: str):
             "f32": types.CU_TENSOR_MAP_DATA_TYPE_FLOAT32}[name]
 
 
-def encode(dtype: str, dims: tuple[int, ...], strides: tuple[int, ...], box: tuple[int, ...], address: int,
-           swizzle_bytes: int = 128) -> bytes:
+def encode(dtype: str, dims: tuple[int, ...], strides: tuple[int, ...], box: tuple[int, ...], address: int) -> bytes:
     """The descriptor of a tensor of `dims` elements (innermost first; `strides` in bytes for
-    dims 1 on) at device `address`, loaded `box` elements at a time into shared memory with the
-    given swizzle; elements past the tensor's edge load as zeros."""
-    key = (dtype, dims, strides, box, address, swizzle_bytes)
+    dims 1 on) at device `address`, loaded `box` elements at a time into shared memory with
+    the 128-byte swizzle (the one codegen/hopper.py's kernels read); elements past the
+    tensor's edge load as zeros."""
+    key = (dtype, dims, strides, box, address)
     found = _encoded.get(key)
     if found is not None:
         return found
     d = drv.load()
-    swizzle = {128: d.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B, 64: d.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_64B,
-               32: d.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_32B, 0: d.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_NONE}
     tensor_map = drv.check(d.cuTensorMapEncodeTiled(
         _data_type(dtype), len(dims), address, [d.cuuint64_t(n) for n in dims], [d.cuuint64_t(s) for s in strides],
         [d.cuuint32_t(n) for n in box], [d.cuuint32_t(1)] * len(dims),
-        d.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle[swizzle_bytes],
+        d.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, d.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
         d.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
         d.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
         f"cuTensorMapEncodeTiled({dtype}, dims {dims}, strides {strides}, box {box}, address {address:#x})")
