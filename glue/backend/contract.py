@@ -30,6 +30,7 @@ import numpy as np
 from glue import profiler
 from glue.codegen.analysis import CostAnalysis, MemoryAnalysis
 from glue.errors import GlueError
+from glue.backend.plan_cache import cached_plan, plan_key
 from glue.ir import Graph
 from glue.scheduler.plan import STAGES as PLAN_STAGES
 from glue.scheduler.passes import optimize
@@ -241,18 +242,26 @@ def add_plan_stages(lowering: Lowering, max_streams: int = 1, attention: Attenti
     internal "passes" (the optimized Graph), "attention" (attention recognised and tiled, then
     the graph rematerialised: `glue.scheduler.plan.prepare`, as the backend's `attention`
     policy says), "fuse" (kernels) and "plan"
-    (streams and memory too), and the Plan's printable views."""
+    (streams and memory too), and the Plan's printable views. A large program's Plan is read
+    from the disk cache when a process planned it before (glue/backend/plan_cache.py): then
+    the stages before "plan" never run."""
     lowering.add_stage("passes", lambda lw: optimize(lw.graph), text=None)
     lowering.add_stage("attention", lambda lw: prepare(lw["passes"], attention), text=None)
     lowering.add_stage("fuse", lambda lw: lw["attention"].fused(), text=None)
-    lowering.add_stage("plan", lambda lw: _plan(lw, max_streams), text=None)
+    lowering.add_stage("plan", lambda lw: _plan(lw, max_streams, attention), text=None)
     for stage in PLAN_STAGES:
         lowering.add_stage(stage, lambda lw: lw["plan"], text=_plan_text(stage))
 
 
-def _plan(lowering: Lowering, max_streams: int) -> Plan:
-    """`glue.scheduler.plan.schedule`, from the stages before it."""
-    return place(lowering["attention"].graph, lowering["fuse"], lowering.donated, max_streams)
+def _plan(lowering: Lowering, max_streams: int, attention: AttentionPolicy) -> Plan:
+    """`glue.scheduler.plan.schedule`, from the stages before it (or from the disk cache)."""
+    scheduler = f"streams={max_streams} flash={attention.native is not None} unfused={attention.unfused_bytes}"
+    key = plan_key(lowering.graph, lowering.backend.name, lowering.options.key, lowering.donated, scheduler)
+    plan, cached = cached_plan(key, lambda: place(lowering["attention"].graph, lowering["fuse"], lowering.donated,
+                                                  max_streams))
+    if cached:
+        lowering.note_cached("plan")
+    return plan
 
 
 def _plan_text(stage: str) -> Callable[[Plan], str]:

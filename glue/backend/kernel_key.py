@@ -9,7 +9,8 @@ codegen reads). Names (the kernel's, its fused ops, the user's source lines) are
 the layers of a model, or the same layer in two programs, share one compiled kernel.
 
 The walk is iterative (kernels of 10,000-op chains are deep DAGs) and numbers each shared node
-once, so a key costs time linear in the kernel's size.
+once, so a key costs time linear in the kernel's size; equal nodes get one number whether or not
+they are one object.
 """
 from __future__ import annotations
 
@@ -53,8 +54,11 @@ def _label(value: Any) -> str:
 
 def structure_text(roots: Sequence[Any]) -> list[str]:
     """`roots` as lines, one per distinct node (dataclass or tuple) in post-order: its type and
-    its parts, a node part written `#n` (the n-th line), an atom as its repr."""
+    its parts, a node part written `#n` (the n-th line), an atom as its repr. Equal nodes are one
+    line whether or not they are one object (a Plan read back from the disk cache shares fewer
+    objects than the one it was built as), so the text depends only on the values."""
     number: dict[int, int] = {}
+    seen: dict[str, int] = {}
     lines: list[str] = []
     stack: list[tuple[Any, tuple | None]] = [(r, None) for r in reversed(roots) if _walked(r)]
     while stack:
@@ -67,8 +71,12 @@ def structure_text(roots: Sequence[Any]) -> list[str]:
             stack.extend((p, None) for p in reversed(parts) if _walked(p) and id(p) not in number)
             continue
         refs = [f"#{number[id(p)]}" if _walked(p) else repr(p) for p in parts]
-        number[id(node)] = len(lines)
-        lines.append(f"{_label(node)}({','.join(refs)})")
+        line = f"{_label(node)}({','.join(refs)})"
+        at = seen.get(line)
+        if at is None:
+            at = seen[line] = len(lines)
+            lines.append(line)
+        number[id(node)] = at
     return lines
 
 

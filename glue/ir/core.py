@@ -108,6 +108,18 @@ def strides(shape: tuple[int, ...] | list[int]) -> list[int]:
 _var_ids = itertools.count()
 
 
+def var_id_bound() -> int:
+    """An id above every Var made so far in this process."""
+    return next(_var_ids)
+
+
+def reserve_var_ids(bound: int) -> None:
+    """Vars made from now on get ids of at least `bound`: a Graph read back from another process
+    (a cached Plan) holds that process's ids, which new Vars must not repeat."""
+    global _var_ids
+    _var_ids = itertools.count(max(next(_var_ids), bound))
+
+
 @dataclass(frozen=True, eq=False)
 class Var:
     """A value defined once in a Graph; identity is what distinguishes two Vars."""
