@@ -2,9 +2,9 @@
 
 A plan kernel that has both variants (see codegen/library.py) is timed both ways on the GPU when
 the program loads, on random data in buffers of the program's types, and the faster variant
-runs; the choice is kept in the disk cache (namespace "gemm"), keyed by the kernel's text, the
-arch, the library's version and both variants' launch strategies, so a later process does not
-race again. Each variant is timed as the step runs it, in a CUDA graph (REPEATS runs back to
+runs; the choice is kept in the disk cache (namespace "gemm"), keyed by the kernel's structure
+(`glue.backend.kernel_key`), the arch, the library's version and both variants' launch
+strategies, so a later process does not race again, and the copies of a layer race once. Each variant is timed as the step runs it, in a CUDA graph (REPEATS runs back to
 back, replayed): timed by events around direct launches, a small product's time would be the
 host's time to queue it, which graph replays do not pay, and the library's call costs the host
 more than a kernel launch. The library variant of a product of at least ALGORITHM_FLOPS is
@@ -24,6 +24,7 @@ import numpy as np
 
 from glue import profiler
 from glue.backend.cache import DiskCache, digest
+from glue.backend.kernel_key import aliases, kernel_key
 from glue.errors import BackendError
 from glue.backend_cuda.runtime.device_array import DeviceBuffer
 from glue.backend_cuda.runtime.graph import replay_us
@@ -44,12 +45,15 @@ ALGORITHM_FLOPS = 1 << 30  # below this a product's algorithms are not raced (th
 
 
 def _key(program: "CudaProgram", group: int) -> bytes:
+    """The race's cache key: the plan kernel's structure (up to names, as its code is keyed, so
+    a model's identical layers race once), the places its launches share, and their strategies."""
     from glue.backend_cuda import cublaslt
 
     launches = [l for l in program.launches if l.group == group]
     strategies = "|".join(f"{l.variant}:{l.strategy}" for l in launches)
-    return digest("gemm choice, graph-timed, algorithms", program.arch, cublaslt.version(),
-                  str(program.plan.kernels[group]), strategies)
+    shared = aliases([place for l in launches for place in l.params])
+    return digest("gemm choice, graph-timed, algorithms, structural", program.arch, cublaslt.version(),
+                  kernel_key(program.plan.kernels[group], shared).hex(), strategies)
 
 
 def choose_variants(exe: "CudaExecutable", program: "CudaProgram") -> dict[int, str]:

@@ -141,3 +141,18 @@ def test_on_the_gpu_the_race_times_the_librarys_algorithms_and_a_new_process_reu
             assert chosen == {first.gemm_algorithms[group]}
         for exe in (first, again):
             _compare(closed.graph, args, [np.asarray(o) for o in exe(*args)], "1024^3 f32", tf32=True)
+
+
+def test_identical_contractions_share_one_race_and_different_ones_do_not():
+    """The race's cache key is the kernel's structure, as its code's is: a model's layers race
+    once (the first layer's choice serves the rest from the disk cache). Lowered without a GPU."""
+    from glue.backend_cuda.gemm_choice import _key
+
+    x, w1, w2 = (RNG.standard_normal(s).astype(np.float32) for s in [(64, 32), (32, 48), (32, 48)])
+    w3 = RNG.standard_normal((32, 40)).astype(np.float32)
+    closed = glue.make_ir(lambda x, w1, w2, w3: (nn.relu(x @ w1), nn.relu(x @ w2), nn.relu(x @ w3)))(x, w1, w2, w3)
+    program = CudaBackend().lower(closed.graph, name="layers", arch="sm_90a")["llvm"]
+    groups = [i for i, k in enumerate(program.plan.kernels) if k.kind == "contraction"]
+    assert len(groups) == 3
+    first, second, third = (_key(program, g) for g in groups)
+    assert first == second != third
