@@ -223,6 +223,10 @@ class Backend(ABC):
     def load(self, lowering: Lowering) -> Executable:
         """The Executable of a lowering (may build its remaining stages)."""
 
+    def before_scheduling(self, lowering: Lowering) -> None:
+        """Called as `lowering`'s Plan is about to be built rather than read from the disk
+        cache, a sign of a cold compile: a backend may start what that will need."""
+
     def holds(self, buffer: Any) -> bool:
         """Whether `buffer` is already in this backend's memory (a glue-made buffer of it)."""
         return isinstance(buffer, np.ndarray)
@@ -257,8 +261,11 @@ def _plan(lowering: Lowering, max_streams: int, attention: AttentionPolicy) -> P
     """`glue.scheduler.plan.schedule`, from the stages before it (or from the disk cache)."""
     scheduler = f"streams={max_streams} flash={attention.native is not None} unfused={attention.unfused_bytes}"
     key = plan_key(lowering.graph, lowering.backend.name, lowering.options.key, lowering.donated, scheduler)
-    plan, cached = cached_plan(key, lambda: place(lowering["attention"].graph, lowering["fuse"], lowering.donated,
-                                                  max_streams))
+    def schedule() -> Plan:
+        lowering.backend.before_scheduling(lowering)
+        return place(lowering["attention"].graph, lowering["fuse"], lowering.donated, max_streams)
+
+    plan, cached = cached_plan(key, schedule)
     if cached:
         lowering.note_cached("plan")
     return plan

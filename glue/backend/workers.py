@@ -5,8 +5,9 @@ once; separate processes can. A cold compile hands each kernel's module to the p
 its IR is built, so LLVM runs on every core while this process builds the next kernel's IR.
 
 Workers are `python -P llvm_jobs.py`, which imports llvmlite and nothing of glue (until a
-"call" job names a module of glue's: a backend's emitter); they start when first needed (about
-0.1-0.2 s each, in parallel), or ahead of it (`prestart`), live as long as this process and
+"call" job names a module of glue's: a backend's emitter, imported without the package's
+`__init__`); they start when first needed (about 0.1-0.2 s each, in parallel), or ahead of it
+(`prestart`, which may name modules to import at once), live as long as this process and
 serve any number of jobs. Each pool thread owns one worker at a time and talks to it over its pipes
 (length-prefixed pickles); a worker that dies fails its job with a RuntimeError, like an LLVM
 error, and is replaced on the next job. `config.compile_workers` bounds the pool (default: the
@@ -38,6 +39,7 @@ from glue.settings import config
 
 _SCRIPT = llvm_jobs.__file__
 IN_PROCESS_JOBS = 8
+PRESTART_EQNS = 100  # a program this large is worth starting the workers ahead of its kernels
 WORKER_JOBS = 512
 # Where the worker finds llvmlite: the same directory this process imported it from.
 _LLVMLITE_HOME = os.path.dirname(os.path.dirname(os.path.abspath(llvmlite.__file__)))
@@ -62,8 +64,8 @@ def worker_count() -> int:
 class _Worker:
     """One worker process and its pipes."""
 
-    def __init__(self) -> None:
-        self._process = subprocess.Popen([sys.executable, "-P", _SCRIPT, _LLVMLITE_HOME, _GLUE_HOME],
+    def __init__(self, preload: tuple[str, ...]) -> None:
+        self._process = subprocess.Popen([sys.executable, "-P", _SCRIPT, _LLVMLITE_HOME, _GLUE_HOME, *preload],
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         self.jobs = 0
 
@@ -110,6 +112,7 @@ class _Pool:
         self._all: list[_Worker] = []
         self._lock = threading.Lock()
         self._threads = ThreadPoolExecutor(size, thread_name_prefix="glue-compile")
+        self.preload: tuple[str, ...] = ()  # modules every worker started from now on imports first
 
     @property
     def started(self) -> int:
@@ -118,11 +121,13 @@ class _Pool:
     def submit(self, name: str, args: tuple, label: str) -> Future:
         return self._threads.submit(self._run, name, args, label)
 
-    def prestart(self) -> None:
-        """Start every worker not running yet; each imports llvmlite while this process goes on."""
+    def prestart(self, preload: tuple[str, ...]) -> None:
+        """Start every worker not running yet; each imports llvmlite (and `preload`, added to
+        what later workers import) while this process goes on."""
         with self._lock:
+            self.preload += tuple(m for m in preload if m not in self.preload)
             while len(self._all) < self.size:
-                worker = _Worker()
+                worker = _Worker(self.preload)
                 self._all.append(worker)
                 self._idle.put(worker)
 
@@ -131,7 +136,7 @@ class _Pool:
             try:
                 worker = self._idle.get_nowait()
             except queue.Empty:
-                worker = _Worker()
+                worker = _Worker(self.preload)
                 with self._lock:
                     self._all.append(worker)
             try:
@@ -201,12 +206,13 @@ class Jobs:
         return self._pool.submit(name, args, label)
 
 
-def prestart() -> None:
+def prestart(preload: tuple[str, ...] = ()) -> None:
     """Start the pool's workers now, ahead of a batch of jobs expected soon (a cold compile
-    starts them while the scheduler runs, so they are ready when its first module is)."""
+    starts them while the scheduler runs, so they are ready when its first module is), each
+    importing the modules of glue's in `preload` (those its "call" jobs will name)."""
     size = worker_count()
     if size > 1:
-        _the_pool(size).prestart()
+        _the_pool(size).prestart(preload)
 
 
 def started() -> int:

@@ -24,11 +24,6 @@ from glue.backend_cpu.target import assembly, host
 from glue.errors import BackendError
 from glue.ir import Graph
 
-# Programs of at least this many equations start the compile workers while they are scheduled,
-# unless the disk cache marks them as compiled before (`_program_hint`).
-PRESTART_EQNS = 100
-
-
 @dataclass(frozen=True)
 class CpuOptions(Options):
     opt_level: int = 3
@@ -103,7 +98,7 @@ def _objects(lowering: Lowering) -> dict:
 
 def _hinted(lowering: Lowering) -> bool:
     """Whether a program is large enough to start the compile workers ahead of its kernels."""
-    return lowering.name != "body" and len(lowering.graph.eqns) >= PRESTART_EQNS
+    return lowering.name != "body" and len(lowering.graph.eqns) >= workers.PRESTART_EQNS
 
 
 def _program_hint(lowering: Lowering) -> bytes:

@@ -17,8 +17,9 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
 
+from glue.backend import workers
 from glue.backend.contract import Backend, Lowering, Options, add_plan_stages
-from glue.backend_cuda.codegen import CudaProgram, build_program, compile_ptx
+from glue.backend_cuda.codegen import EMITTING_WORKERS, CudaProgram, build_program, compile_ptx
 from glue.backend_cuda.codegen.flash import flash_note, why_not_flash
 from glue.backend_cuda.ptx import DEFAULT_ARCH, PTX_FEATURES, ProgramPtx, sm_number
 from glue.backend_cuda.runtime import driver
@@ -91,6 +92,13 @@ class CudaBackend(Backend):
         lowering.add_stage("llvm", _program, text=_llvm_text)
         lowering.add_stage("ptx", _ptx)
         lowering.add_stage("cubin", _cubin, text=None)
+
+    def before_scheduling(self, lowering: Lowering) -> None:
+        """A large program planned afresh: its kernels are likely not in the disk cache either,
+        so the compile workers start now, each importing the emitter it will run kernels
+        through (see codegen's EMITTING_WORKERS), and are ready when the first kernel is."""
+        if lowering.name != "body" and len(lowering.graph.eqns) >= workers.PRESTART_EQNS:
+            workers.prestart(("glue.backend_cuda.codegen",) if workers.worker_count() >= EMITTING_WORKERS else ())
 
     def load(self, lowering: Lowering) -> Any:
         from glue.backend_cuda.executor import CudaExecutable

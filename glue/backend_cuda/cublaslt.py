@@ -26,10 +26,11 @@ from glue.scheduler.gemm import GemmSpec, View
 
 log = logging.getLogger("glue")
 
-try:  # the optional extra
-    from nvmath.bindings import cublasLt as _lt
-except ImportError:  # pragma: no cover - depends on the installation
-    _lt = None
+# nvmath's cuBLASLt bindings (the optional extra), imported by the first `available()`: nvmath
+# imports CUDA's Python packages and ml_dtypes, a second or more, which a process that imports
+# this module without running products (a compile worker emitting kernels) never pays.
+_lt: Any = None
+_imported = False
 
 WORKSPACE_BYTES = 32 << 20  # what NVIDIA recommends giving cuBLASLt on Hopper
 _HEURISTICS = 8
@@ -42,12 +43,19 @@ _OP_N, _OP_T = 0, 1
 
 def available() -> bool:
     """Whether nvmath-python's cuBLASLt bindings import here (a GPU is needed to use them)."""
+    global _lt, _imported
+    if not _imported:
+        try:
+            from nvmath.bindings import cublasLt as _lt
+        except ImportError:  # pragma: no cover - depends on the installation
+            _lt = None
+        _imported = True
     return _lt is not None
 
 
 def version() -> str:
     """cuBLASLt's version where the library loads, else nvmath's bindings' (part of cache keys)."""
-    if _lt is None:
+    if not available():
         return "none"
     try:
         return str(_lt.get_version())

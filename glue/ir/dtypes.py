@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import ml_dtypes
 import numpy as np
 
 from glue.settings import config
@@ -41,7 +40,13 @@ class DType:
 
     @property
     def numpy(self) -> np.dtype:
-        return np.dtype(ml_dtypes.bfloat16) if self.name == "bf16" else np.dtype(self.numpy_name)
+        if self.name == "bf16":
+            # imported on first use, so that a process that never meets a bfloat16 array (a
+            # compile worker) skips its import: over a second with ml_dtypes 0.7
+            import ml_dtypes
+
+            return np.dtype(ml_dtypes.bfloat16)
+        return np.dtype(self.numpy_name)
 
     @property
     def itemsize(self) -> int:
@@ -86,7 +91,9 @@ FLOAT_DTYPES: tuple[DType, ...] = (float16, bfloat16, float32, float64)
 ALL_DTYPES: tuple[DType, ...] = (bool_,) + INT_DTYPES + FLOAT_DTYPES
 BY_NAME: dict[str, DType] = {d.name: d for d in ALL_DTYPES}
 
-_BY_NUMPY: dict[np.dtype, DType] = {d.numpy: d for d in ALL_DTYPES}
+# bfloat16 joins on its first lookup (its NumPy dtype is ml_dtypes', imported then)
+_BY_NUMPY: dict[np.dtype, DType] = {d.numpy: d for d in ALL_DTYPES if d.name != "bf16"}
+_BY_NUMPY_NAME: dict[str, DType] = {d.numpy_name: d for d in ALL_DTYPES}
 
 DEFAULT_INT = int32
 DEFAULT_FLOAT = float32
@@ -100,14 +107,15 @@ def from_numpy(dt) -> DType:
     known = _BY_NUMPY.get(dt) if isinstance(dt, np.dtype) else None
     if known is not None:  # the per-call path of jit: one dict lookup
         return known
-    if isinstance(dt, str) and dt in BY_NAME:
-        return BY_NAME[dt]
+    if isinstance(dt, str) and (dt in BY_NAME or dt in _BY_NUMPY_NAME):
+        return BY_NAME.get(dt) or _BY_NUMPY_NAME[dt]
     try:
         npdt = np.dtype(dt)
     except TypeError:
         npdt = None
     for d in ALL_DTYPES:
         if npdt is not None and d.numpy == npdt:
+            _BY_NUMPY[npdt] = d
             return d
     from glue.errors import GlueTypeError
 

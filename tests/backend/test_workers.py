@@ -162,10 +162,8 @@ def test_a_call_kernels_bodies_are_compiled_in_the_programs_batch():
 
 
 def test_workers_start_while_a_large_program_is_scheduled_unless_it_was_compiled_before(monkeypatch, tmp_path):
-    from glue import backend_cpu
-
     def f(x):  # enough equations to count as large
-        for n in range(backend_cpu.PRESTART_EQNS // 2 + 1):
+        for n in range(workers.PRESTART_EQNS // 2 + 1):
             x = gnp.tanh(x * 1.01 + n)
         return x
 
@@ -183,6 +181,38 @@ def test_workers_start_while_a_large_program_is_scheduled_unless_it_was_compiled
         monkeypatch.setattr(workers, "_ran_here", 0)
         glue.jit(lambda x: gnp.tanh(x) * 3, backend="cpu").lower(x).compile()
         assert workers.started() == 0  # a small program: its lone kernel compiles here
+
+
+def test_a_large_cuda_program_planned_afresh_starts_workers_that_import_its_emitter(monkeypatch, tmp_path):
+    from glue.backend_cuda import CudaBackend
+
+    started = []
+    monkeypatch.setattr(workers, "prestart", lambda preload=(): started.append(preload))
+    graph = glue.make_ir(lambda x: _chain(x, workers.PRESTART_EQNS))(np.ones(37, np.float32)).graph
+    with config.override(compile_workers=4, cache_dir=str(tmp_path)):
+        CudaBackend().lower(graph, arch="sm_90")["plan"]
+        assert started == [("glue.backend_cuda.codegen",)]
+        CudaBackend().lower(graph, arch="sm_90")["plan"]  # its Plan comes from the disk cache
+        assert len(started) == 1
+    with config.override(compile_workers=2, cache_dir=""):
+        CudaBackend().lower(graph, arch="sm_90")["plan"]  # too few workers to emit: LLVM only
+        assert started[1:] == [()]
+
+
+def _chain(x, ops: int):
+    for n in range(ops // 2 + 1):
+        x = gnp.tanh(x * 1.01 + n)
+    return x
+
+
+def test_a_worker_imports_glue_without_its_api_and_preloads_what_it_is_told(monkeypatch):
+    monkeypatch.setattr(workers, "_pool", None)
+    with config.override(compile_workers=2):
+        workers.prestart(("colorsys",))  # a module nothing of glue's imports
+        jobs = workers.Jobs(2)
+        loaded = [jobs.submit("call", ("glue.backend.llvm_jobs", "imported", (["colorsys", "glue.numpy"],)))
+                  for _ in range(2)]
+        assert [f.result() for f in loaded] == [[True, False]] * 2
 
 
 def test_a_call_job_runs_a_function_of_glue_in_a_worker():
