@@ -2,7 +2,7 @@
 of the flattened domain (a group is one 16-byte vector of the narrowest contiguous operand); the
 groups of a block are `BLOCK` apart, so each of a warp's accesses covers consecutive memory, and
 a 1-d grid covers the domain. Values that do not vary along the innermost dim are computed once
-per group."""
+per group. Kernels that transpose their one input take transpose.py's tiles instead."""
 from __future__ import annotations
 
 import math
@@ -10,6 +10,7 @@ import math
 from llvmlite import ir
 
 from glue.backend_cuda.codegen.common import KernelEmitter, LaneGroup, Vectorization, pow2_at_least, when
+from glue.backend_cuda.codegen.transpose import emit_transpose, transpose_plan
 from glue.codegen.loops import unflatten
 from glue.codegen.types import I64
 
@@ -18,7 +19,11 @@ UNROLL = 4
 
 
 def emit_pointwise(ke: KernelEmitter) -> tuple[int, int, str]:
-    """Emit the body; returns (grid, block, strategy)."""
+    """Emit the body; returns (grid, block, strategy). A kernel that transposes its input runs
+    in tiles through shared memory instead (transpose.py)."""
+    plan = transpose_plan(ke.kernel, ke.analysis)
+    if plan is not None:
+        return emit_transpose(ke, plan)
     ke.await_producers()
     k, b = ke.kernel, ke.b
     points = math.prod(k.parallel)
