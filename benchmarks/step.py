@@ -216,8 +216,9 @@ def glue_step(cfg: Config, backend: str, bf16: bool) -> Result:
         peak = get_context().allocator.stats().peak_bytes_in_use / 2 ** 20
         exe = next(iter(jitted._compiled.values())).executable
         choices = list(getattr(exe, "gemm_choices", {}).values())
-        print(f"glue contractions: {choices.count('library')} on cuBLASLt, {choices.count('codegen')} on "
-              f"glue's own kernels", flush=True)
+        library = sum(c.startswith("library") for c in choices)
+        print(f"glue contractions: {library} on cuBLASLt ({choices.count('library kmajor')} after a K-major "
+              f"copy), {choices.count('codegen')} on glue's own kernels", flush=True)
         graphs = exe.graph_stats
         print(f"glue calls: {graphs.replays} graph replays, {graphs.captures} captures, {graphs.direct} direct "
               f"launches", flush=True)

@@ -1,19 +1,22 @@
 """Who serves each contraction of a program: glue's own kernel or cuBLASLt, raced per shape.
 
-A plan kernel that has both variants (see codegen/library.py) is timed both ways on the GPU when
-the program loads, on random data in buffers of the program's types, and the faster variant
+A plan kernel with several variants (glue's "codegen", the library's "library" and, for a TF32
+weight gradient, "library kmajor": see codegen/library.py) is timed each way on the GPU when
+the program loads, on random data in buffers of the program's types, and the fastest variant
 runs; the choice is kept in the disk cache (namespace "gemm"), keyed by the kernel's structure
-(`glue.backend.kernel_key`), the arch, the library's version and both variants' launch
-strategies, so a later process does not race again, and the copies of a layer race once. Each variant is timed as the step runs it, in a CUDA graph (REPEATS runs back to
-back, replayed): timed by events around direct launches, a small product's time would be the
-host's time to queue it, which graph replays do not pay, and the library's call costs the host
-more than a kernel launch. The library variant of a product of at least ALGORITHM_FLOPS is
-timed with each of the first ALGORITHMS algorithms cuBLASLt's heuristics rank for it (as XLA's
-autotuner does: the first is not always the fastest, e.g. for a transposed operand), and runs
-with the fastest. `glue.config.gemm` forces one variant ("library" | "codegen"); with
-`glue.config.autotune` off, a kernel with both takes the library's, with its first algorithm.
-The choices and their timings are on the executable (`gemm_choices`, `gemm_algorithms`,
-`gemm_timings`) and in GLUE_DEBUG's log.
+(`glue.backend.kernel_key`), the arch, the library's version and the variants' launch
+strategies, so a later process does not race again, and the copies of a layer race once.
+Each variant is timed as the step runs it, in a CUDA graph (REPEATS runs back to back,
+replayed): timed by events around direct launches, a small product's time would be the host's
+time to queue it, which graph replays do not pay, and the library's call costs the host more
+than a kernel launch. A library variant of a product of at least ALGORITHM_FLOPS is timed with
+each of the first ALGORITHMS algorithms cuBLASLt's heuristics rank for it (as XLA's autotuner
+does: the first is not always the fastest, e.g. for a transposed operand), and runs with the
+fastest. `glue.config.gemm` forces glue's kernel ("codegen") or the library's variants
+("library", raced between themselves); with `glue.config.autotune` off, a kernel takes the
+variant "library" where it has one, with its first algorithm. The choices and their timings
+are on the executable (`gemm_choices`, `gemm_algorithms`, `gemm_timings`) and in GLUE_DEBUG's
+log.
 """
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ from glue import profiler
 from glue.backend.cache import DiskCache, digest
 from glue.backend.kernel_key import aliases, kernel_key
 from glue.errors import BackendError
+from glue.backend_cuda.codegen.library import LIBRARY_VARIANTS
 from glue.backend_cuda.runtime.device_array import DeviceBuffer
 from glue.backend_cuda.runtime.graph import replay_us
 from glue.backend_cuda.runtime.transfer import upload
@@ -39,7 +43,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("glue")
 DISK = DiskCache("gemm")
-WARMUP, RUNS, REPEATS = 2, 7, 8
+WARMUP, RUNS, REPEATS = 1, 5, 8
 ALGORITHMS = 4             # cuBLASLt's candidates raced for one product
 ALGORITHM_FLOPS = 1 << 30  # below this a product's algorithms are not raced (the first serves)
 
@@ -58,51 +62,57 @@ def _key(program: "CudaProgram", group: int) -> bytes:
 
 def choose_variants(exe: "CudaExecutable", program: "CudaProgram") -> dict[int, str]:
     """The variant each plan kernel runs ("codegen" where it has only that); the library's
-    algorithm for those that take it is set on their products (`exe.gemm_algorithms`)."""
-    variants: dict[int, set[str]] = {}
+    algorithm for those that take one of its variants is set on their products
+    (`exe.gemm_algorithms`)."""
+    variants: dict[int, list[str]] = {}
     for launch in program.launches:
-        variants.setdefault(launch.group, set()).add(launch.variant)
-    choices = {g: next(iter(v)) for g, v in variants.items() if len(v) == 1}
+        if launch.variant not in variants.setdefault(launch.group, []):
+            variants[launch.group].append(launch.variant)
     exe.gemm_timings, exe.gemm_algorithms = {}, {}
-    for group in sorted(g for g, v in variants.items() if "library" in v):
-        why_not = _library_fails(exe, program, group)
-        if why_not is None:
-            continue
-        if "codegen" not in variants[group]:
-            raise BackendError(f"cuda: {program.plan.kernels[group].name} can only run on cuBLASLt "
-                               f"(GLUE_GEMM=library) and cuBLASLt refuses it: {why_not}")
-        log.info("glue.cuda: %s runs on glue's own kernel: cuBLASLt refuses it (%s)",
-                 program.plan.kernels[group].name, why_not)
-        choices[group] = "codegen"
+    for group, names in variants.items():
+        for variant in [v for v in names if v in LIBRARY_VARIANTS]:
+            why_not = _library_fails(exe, program, group, variant)
+            if why_not is None:
+                continue
+            names.remove(variant)
+            if not names:
+                raise BackendError(f"cuda: {program.plan.kernels[group].name} can only run on cuBLASLt "
+                                   f"(GLUE_GEMM=library) and cuBLASLt refuses it: {why_not}")
+            log.info("glue.cuda: %s runs without the variant %s: cuBLASLt refuses it (%s)",
+                     program.plan.kernels[group].name, variant, why_not)
+    choices = {g: v[0] for g, v in variants.items() if len(v) == 1}
     rng = np.random.default_rng(0)
     if config.autotune and exe.arena is not None and any(len(v) > 1 for v in variants.values()):
         exe.arena.fill_bytes(0x3C)  # small finite floats wherever an intermediate would be
-    for group in sorted(g for g, v in variants.items() if len(v) > 1 and g not in choices):
+    for group in sorted(g for g in variants if g not in choices):
+        names = variants[group]
         if not config.autotune:
-            choices[group] = "library"
+            choices[group] = "library" if "library" in names else names[0]
             continue
         key = _key(program, group)
         choice, _, algorithm = (DISK.load(key) or b"").decode().partition(":")
-        if choice in ("codegen", "library"):
+        if choice in names:
             choices[group] = choice
-            if choice == "library":
-                _use_algorithm(exe, program, group, int(algorithm) if algorithm.isdigit() else 0)
+            if choice in LIBRARY_VARIANTS:
+                _use_algorithm(exe, program, group, choice, int(algorithm) if algorithm.isdigit() else 0)
             continue
         try:
             with profiler.span("compile", f"race {program.plan.kernels[group].name}"), profiler.suspended():
-                times, algorithm = race(exe, program, group, rng)
+                times, algorithms = race(exe, program, group, names, rng)
         except BackendError as exc:  # the library failed to run it: glue's kernel serves
+            if "codegen" not in names:
+                raise
             log.info("glue.cuda: %s runs on glue's own kernel: cuBLASLt failed on it (%s)",
                      program.plan.kernels[group].name, exc)
             choices[group] = "codegen"
             continue
         exe.gemm_timings[group] = times
-        choices[group] = min(times, key=times.get)
-        if choices[group] == "library":
-            _use_algorithm(exe, program, group, algorithm)
-        DISK.store(key, f"{choices[group]}:{algorithm}".encode())
-        log.debug("glue.cuda: %s: %s (codegen %.1f us, library %.1f us with algorithm %d)",
-                  program.plan.kernels[group].name, choices[group], times["codegen"], times["library"], algorithm)
+        choice = choices[group] = min(times, key=times.get)
+        if choice in LIBRARY_VARIANTS:
+            _use_algorithm(exe, program, group, choice, algorithms[choice])
+        DISK.store(key, f"{choice}:{algorithms.get(choice, 0)}".encode())
+        log.debug("glue.cuda: %s: %s (%s)", program.plan.kernels[group].name, choice,
+                  ", ".join(f"{v} {t:.1f} us" for v, t in times.items()))
     return choices
 
 
@@ -110,35 +120,35 @@ def choices_text(exe: "CudaExecutable", program: "CudaProgram") -> str:
     """A line per contraction with a library variant: who serves it, and the race's timings
     (or that the disk cache or a setting chose)."""
     lines = []
-    for group in sorted({l.group for l in program.launches if l.variant == "library"}):
+    for group in sorted({l.group for l in program.launches if l.variant in LIBRARY_VARIANTS}):
         choice, times = exe.gemm_choices.get(group, "codegen"), exe.gemm_timings.get(group)
-        how = choice if choice == "codegen" else f"library (cuBLASLt algorithm {exe.gemm_algorithms.get(group, 0)})"
-        why = f"codegen {times['codegen']:.1f} us, library {times['library']:.1f} us" if times else \
+        how = choice if choice == "codegen" else f"{choice} (cuBLASLt algorithm {exe.gemm_algorithms.get(group, 0)})"
+        why = ", ".join(f"{v} {t:.1f} us" for v, t in times.items()) if times else \
             "from the disk cache, or as settings force"
         lines.append(f"  {program.plan.kernels[group].name}: {how}; {why}")
     return "\n".join(["contractions as the program loaded (raced in CUDA graphs):"] + lines) if lines else ""
 
 
-def _matmuls(exe: "CudaExecutable", program: "CudaProgram", group: int) -> list[Any]:
-    """The planned cuBLASLt products of plan kernel `group`'s library variant."""
+def _matmuls(exe: "CudaExecutable", program: "CudaProgram", group: int, variant: str) -> list[Any]:
+    """The planned cuBLASLt products of plan kernel `group`'s library `variant`."""
     return [exe._matmul(l, program.plan.streams.streams[group]).matmul for l in program.launches
-            if l.group == group and l.library is not None]
+            if l.group == group and l.variant == variant and l.library is not None]
 
 
-def _use_algorithm(exe: "CudaExecutable", program: "CudaProgram", group: int, algorithm: int) -> None:
-    """Run the group's products with cuBLASLt's `algorithm`-th candidate (the first where a
-    product has fewer)."""
-    for matmul in _matmuls(exe, program, group):
+def _use_algorithm(exe: "CudaExecutable", program: "CudaProgram", group: int, variant: str, algorithm: int) -> None:
+    """Run the products of the group's `variant` with cuBLASLt's `algorithm`-th candidate (the
+    first where a product has fewer)."""
+    for matmul in _matmuls(exe, program, group, variant):
         matmul.choice = algorithm if algorithm < len(matmul.algos) else 0
     exe.gemm_algorithms[group] = algorithm
 
 
-def _library_fails(exe: "CudaExecutable", program: "CudaProgram", group: int) -> str | None:
-    """None when cuBLASLt plans every product of the group's library variant; else its error."""
+def _library_fails(exe: "CudaExecutable", program: "CudaProgram", group: int, variant: str) -> str | None:
+    """None when cuBLASLt plans every product of the group's library `variant`; else its error."""
     from glue.backend_cuda.cublaslt import LibraryError
 
     for launch in program.launches:
-        if launch.group == group and launch.library is not None:
+        if launch.group == group and launch.variant == variant and launch.library is not None:
             try:
                 exe._matmul(launch, program.plan.streams.streams[group])
             except LibraryError as exc:
@@ -187,10 +197,10 @@ class _ArenaSpace:
         return None
 
 
-def race(exe: "CudaExecutable", program: "CudaProgram", group: int,
-         rng: np.random.Generator) -> tuple[dict[str, float], int]:
-    """Microseconds per run of each variant of plan kernel `group`, and the library's fastest
-    algorithm: a graph of REPEATS runs, every launch on the executable's first stream, replayed
+def race(exe: "CudaExecutable", program: "CudaProgram", group: int, variants: list[str],
+         rng: np.random.Generator) -> tuple[dict[str, float], dict[str, int]]:
+    """Microseconds per run of each of `variants` of plan kernel `group`, and each library
+    variant's fastest algorithm: a graph of REPEATS runs, every launch on the executable's first stream, replayed
     WARMUP + RUNS times, the median of the timed replays over REPEATS. The arguments and outputs
     the variants touch are made for the race, random (a GPT step's arguments are hundreds of
     megabytes, and each product reads a few of them), in arena space the kernel's own
@@ -198,7 +208,7 @@ def race(exe: "CudaExecutable", program: "CudaProgram", group: int,
     stream = exe.stream
     steps = {variant: exe._build_steps(program, [l for l in program.launches
                                                  if l.group == group and l.variant == variant])
-             for variant in ("codegen", "library")}
+             for variant in variants}
     touched = {base for variant_steps in steps.values() for step in variant_steps
                for base, _ in step.sources + ((step.copy[0], step.copy[1]) if step.copy else ())}
     space = _ArenaSpace(exe, program, group)
@@ -225,17 +235,21 @@ def race(exe: "CudaExecutable", program: "CudaProgram", group: int,
     for variant_steps in steps.values():
         for step in variant_steps:
             step.stream, step.waits, step.record, step.dependent = stream, (), None, None
-    times = {"codegen": timed(steps["codegen"])}
-    matmuls = _matmuls(exe, program, group)
-    flops = sum(2 * m.problem.batches * m.problem.m * m.problem.n * m.problem.k for m in matmuls)
-    candidates = min([ALGORITHMS] + [len(m.algos) for m in matmuls]) if flops >= ALGORITHM_FLOPS else 1
-    by_algorithm = []
-    for algorithm in range(candidates):
+    times, algorithms = {}, {}
+    for variant in variants:
+        if variant not in LIBRARY_VARIANTS:
+            times[variant] = timed(steps[variant])
+            continue
+        matmuls = _matmuls(exe, program, group, variant)
+        flops = sum(2 * m.problem.batches * m.problem.m * m.problem.n * m.problem.k for m in matmuls)
+        candidates = min([ALGORITHMS] + [len(m.algos) for m in matmuls]) if flops >= ALGORITHM_FLOPS else 1
+        by_algorithm = []
+        for algorithm in range(candidates):
+            for matmul in matmuls:
+                matmul.choice = algorithm
+            by_algorithm.append(timed(steps[variant]))
         for matmul in matmuls:
-            matmul.choice = algorithm
-        by_algorithm.append(timed(steps["library"]))
-    for matmul in matmuls:
-        matmul.choice = 0
-    best = min(range(candidates), key=by_algorithm.__getitem__)
-    times["library"] = by_algorithm[best]
-    return times, best
+            matmul.choice = 0
+        algorithms[variant] = min(range(candidates), key=by_algorithm.__getitem__)
+        times[variant] = by_algorithm[algorithms[variant]]
+    return times, algorithms

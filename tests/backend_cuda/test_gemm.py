@@ -156,3 +156,88 @@ def test_identical_contractions_share_one_race_and_different_ones_do_not():
     assert len(groups) == 3
     first, second, third = (_key(program, g) for g in groups)
     assert first == second != third
+
+
+def _kmajor_program(fn, shapes, dtype, monkeypatch, **lower):
+    """The cuda program of `fn` lowered with every TF32 product big enough for the variant
+    "library kmajor" (its threshold lowered to 0)."""
+    from glue.backend_cuda.codegen import library
+
+    monkeypatch.setattr(library, "KMAJOR_COPY_FLOPS", 0)
+    args = _args(shapes, dtype)
+    closed = glue.make_ir(fn)(*args)
+    return closed, args, CudaBackend().lower(closed.graph, name="kmajor", **lower)["llvm"]
+
+
+@pytest.mark.skipif(not cublaslt.available(), reason="nvmath-python is not installed")
+def test_a_tf32_weight_gradient_may_copy_its_smaller_operand_k_major(monkeypatch):
+    """Both operands MN-major at TF32 (a weight gradient over the tokens): the variant "library
+    kmajor" writes the smaller operand K-major first (x^T: [d, tokens] row-major), and cuBLASLt
+    reads it as a row-major view; the plain "library" variant still reads both in place."""
+    _, _, program = _kmajor_program(*CASES["weight gradient"], monkeypatch)
+    by_variant = {}
+    for launch in program.launches:
+        by_variant.setdefault(launch.variant, []).append(launch)
+    assert set(by_variant) == {"codegen", "library", "library kmajor"}
+    assert [l.library is not None for l in by_variant["library"]] == [True]
+    copy, gemm = by_variant["library kmajor"]
+    assert copy.kernel.outputs[0].type.shape == (1, 8, 32) and gemm.library.a.layout == "row"
+    assert gemm.library.b == by_variant["library"][0].library.b
+    assert gemm.symbol != by_variant["library"][0].symbol  # planned as a product of its own
+    # B the smaller: copied column-major, i.e. [n, k]
+    _, _, program = _kmajor_program(lambda x, g: gnp.einsum("btd,bte->de", x, g), [(2, 16, 12), (2, 16, 8)],
+                                    np.float32, monkeypatch)
+    copy = next(l for l in program.launches if l.variant == "library kmajor" and l.library is None)
+    assert copy.kernel.outputs[0].type.shape == (1, 8, 32)
+
+
+@pytest.mark.skipif(not cublaslt.available(), reason="nvmath-python is not installed")
+def test_only_tf32_products_with_both_operands_mn_major_get_the_copy_variant(monkeypatch):
+    def variants(fn, shapes, dtype):
+        _, _, program = _kmajor_program(fn, shapes, dtype, monkeypatch)
+        return {l.variant for l in program.launches if l.kernel.kind == "contraction" or l.library}
+
+    assert "library kmajor" in variants(*CASES["TN f32"])
+    for name in ("NN f32", "TT f16", "NT bf16", "batched bf16"):
+        assert "library kmajor" not in variants(*CASES[name]), name
+    highest = lambda x, g: gnp.einsum("btd,bte->de", x, g, precision="highest")
+    assert "library kmajor" not in variants(highest, [(2, 16, 8), (2, 16, 12)], np.float32)
+    monkeypatch.undo()
+    fn, shapes, dtype = CASES["weight gradient"]
+    program = CudaBackend().lower(glue.make_ir(fn)(*_args(shapes, dtype)).graph)["llvm"]
+    assert "library kmajor" not in {l.variant for l in program.launches}  # too small to pay
+
+
+@needs_cc
+@pytest.mark.skipif(not cublaslt.available(), reason="nvmath-python is not installed")
+@pytest.mark.parametrize("name", ["weight gradient", "TN f32"])
+def test_the_kmajor_copy_variant_computes_the_reference(name, monkeypatch):
+    closed, args, program = _kmajor_program(*CASES[name], monkeypatch)
+    all_args = list(closed.consts) + args
+    outs = emulator.run_program(program, all_args, variant="library kmajor")
+    _compare(closed.graph, all_args, outs, f"{name} (library kmajor)", tf32=True)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not cublaslt.available(), reason="nvmath-python is not installed")
+def test_on_the_gpu_the_race_times_every_library_variant_and_the_kmajor_one_computes_the_reference(
+        monkeypatch, tmp_path):
+    """A weight gradient races glue's kernel, cuBLASLt in place and cuBLASLt after the K-major
+    copy; made to win, the copy variant computes the reference through cuBLASLt."""
+    from glue.backend_cuda import gemm_choice
+
+    real = gemm_choice.race
+
+    def kmajor_wins(exe, program, group, variants, rng):
+        times, algorithms = real(exe, program, group, variants, rng)
+        assert set(times) == {"codegen", "library", "library kmajor"} and all(t > 0 for t in times.values())
+        return {v: t + (0 if v == "library kmajor" else 1e6) for v, t in times.items()}, algorithms
+
+    monkeypatch.setattr(gemm_choice, "race", kmajor_wins)
+    closed, args, _ = _kmajor_program(*CASES["weight gradient"], monkeypatch)
+    with glue.config.override(cache_dir=str(tmp_path), autotune=True, cuda_poison=0xFF):
+        exe = CudaBackend().lower(closed.graph, name="kmajor", gemm="auto").compile()
+        assert set(exe.gemm_choices.values()) == {"library kmajor"}
+        assert "library kmajor (cuBLASLt algorithm" in exe.loaded_text("kernels")
+        all_args = list(closed.consts) + args
+        _compare(closed.graph, all_args, [np.asarray(o) for o in exe(*all_args)], "kmajor", tf32=True)

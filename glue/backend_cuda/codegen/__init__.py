@@ -4,8 +4,9 @@
 `contraction.py`, `data.py`; `common.py` holds what they share) and records how to launch it:
 grid, block, and the memory place of each pointer parameter. A contraction may also, or
 instead, be served by cuBLASLt (`library.py`): its launches then form the variant "library" of
-that plan kernel beside the variant "codegen", and the executor runs one (`glue.config.gemm`
-forces either; "auto" races them). Each kernel declares its block size as its launch bound
+that plan kernel beside the variant "codegen" (and a TF32 weight gradient's "library kmajor",
+which copies an operand first), and the executor runs one (`glue.config.gemm` forces glue's or
+the library's; "auto" races them). Each kernel declares its block size as its launch bound
 (`.maxntid`), which lets ptxas budget registers for exactly that many threads. A column
 reduction split over blocks (`columns.py`) claims working memory: its stream's scratch region
 and zeroed counters of its own, passed as parameters after its operands. A call kernel (control
@@ -50,7 +51,7 @@ from glue.backend_cuda.codegen.contraction import emit_contraction
 from glue.backend_cuda.codegen.data import emit_data
 from glue.backend_cuda.codegen.flash import PARTS, emit_flash, flash_spec
 from glue.backend_cuda.codegen.hopper import TensorMap
-from glue.backend_cuda.codegen.library import library_launches
+from glue.backend_cuda.codegen.library import LIBRARY_VARIANTS, kmajor_copy_side, library_launches
 from glue.backend_cuda.codegen.pointwise import emit_pointwise
 from glue.backend_cuda.codegen.rows import emit_rows
 from glue.backend_cuda.codegen.wgmma import emit_wgmma, wgmma_plan
@@ -459,9 +460,9 @@ class _Builder:
 
 
 def gemm_variants(spec: GemmSpec | None, choice: str = "auto") -> tuple[str, ...]:
-    """Who may serve a contraction: glue's own kernel ("codegen"), cuBLASLt ("library"), or
-    both (then the executor races them), as `choice` (the backend's `gemm` option) says and
-    the library can."""
+    """Who may serve a contraction: glue's own kernel ("codegen"), cuBLASLt ("library", and
+    "library kmajor" where `kmajor_copy_side` finds an operand to copy), or several (then the
+    executor races them), as `choice` (the backend's `gemm` option) says and the library can."""
     if spec is None or choice == "codegen":
         return ("codegen",)
     why_not = "nvmath-python is not installed" if not cublaslt.available() else cublaslt.can_serve(spec)
@@ -472,7 +473,8 @@ def gemm_variants(spec: GemmSpec | None, choice: str = "auto") -> tuple[str, ...
             _note_once("glue.cuda: contractions run on glue's own kernels (install the 'cuda' extra, "
                        "nvmath-python, for cuBLASLt)")
         return ("codegen",)
-    return ("library",) if choice == "library" else ("codegen", "library")
+    library = LIBRARY_VARIANTS if kmajor_copy_side(spec) else LIBRARY_VARIANTS[:1]
+    return library if choice == "library" else ("codegen",) + library
 
 
 _NOTED: set[str] = set()
@@ -518,13 +520,14 @@ def build_program(plan: Plan, name: str = "fn", arch: str = DEFAULT_ARCH, gemm: 
         variants = gemm_variants(spec, gemm)
         if "codegen" in variants:
             launches.append(builder.launch(kernel, inputs, outputs, i, memory, stream))
-        if "library" in variants:
-            def emit(k: Kernel, ins: list[Place], outs: list[Place], _symbol: str) -> Launch:
-                return builder.launch(k, ins, outs, i)
+        def emit(k: Kernel, ins: list[Place], outs: list[Place], _symbol: str) -> Launch:
+            return builder.launch(k, ins, outs, i)
 
-            served, need = library_launches(spec, i, symbol, inputs, outputs, stream, emit)
-            launches += served
-            memory.claim_scratch(stream, need)
+        for variant in variants:
+            if variant in LIBRARY_VARIANTS:
+                served, need = library_launches(spec, i, symbol, inputs, outputs, stream, emit, variant)
+                launches += served
+                memory.claim_scratch(stream, need)
     launches = [builder.resolved(launch) for launch in launches]
     return CudaProgram(plan, launches, arch, memory.regions(), builder.kernels, memory.counters, bodies)
 

@@ -81,7 +81,7 @@ class Launch:
     dependent: bool = False   # waits for its producers itself: may launch before they finish
     min_blocks: int = 0       # blocks that must fit on a multiprocessor (0: no floor)
     group: int = -1           # the plan kernel this launch computes (a kernel may take several)
-    variant: str = "codegen"  # "codegen" or "library": a contraction may have both, one runs
+    variant: str = "codegen"  # "codegen", "library" or "library kmajor": one of a contraction's runs
     library: Any = None       # for a library launch: what it computes (codegen.LibraryGemm)
     call: Any = None          # for a call kernel: its plan (glue.scheduler.calls.CallPlan); the
                               # params are its inputs' places, then its outputs'

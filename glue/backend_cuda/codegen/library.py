@@ -11,6 +11,14 @@ else into scratch, and glue's own epilogue kernel (bias, activation, residual, c
 contraction kernel's stores) reads it from there. The variant "library" of a plan kernel is
 these launches in order; the variant "codegen" is glue's own kernel, and the executor runs one
 of them.
+
+A float32 product on TF32 tensor cores whose operands both lie MN-major (a weight gradient:
+activations and output gradients stored token-major, summed over the tokens) is cuBLASLt's slow
+case, since TF32 tensor cores read only K-major tiles: on the H200, 768x3072x4096 takes 106 us
+against 72 with one operand K-major, the tied head's 8192x768x4096 217 against 147. Such a
+product (of at least KMAJOR_COPY_FLOPS) gets a second library variant, "library kmajor", that
+first copies its smaller operand K-major into scratch (`kmajor_copy_side`); the race decides
+whether the copy pays.
 """
 from __future__ import annotations
 
@@ -20,10 +28,13 @@ from typing import Callable
 from glue.backend_cuda.codegen.common import WARP, Launch, Place, flat_index, moves_in_runs
 from glue.codegen.scope import Analysis
 from glue.ir import TensorType
+from glue.ir import dtypes as dt
 from glue.scheduler.gemm import GemmSpec, View, epilogue_kernel, operand_kernel, product_type
 from glue.scheduler.kernel_ir import Kernel, loads_under
 
 ALIGN = 256  # bytes: scratch pieces start where the allocator's blocks would
+KMAJOR_COPY_FLOPS = 1 << 32  # below this a copy costs about what it saves (768x768x4096: even)
+LIBRARY_VARIANTS = ("library", "library kmajor")
 
 
 @dataclass(frozen=True)
@@ -61,14 +72,28 @@ def _reads_down_columns(kernel: Kernel) -> bool:
         any(moves_in_runs(f, 1, WARP, analysis) for f in flats)
 
 
+def kmajor_copy_side(spec: GemmSpec) -> str | None:
+    """The operand ("a" or "b", the smaller) that the variant "library kmajor" copies K-major, or
+    None where the product has no such variant: not TF32, not both operands in place MN-major
+    (A with contiguous rows, B with contiguous columns), or too small."""
+    a, b = spec.a, spec.b
+    if spec.operand_dtype != dt.float32 or spec.kernel.precision == "highest" or spec.flops < KMAJOR_COPY_FLOPS:
+        return None
+    if a is None or b is None or a.layout != "col" or b.layout != "row":
+        return None
+    _, m, n, _ = spec.shape
+    return "a" if m <= n else "b"
+
+
 Emit = Callable[[Kernel, list[Place], list[Place], str], Launch]
 
 
 def library_launches(spec: GemmSpec, group: int, symbol: str, inputs: list[Place], outputs: list[Place],
-                     stream: int, emit: Emit) -> tuple[list[Launch], int]:
-    """The launches of plan kernel `group` (places `inputs`/`outputs`) served by the library,
-    and the scratch bytes they use in stream `stream`'s region. `emit(kernel, inputs, outputs,
-    symbol)` generates one of glue's own kernels."""
+                     stream: int, emit: Emit, variant: str = "library") -> tuple[list[Launch], int]:
+    """The launches of plan kernel `group` (places `inputs`/`outputs`) served by the library as
+    `variant` (one of LIBRARY_VARIANTS), and the scratch bytes they use in stream `stream`'s
+    region. `emit(kernel, inputs, outputs, symbol)` generates one of glue's own kernels."""
+    copied = kmajor_copy_side(spec) if variant == "library kmajor" else None
     launches: list[Launch] = []
     offset = 0
 
@@ -80,11 +105,12 @@ def library_launches(spec: GemmSpec, group: int, symbol: str, inputs: list[Place
 
     views = {}
     for side, view in (("a", spec.a), ("b", spec.b)):
-        if view is not None and view.layout != "strided":
+        if view is not None and view.layout != "strided" and side != copied:
             views[side] = (inputs[view.buffer], view)
             continue
         kernel = operand_kernel(spec, side, symbol)
-        transposed = _reads_down_columns(kernel)
+        # K-major: A row-major [b, m, k], B column-major (stored [b, n, k])
+        transposed = side == "b" if side == copied else _reads_down_columns(kernel)
         if transposed:
             kernel = operand_kernel(spec, side, symbol, transposed=True)
         out = kernel.outputs[0].type
@@ -101,11 +127,12 @@ def library_launches(spec: GemmSpec, group: int, symbol: str, inputs: list[Place
         epilogue = epilogue_kernel(spec, symbol)
     (a_place, a_view), (b_place, b_view) = views["a"], views["b"]
     gemm = LibraryGemm(spec, a_view, b_view, d_view, spec.kernel.precision)
-    launches.append(Launch(f"cublaslt_{symbol}", spec.kernel, 0, 0, (a_place, b_place, d_place),
+    suffix = f"_k{copied}" if copied else ""
+    launches.append(Launch(f"cublaslt_{symbol}{suffix}", spec.kernel, 0, 0, (a_place, b_place, d_place),
                            f"cuBLASLt {spec.describe()}", library=gemm))
     if epilogue is not None:
         launches.append(emit(epilogue, inputs + [d_place], outputs, f"{symbol}_epilogue"))
-    return [replace(launch, group=group, variant="library") for launch in launches], offset
+    return [replace(launch, group=group, variant=variant) for launch in launches], offset
 
 
-__all__ = ["LibraryGemm", "library_launches"]
+__all__ = ["KMAJOR_COPY_FLOPS", "LIBRARY_VARIANTS", "LibraryGemm", "kmajor_copy_side", "library_launches"]
