@@ -192,6 +192,20 @@ def test_a_tf32_weight_gradient_may_copy_its_smaller_operand_k_major(monkeypatch
 
 
 @pytest.mark.skipif(not cublaslt.available(), reason="nvmath-python is not installed")
+def test_a_computed_operand_is_the_one_written_k_major(monkeypatch):
+    """The qkv weight gradient's output gradient is a concatenation (computed): the variant
+    "library" writes it row-major, i.e. MN-major beside x^T; "library kmajor" writes it
+    column-major ([n, k]) instead and reads x^T in place."""
+    concat = lambda x, g1, g2: gnp.einsum("td,te->de", x, gnp.concatenate([g1, g2], axis=1))
+    _, _, program = _kmajor_program(concat, [(64, 40), (64, 24), (64, 24)], np.float32, monkeypatch)
+    operand = {l.variant: l.kernel.outputs[0].type.shape for l in program.launches
+               if l.variant.startswith("library") and l.library is None}
+    assert operand == {"library": (1, 64, 48), "library kmajor": (1, 48, 64)}
+    (gemm,) = [l.library for l in program.launches if l.variant == "library kmajor" and l.library is not None]
+    assert gemm.a.layout == "col" and gemm.b.layout == "col"
+
+
+@pytest.mark.skipif(not cublaslt.available(), reason="nvmath-python is not installed")
 def test_only_tf32_products_with_both_operands_mn_major_get_the_copy_variant(monkeypatch):
     def variants(fn, shapes, dtype):
         _, _, program = _kmajor_program(fn, shapes, dtype, monkeypatch)
@@ -210,9 +224,13 @@ def test_only_tf32_products_with_both_operands_mn_major_get_the_copy_variant(mon
 
 @needs_cc
 @pytest.mark.skipif(not cublaslt.available(), reason="nvmath-python is not installed")
-@pytest.mark.parametrize("name", ["weight gradient", "TN f32"])
+@pytest.mark.parametrize("name", ["weight gradient", "TN f32", "concatenated gradient"])
 def test_the_kmajor_copy_variant_computes_the_reference(name, monkeypatch):
-    closed, args, program = _kmajor_program(*CASES[name], monkeypatch)
+    cases = dict(CASES, **{"concatenated gradient": (
+        lambda x, g1, g2: gnp.einsum("td,te->de", x, gnp.concatenate([g1, g2], axis=1)),
+        [(64, 40), (64, 24), (64, 24)], np.float32)})
+    closed, args, program = _kmajor_program(*cases[name], monkeypatch)
+    assert any(l.variant == "library kmajor" for l in program.launches)
     all_args = list(closed.consts) + args
     outs = emulator.run_program(program, all_args, variant="library kmajor")
     _compare(closed.graph, all_args, outs, f"{name} (library kmajor)", tf32=True)

@@ -12,13 +12,13 @@ contraction kernel's stores) reads it from there. The variant "library" of a pla
 these launches in order; the variant "codegen" is glue's own kernel, and the executor runs one
 of them.
 
-A float32 product on TF32 tensor cores whose operands both lie MN-major (a weight gradient:
-activations and output gradients stored token-major, summed over the tokens) is cuBLASLt's slow
-case, since TF32 tensor cores read only K-major tiles: on the H200, 768x3072x4096 takes 106 us
-against 72 with one operand K-major, the tied head's 8192x768x4096 217 against 147. Such a
-product (of at least KMAJOR_COPY_FLOPS) gets a second library variant, "library kmajor", that
-first copies its smaller operand K-major into scratch (`kmajor_copy_side`); the race decides
-whether the copy pays.
+A float32 product on TF32 tensor cores whose operands cuBLASLt would both read MN-major (a
+weight gradient: activations and output gradients stored token-major, summed over the tokens)
+is its slow case, since TF32 tensor cores read only K-major tiles: on the H200, 768x3072x4096
+takes 106 us against 72 with one operand K-major, the tied head's 8192x768x4096 217 against
+147. Such a product (of at least KMAJOR_COPY_FLOPS) gets a second library variant, "library
+kmajor", that writes one operand K-major into scratch first (`kmajor_copy_side`: a computed one
+transposed as it is written, else the smaller one copied); the race decides whether it pays.
 """
 from __future__ import annotations
 
@@ -72,15 +72,32 @@ def _reads_down_columns(kernel: Kernel) -> bool:
         any(moves_in_runs(f, 1, WARP, analysis) for f in flats)
 
 
+def _written_column_major(spec: GemmSpec, side: str, symbol: str = "") -> bool:
+    """Whether the variant "library" writes computed operand `side` column-major."""
+    return _reads_down_columns(operand_kernel(spec, side, symbol))
+
+
+def _k_major(spec: GemmSpec, side: str) -> bool:
+    """Whether the variant "library" has cuBLASLt read operand `side` K-major: A [m, k] with
+    contiguous rows of k, B [k, n] with contiguous columns of k, in place or as written out."""
+    view = spec.a if side == "a" else spec.b
+    if view is not None and view.layout != "strided":
+        return view.layout == ("row" if side == "a" else "col")
+    return _written_column_major(spec, side) == (side == "b")
+
+
 def kmajor_copy_side(spec: GemmSpec) -> str | None:
-    """The operand ("a" or "b", the smaller) that the variant "library kmajor" copies K-major, or
-    None where the product has no such variant: not TF32, not both operands in place MN-major
-    (A with contiguous rows, B with contiguous columns), or too small."""
-    a, b = spec.a, spec.b
+    """The operand ("a" or "b") that the variant "library kmajor" writes K-major, or None where
+    the product has no such variant: not on TF32, too small, or with an operand the variant
+    "library" already reads K-major. A computed operand is the one, as it is written out
+    either way; else the smaller."""
     if spec.operand_dtype != dt.float32 or spec.kernel.precision == "highest" or spec.flops < KMAJOR_COPY_FLOPS:
         return None
-    if a is None or b is None or a.layout != "col" or b.layout != "row":
+    if _k_major(spec, "a") or _k_major(spec, "b"):
         return None
+    computed = [side for side, view in (("a", spec.a), ("b", spec.b)) if view is None or view.layout == "strided"]
+    if computed:
+        return computed[0]
     _, m, n, _ = spec.shape
     return "a" if m <= n else "b"
 
@@ -108,11 +125,9 @@ def library_launches(spec: GemmSpec, group: int, symbol: str, inputs: list[Place
         if view is not None and view.layout != "strided" and side != copied:
             views[side] = (inputs[view.buffer], view)
             continue
-        kernel = operand_kernel(spec, side, symbol)
         # K-major: A row-major [b, m, k], B column-major (stored [b, n, k])
-        transposed = side == "b" if side == copied else _reads_down_columns(kernel)
-        if transposed:
-            kernel = operand_kernel(spec, side, symbol, transposed=True)
+        transposed = side == "b" if side == copied else _written_column_major(spec, side, symbol)
+        kernel = operand_kernel(spec, side, symbol, transposed=transposed)
         out = kernel.outputs[0].type
         place = scratch(out)
         launches.append(emit(kernel, inputs, [place], f"{symbol}_{side}"))
