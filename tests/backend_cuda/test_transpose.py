@@ -31,6 +31,8 @@ CASES = {
     "batched swap": (lambda x: gnp.swapaxes(x, 1, 2) - 0.5, (3, 40, 50), np.float32),
     "heads": (lambda x: gnp.transpose(x, (0, 2, 1)) * 3.0, (2, 96, 36), BF16),
     "f64": (lambda x: x.T + 1.0, (33, 65), np.float64),
+    "bool": (lambda x: (x > 0.0).T, (40, 70), np.float32),
+    "int8": (lambda x: x.astype(gnp.int8).T, (70, 40), np.float32),
     # heads merged back, transposed: the read index splits the tiled dim by a reshape
     "merged heads": (lambda x: x.reshape(72, 64).T * 1.5, (72, 2, 32), np.float32),
     # a concatenation's sources: one tile per load

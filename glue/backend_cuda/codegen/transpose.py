@@ -28,8 +28,6 @@ from glue.scheduler.kernel_ir import Kernel, Load, loads_under
 TILE = 32
 ROWS_PER_PASS = 8  # the block is TILE x ROWS_PER_PASS threads; each thread moves TILE / 8 rows
 MIN_EXTENT = TILE  # both dims at least one tile, or the plain strategy does as well
-
-
 MAX_LOADS = 4  # tiles in shared memory, one per load (a concatenation's sources)
 
 
