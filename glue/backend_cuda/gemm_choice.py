@@ -6,17 +6,20 @@ the program loads, on random data in buffers of the program's types, and the fas
 runs; the choice is kept in the disk cache (namespace "gemm"), keyed by the kernel's structure
 (`glue.backend.kernel_key`), the arch, the library's version and the variants' launch
 strategies, so a later process does not race again, and the copies of a layer race once.
-Each variant is timed as the step runs it, in a CUDA graph (REPEATS runs back to back,
-replayed): timed by events around direct launches, a small product's time would be the host's
-time to queue it, which graph replays do not pay, and the library's call costs the host more
-than a kernel launch. A library variant of a product of at least ALGORITHM_FLOPS is timed with
-each of the first ALGORITHMS algorithms cuBLASLt's heuristics rank for it (as XLA's autotuner
-does: the first is not always the fastest, e.g. for a transposed operand), and runs with the
-fastest. `glue.config.gemm` forces glue's kernel ("codegen") or the library's variants
-("library", raced between themselves); with `glue.config.autotune` off, a kernel takes the
-variant "library" where it has one, with its first algorithm. The choices and their timings
-are on the executable (`gemm_choices`, `gemm_algorithms`, `gemm_timings`) and in GLUE_DEBUG's
-log.
+Each variant is timed as the step runs it, in a CUDA graph of runs back to back, replayed:
+timed by events around direct launches, a small product's time would be the host's time to
+queue it, which graph replays do not pay, and the library's call costs the host more than a
+kernel launch. A library variant of a product of at least ALGORITHM_FLOPS is timed with each of
+the first ALGORITHMS algorithms cuBLASLt's heuristics rank for it (as XLA's autotuner does: the
+first is not always the fastest, e.g. for a transposed operand), and runs with the fastest.
+The race is bounded in two rounds: every candidate (variant, algorithm) is probed with one
+replay of one run; those within PRUNE of the fastest probe are timed again, in graphs of as many
+runs (up to REPEATS) as make about GRAPH_US of work, over RUNS replays. A large product's clear
+losers so cost a run or two instead of REPEATS x (WARMUP + RUNS). `glue.config.gemm` forces
+glue's kernel ("codegen") or the library's variants ("library", raced between themselves); with
+`glue.config.autotune` off, a kernel takes the variant "library" where it has one, with its
+first algorithm. The choices and their timings are on the executable (`gemm_choices`,
+`gemm_algorithms`, `gemm_timings`) and in GLUE_DEBUG's log.
 """
 from __future__ import annotations
 
@@ -44,8 +47,13 @@ if TYPE_CHECKING:
 log = logging.getLogger("glue")
 DISK = DiskCache("gemm")
 WARMUP, RUNS, REPEATS = 1, 5, 8
-ALGORITHMS = 4             # cuBLASLt's candidates raced for one product
-ALGORITHM_FLOPS = 1 << 30  # below this a product's algorithms are not raced (the first serves)
+PRUNE = 1.3     # candidates whose probe is slower than this times the fastest probe's are not timed again
+GRAPH_US = 200  # the work a timing graph holds (it repeats a product up to REPEATS times to get there)
+ALGORITHMS = 8             # cuBLASLt's candidates raced for one product (all its heuristics return)
+# Below this a product's algorithms are not raced (the first serves). A small-output product
+# (the small step's 256x1024x1024 weight gradients: 8 of cuBLASLt's 128x256 tiles for 132
+# multiprocessors) is where a later candidate, splitting K, may win most.
+ALGORITHM_FLOPS = 1 << 27
 
 
 def _key(program: "CudaProgram", group: int) -> bytes:
@@ -76,8 +84,9 @@ def choose_variants(exe: "CudaExecutable", program: "CudaProgram") -> dict[int, 
                 continue
             names.remove(variant)
             if not names:
-                raise BackendError(f"cuda: {program.plan.kernels[group].name} can only run on cuBLASLt "
-                                   f"(GLUE_GEMM=library) and cuBLASLt refuses it: {why_not}")
+                raise BackendError(f"cuda: {program.plan.kernels[group].name} runs only on cuBLASLt here "
+                                   f"(GLUE_GEMM=library, or a large float32 product) and cuBLASLt refuses "
+                                   f"it: {why_not}; GLUE_GEMM=codegen runs glue's own kernel")
             log.info("glue.cuda: %s runs without the variant %s: cuBLASLt refuses it (%s)",
                      program.plan.kernels[group].name, variant, why_not)
     choices = {g: v[0] for g, v in variants.items() if len(v) == 1}
@@ -199,9 +208,10 @@ class _ArenaSpace:
 
 def race(exe: "CudaExecutable", program: "CudaProgram", group: int, variants: list[str],
          rng: np.random.Generator) -> tuple[dict[str, float], dict[str, int]]:
-    """Microseconds per run of each of `variants` of plan kernel `group`, and each library
-    variant's fastest algorithm: a graph of REPEATS runs, every launch on the executable's first stream, replayed
-    WARMUP + RUNS times, the median of the timed replays over REPEATS. The arguments and outputs
+    """Microseconds per run of each of `variants` of plan kernel `group` (its fastest candidate's),
+    and each library variant's fastest algorithm, every launch on the executable's first stream:
+    each candidate's probe, then for those within PRUNE of the fastest the median of RUNS
+    replays of a graph of up to REPEATS runs, over its runs. The arguments and outputs
     the variants touch are made for the race, random (a GPT step's arguments are hundreds of
     megabytes, and each product reads a few of them), in arena space the kernel's own
     intermediates leave free."""
@@ -229,27 +239,40 @@ def race(exe: "CudaExecutable", program: "CudaProgram", group: int, variants: li
     bases = exe._bases(args, outs)
     exe.ctx.synchronize()
 
-    def timed(variant_steps: list[Any]) -> float:
-        return replay_us(stream, lambda: exe.run_steps(variant_steps, bases), REPEATS, WARMUP, RUNS)
-
     for variant_steps in steps.values():
         for step in variant_steps:
             step.stream, step.waits, step.record, step.dependent = stream, (), None, None
-    times, algorithms = {}, {}
+    candidates: list[tuple[str, int]] = []  # (variant, algorithm: -1 for glue's kernel)
     for variant in variants:
         if variant not in LIBRARY_VARIANTS:
-            times[variant] = timed(steps[variant])
+            candidates.append((variant, -1))
             continue
         matmuls = _matmuls(exe, program, group, variant)
         flops = sum(2 * m.problem.batches * m.problem.m * m.problem.n * m.problem.k for m in matmuls)
-        candidates = min([ALGORITHMS] + [len(m.algos) for m in matmuls]) if flops >= ALGORITHM_FLOPS else 1
-        by_algorithm = []
-        for algorithm in range(candidates):
-            for matmul in matmuls:
-                matmul.choice = algorithm
-            by_algorithm.append(timed(steps[variant]))
+        count = min([ALGORITHMS] + [len(m.algos) for m in matmuls]) if flops >= ALGORITHM_FLOPS else 1
+        candidates += [(variant, algorithm) for algorithm in range(count)]
+
+    def time_candidate(variant: str, algorithm: int, repeats: int, warmup: int, runs: int) -> float:
+        matmuls = _matmuls(exe, program, group, variant) if algorithm >= 0 else []
         for matmul in matmuls:
-            matmul.choice = 0
-        algorithms[variant] = min(range(candidates), key=by_algorithm.__getitem__)
-        times[variant] = by_algorithm[algorithms[variant]]
+            matmul.choice = algorithm
+        try:
+            return replay_us(stream, lambda: exe.run_steps(steps[variant], bases), repeats, warmup, runs)
+        finally:
+            for matmul in matmuls:
+                matmul.choice = 0
+
+    probes = {c: time_candidate(*c, repeats=1, warmup=1, runs=1) for c in candidates}
+    fastest = min(probes.values())
+    measured = dict(probes)
+    for c, probe in probes.items():
+        if probe <= PRUNE * fastest:
+            repeats = max(1, min(REPEATS, round(GRAPH_US / max(probe, 1e-3))))
+            measured[c] = time_candidate(*c, repeats=repeats, warmup=WARMUP, runs=RUNS)
+    times, algorithms = {}, {}
+    for (variant, algorithm), us in measured.items():
+        if variant not in times or us < times[variant]:
+            times[variant] = us
+            if algorithm >= 0:
+                algorithms[variant] = algorithm
     return times, algorithms

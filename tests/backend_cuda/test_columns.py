@@ -31,6 +31,15 @@ def _qkv_bias_grad(dq, dk, dv):
     return gnp.concatenate(rows, axis=-1).sum((0, 1))
 
 
+def _many_row_outputs(x, dy, w):
+    """Three sums over the tokens and nine values from them per feature (a norm's backward
+    with its weights' optimizer updates): too many live values per row for 8 bf16 rows a thread."""
+    f32 = gnp.float32
+    sums = ((x * dy).astype(f32).sum(0), dy.astype(f32).sum(0), x.astype(f32).sum(0))
+    w = w.astype(f32)
+    return sums + tuple(s * w for s in sums) + tuple(s - 0.5 * w for s in sums)
+
+
 CASES = {
     "norm weight and bias grads": (_norm_grads, [(1024, 256), (1024, 256), (256,)], np.float32, True),
     "bias grad over batch and tokens": (lambda dy: dy.sum((0, 1)), [(4, 96, 384)], np.float32, True),
@@ -48,6 +57,7 @@ CASES = {
     # contiguous only over runs of D = 64 (the loads are masked by the concatenation)
     "bias grad through heads": (_qkv_bias_grad, [(2, 4, 48, 64)] * 3, np.float32, True),
     "bias grad through narrow heads": (_qkv_bias_grad, [(2, 4, 40, 16)] * 3, np.float32, False),
+    "many row outputs, bf16": (_many_row_outputs, [(512, 256), (512, 256), (256,)], BF16, True),
     # the stored value is the summed one (an SGD step's weight gradient and its momentum update)
     "element output the sum shares": (lambda x, y: ((x * y - x).sum(0), x * y - x), [(32, 10), (32, 10)],
                                       np.float32, True),
@@ -96,6 +106,18 @@ def test_any_shape_of_column_reduction_computes_the_reference(points, rows, op):
     want = run_graph(closed.graph, list(closed.consts) + args, float64=True)
     d = tolerance_dtypes(closed.graph)[0]
     assert mismatch(outs[0], want[0], d, scale=8.0) is None, [l.strategy for l in low["llvm"].launches]
+
+
+def test_a_thread_takes_fewer_rows_when_each_has_many_live_values():
+    """bf16 rows would be 8 to a thread (one 16-byte vector); with twelve live values per row
+    (three sums, nine row outputs) a thread takes 4, below HEAVY_VALUES, and the grid twice the
+    row groups. A kernel with one sum keeps 8."""
+    fn, shapes, dtype, _ = CASES["many row outputs, bf16"]
+    _, low = _program(fn, _args(shapes, dtype))
+    assert [l.strategy.split()[1] for l in low["llvm"].launches if l.strategy.startswith("columns")] == ["x4"]
+    fn, shapes, dtype, _ = CASES["bf16 inputs"]
+    _, low = _program(fn, _args(shapes, dtype))
+    assert [l.strategy.split()[1] for l in low["llvm"].launches if l.strategy.startswith("columns")] == ["x8"]
 
 
 def test_the_splits_use_scratch_and_counters_and_ptxas_accepts_them():

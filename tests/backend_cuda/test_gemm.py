@@ -143,6 +143,27 @@ def test_on_the_gpu_the_race_times_the_librarys_algorithms_and_a_new_process_reu
             _compare(closed.graph, args, [np.asarray(o) for o in exe(*args)], "1024^3 f32", tf32=True)
 
 
+@pytest.mark.skipif(not cublaslt.available(), reason="nvmath-python is not installed")
+def test_large_float32_products_are_not_raced_against_glues_kernel():
+    """From LIBRARY_ONLY_FLOPS on, a float32 product (TF32 or full precision) runs on cuBLASLt
+    without a codegen variant to race or compile; a bf16 one as large, a float32 one just
+    smaller, and any under GLUE_GEMM=codegen keep glue's kernel. Lowered without a GPU."""
+    from glue.backend_cuda.codegen.library import LIBRARY_ONLY_FLOPS
+
+    def variants(dtype, m, precision=None, gemm="auto"):
+        a, b = np.zeros((m, 1024), dtype), np.zeros((1024, 1024), dtype)
+        closed = glue.make_ir(lambda x, y: gnp.matmul(x, y, precision=precision))(a, b)
+        program = CudaBackend().lower(closed.graph, name="big", gemm=gemm)["llvm"]
+        return {l.variant for l in program.launches}
+
+    assert 2 * 2048 * 1024 * 1024 == LIBRARY_ONLY_FLOPS
+    assert "codegen" not in variants(np.float32, 2048)
+    assert "codegen" not in variants(np.float32, 2048, precision="highest")
+    assert "codegen" in variants(np.float32, 1024)  # half the threshold
+    assert {"codegen", "library"} <= variants(BF16, 2048)
+    assert variants(np.float32, 2048, gemm="codegen") == {"codegen"}
+
+
 def test_identical_contractions_share_one_race_and_different_ones_do_not():
     """The race's cache key is the kernel's structure, as its code's is: a model's layers race
     once (the first layer's choice serves the rest from the disk cache). Lowered without a GPU."""

@@ -51,7 +51,7 @@ from glue.backend_cuda.codegen.contraction import emit_contraction
 from glue.backend_cuda.codegen.data import emit_data
 from glue.backend_cuda.codegen.flash import PARTS, emit_flash, flash_spec
 from glue.backend_cuda.codegen.hopper import TensorMap
-from glue.backend_cuda.codegen.library import LIBRARY_VARIANTS, kmajor_copy_side, library_launches
+from glue.backend_cuda.codegen.library import LIBRARY_VARIANTS, kmajor_copy_side, library_launches, library_only
 from glue.backend_cuda.codegen.pointwise import emit_pointwise
 from glue.backend_cuda.codegen.rows import emit_rows
 from glue.backend_cuda.codegen.wgmma import emit_wgmma, wgmma_plan
@@ -462,7 +462,8 @@ class _Builder:
 def gemm_variants(spec: GemmSpec | None, choice: str = "auto") -> tuple[str, ...]:
     """Who may serve a contraction: glue's own kernel ("codegen"), cuBLASLt ("library", and
     "library kmajor" where `kmajor_copy_side` finds an operand to copy), or several (then the
-    executor races them), as `choice` (the backend's `gemm` option) says and the library can."""
+    executor races them), as `choice` (the backend's `gemm` option) says and the library can;
+    a large float32 product the library serves alone unless `choice` is "codegen" (`library_only`)."""
     if spec is None or choice == "codegen":
         return ("codegen",)
     why_not = "nvmath-python is not installed" if not cublaslt.available() else cublaslt.can_serve(spec)
@@ -474,7 +475,7 @@ def gemm_variants(spec: GemmSpec | None, choice: str = "auto") -> tuple[str, ...
                        "nvmath-python, for cuBLASLt)")
         return ("codegen",)
     library = LIBRARY_VARIANTS if kmajor_copy_side(spec) else LIBRARY_VARIANTS[:1]
-    return library if choice == "library" else ("codegen",) + library
+    return library if choice == "library" or library_only(spec) else ("codegen",) + library
 
 
 _NOTED: set[str] = set()

@@ -455,7 +455,7 @@ class Vectorization:
     """Which loads and stores of a kernel move along domain dim `v` contiguously, and the lane
     count that makes them 16 bytes wide."""
 
-    def __init__(self, kernel: Kernel, analysis: Analysis, v: int | None, extent: int):
+    def __init__(self, kernel: Kernel, analysis: Analysis, v: int | None, extent: int, max_lanes: int = MAX_LANES):
         self.kernel, self.v = kernel, v
         loads = [e for e in reachable(kernel, analysis) if isinstance(e, Load) and not e.mask]
         flat_loads = {ld: flat_index(ld.index, kernel.inputs[ld.input].type.shape) for ld in loads}
@@ -468,7 +468,7 @@ class Vectorization:
         store_movers = {s: f for s, f in flat_stores.items() if moves_with(f, v, analysis)}
         sizes = [ld.dtype.itemsize for ld in movers] + \
                 [kernel.outputs[s.output].type.dtype.itemsize for s in store_movers]
-        width = min(MAX_LANES, VECTOR_BYTES // min(sizes)) if sizes else 1
+        width = min(max_lanes, VECTOR_BYTES // min(sizes)) if sizes else 1
         while width > 1 and extent % width:
             width //= 2
         self.width = width

@@ -19,6 +19,13 @@ takes 106 us against 72 with one operand K-major, the tied head's 8192x768x4096 
 147. Such a product (of at least KMAJOR_COPY_FLOPS) gets a second library variant, "library
 kmajor", that writes one operand K-major into scratch first (`kmajor_copy_side`: a computed one
 transposed as it is written, else the smaller one copied); the race decides whether it pays.
+
+A float32 product of at least LIBRARY_ONLY_FLOPS has no variant "codegen" unless glue's kernel
+is asked for (`library_only`): glue's float32 kernels reach a third of cuBLASLt's speed on
+TF32 and two fifths in full float32 (the matmul suite on the H200: 4096^3 125.6 against 406
+TFLOP/s, 8192^3 122 against 363; "highest" 21 against 51), so from about 10 us of the library's
+time on, no fusion glue's kernel keeps makes up the difference, and racing it (and compiling
+it: the largest LLVM jobs of a float32 step) only costs compile time.
 """
 from __future__ import annotations
 
@@ -34,6 +41,7 @@ from glue.scheduler.kernel_ir import Kernel, loads_under
 
 ALIGN = 256  # bytes: scratch pieces start where the allocator's blocks would
 KMAJOR_COPY_FLOPS = 1 << 32  # below this a copy costs about what it saves (768x768x4096: even)
+LIBRARY_ONLY_FLOPS = 1 << 32  # float32 products this large are not raced against glue's kernel
 LIBRARY_VARIANTS = ("library", "library kmajor")
 
 
@@ -102,6 +110,12 @@ def kmajor_copy_side(spec: GemmSpec) -> str | None:
     return "a" if m <= n else "b"
 
 
+def library_only(spec: GemmSpec) -> bool:
+    """Whether the product runs on the library without racing glue's kernel (see the module
+    docstring): float32 operands, TF32 or full precision alike, and at least LIBRARY_ONLY_FLOPS."""
+    return spec.operand_dtype == dt.float32 and spec.flops >= LIBRARY_ONLY_FLOPS
+
+
 Emit = Callable[[Kernel, list[Place], list[Place], str], Launch]
 
 
@@ -150,4 +164,5 @@ def library_launches(spec: GemmSpec, group: int, symbol: str, inputs: list[Place
     return [replace(launch, group=group, variant=variant) for launch in launches], offset
 
 
-__all__ = ["KMAJOR_COPY_FLOPS", "LIBRARY_VARIANTS", "LibraryGemm", "kmajor_copy_side", "library_launches"]
+__all__ = ["KMAJOR_COPY_FLOPS", "LIBRARY_ONLY_FLOPS", "LIBRARY_VARIANTS", "LibraryGemm", "kmajor_copy_side",
+           "library_launches", "library_only"]

@@ -1,8 +1,9 @@
-"""Pointwise kernels on the GPU: a thread computes `UNROLL` groups of `width` consecutive points
-of the flattened domain (a group is one 16-byte vector of the narrowest contiguous operand); the
-groups of a block are `BLOCK` apart, so each of a warp's accesses covers consecutive memory, and
-a 1-d grid covers the domain. Values that do not vary along the innermost dim are computed once
-per group. Kernels that transpose their one input take transpose.py's tiles instead."""
+"""Pointwise kernels on the GPU: a thread computes up to `UNROLL` groups of `width` consecutive
+points of the flattened domain (a group is one 16-byte vector of the narrowest contiguous
+operand); the groups of a block are `BLOCK` apart, so each of a warp's accesses covers
+consecutive memory, and a 1-d grid covers the domain. Values that do not vary along the
+innermost dim are computed once per group. Kernels that transpose their one input take
+transpose.py's tiles instead."""
 from __future__ import annotations
 
 import math
@@ -16,6 +17,12 @@ from glue.codegen.types import I64
 
 BLOCK = 128
 UNROLL = 4
+# Blocks of BLOCK threads that fill an H200 once (132 multiprocessors x 16). A thread unrolls
+# only as many groups as keep at least this many blocks: a smaller grid leaves multiprocessors
+# idle and each thread waits on memory once per group (its stores may alias the next group's
+# loads). An AdamW update of a 256x1024 weight (bf16 gradient, 2.6 MB) took 10 us on 16 blocks
+# unrolled 4 times.
+FULL_GRID = 2048
 
 
 def emit_pointwise(ke: KernelEmitter) -> tuple[int, int, str]:
@@ -31,7 +38,7 @@ def emit_pointwise(ke: KernelEmitter) -> tuple[int, int, str]:
     vec = Vectorization(k, ke.analysis, v if ke.aligned else None, k.parallel[-1] if k.parallel else 1)
     groups = points // vec.width
     block = min(BLOCK, max(32, pow2_at_least(groups)))
-    unroll = max(1, min(UNROLL, -(-groups // block)))
+    unroll = max(1, min(UNROLL, groups // (block * FULL_GRID)))
     per_block = block * unroll
     block_start = b.mul(ke.block_index(), ir.Constant(I64, per_block))
     base = b.add(block_start, ke.thread_index())
