@@ -13,6 +13,7 @@ is copied where it is donated.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import gc
@@ -328,6 +329,8 @@ class Compiled:
         # A program that prints returns its effect token last; the caller does not see it.
         self._n_results = lowered.out_tree.num_leaves
         self._donated = lowered.donated
+        # what a donated Array says it went to, made once (a step donates a hundred leaves a call)
+        self._donated_to = [f"{lowered.name} (argument {i} of its flattened inputs)" for i in lowered.donated]
         self._backend = lowered.backend
         # An output whose type equals an argument type gets that very TensorType object as its
         # aval, so when a loop feeds it back in, the cache lookup compares types by identity.
@@ -429,15 +432,13 @@ class Compiled:
     def _donate(self, leaves: Sequence[Any], buffers: list[Any]) -> None:
         """Give the backend a buffer it owns at each donated position (the Array's own, which it
         may overwrite, or a copy), and delete the donated Arrays."""
-        seen: dict[int, int] = {}
-        for a in leaves:
-            seen[id(a)] = seen.get(id(a), 0) + 1
-        for i in self._donated:
+        seen = collections.Counter(map(id, leaves))
+        for i, donated_to in zip(self._donated, self._donated_to):
             a = leaves[i]
             if a.__class__ is not Array or seen[id(a)] > 1:
                 buffers[i] = self._backend.private_copy(buffers[i])
             if a.__class__ is Array:
-                a.delete(f"{self.lowered.name} (argument {i} of its flattened inputs)")
+                a.delete(donated_to)
 
     def _reference(self, buffers: Sequence[Any]) -> list[np.ndarray]:
         from glue.reference import run_graph
