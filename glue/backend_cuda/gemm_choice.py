@@ -110,7 +110,8 @@ def choose_variants(exe: "CudaExecutable", program: "CudaProgram") -> dict[int, 
                 times, algorithms = race(exe, program, group, names, rng)
         except BackendError as exc:  # the library failed to run it: glue's kernel serves
             if "codegen" not in names:
-                raise
+                raise BackendError(f"{exc}; {program.plan.kernels[group].name} has no kernel of glue's to "
+                                   f"fall back on here (GLUE_GEMM=codegen gives it one)") from exc
             log.info("glue.cuda: %s runs on glue's own kernel: cuBLASLt failed on it (%s)",
                      program.plan.kernels[group].name, exc)
             choices[group] = "codegen"
