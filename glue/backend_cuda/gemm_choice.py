@@ -243,18 +243,19 @@ def race(exe: "CudaExecutable", program: "CudaProgram", group: int, variants: li
     for variant_steps in steps.values():
         for step in variant_steps:
             step.stream, step.waits, step.record, step.dependent = stream, (), None, None
+    products = {v: _matmuls(exe, program, group, v) for v in variants if v in LIBRARY_VARIANTS}
     candidates: list[tuple[str, int]] = []  # (variant, algorithm: -1 for glue's kernel)
     for variant in variants:
-        if variant not in LIBRARY_VARIANTS:
+        if variant not in products:
             candidates.append((variant, -1))
             continue
-        matmuls = _matmuls(exe, program, group, variant)
+        matmuls = products[variant]
         flops = sum(2 * m.problem.batches * m.problem.m * m.problem.n * m.problem.k for m in matmuls)
         count = min([ALGORITHMS] + [len(m.algos) for m in matmuls]) if flops >= ALGORITHM_FLOPS else 1
         candidates += [(variant, algorithm) for algorithm in range(count)]
 
     def time_candidate(variant: str, algorithm: int, repeats: int, warmup: int, runs: int) -> float:
-        matmuls = _matmuls(exe, program, group, variant) if algorithm >= 0 else []
+        matmuls = products.get(variant, [])
         for matmul in matmuls:
             matmul.choice = algorithm
         try:
