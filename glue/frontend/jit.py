@@ -404,7 +404,8 @@ class Compiled:
         """Run on the flat dynamic leaves; one Array per output."""
         if self.debug:
             return self._timed_call(leaves)
-        buffers = [a.buffer if a.__class__ is Array else a for a in leaves]
+        buffers = [(a._device if a._device is not None else a.buffer) if a.__class__ is Array else a
+                   for a in leaves]
         expected = self._reference(buffers) if self.check else None
         if self._donated:
             self._donate(leaves, buffers)
@@ -432,13 +433,17 @@ class Compiled:
     def _donate(self, leaves: Sequence[Any], buffers: list[Any]) -> None:
         """Give the backend a buffer it owns at each donated position (the Array's own, which it
         may overwrite, or a copy), and delete the donated Arrays."""
-        seen = collections.Counter(map(id, leaves))
+        # A leaf passed twice must not be overwritten through one position while the other is
+        # read; the usual call passes every leaf once, which one set tells.
+        seen = collections.Counter(map(id, leaves)) if len(set(map(id, leaves))) < len(leaves) else None
         for i, donated_to in zip(self._donated, self._donated_to):
             a = leaves[i]
-            if a.__class__ is not Array or seen[id(a)] > 1:
-                buffers[i] = self._backend.private_copy(buffers[i])
             if a.__class__ is Array:
+                if seen is not None and seen[id(a)] > 1:
+                    buffers[i] = self._backend.private_copy(buffers[i])
                 a.delete(donated_to)
+            else:
+                buffers[i] = self._backend.private_copy(buffers[i])
 
     def _reference(self, buffers: Sequence[Any]) -> list[np.ndarray]:
         from glue.reference import run_graph
@@ -478,9 +483,10 @@ class Jitted:
         self._traced: dict[Signature, tuple[ClosedGraph, PyTreeDef]] = {}
         self._trace_seconds: dict[Signature, float] = {}
         self._compiled: dict[Signature, Compiled] = {}
-        # The last call's signature and program, and where its arguments were glue.Arrays or flat
-        # lists or tuples of them, their layout and types (`_array_layout`): a call passing Arrays
-        # of those very types in that layout takes the same program.
+        # The last call's signature and program, and where its arguments were glue.Arrays and
+        # scalars or flat lists or tuples of them, their layout and leaf kinds (`_array_layout`): a
+        # call passing Arrays of those very types and scalars of those classes in that layout
+        # takes the same program.
         self._hot: tuple[Signature | None, Any, tuple | None, int] = (None, None, None, -1)
         self._last: Signature | None = None
 
@@ -542,34 +548,44 @@ class Jitted:
                 compiled = self._compiled.get(sig)
                 if compiled is None:
                     compiled = self._compiled[sig] = self.lower(*args, **kwargs).compile()
-            self._hot = (sig, compiled, _array_layout(args, sig) if not kwargs else None, config.trace_version)
+            self._hot = (sig, compiled, _array_layout(args, leaves, sig) if not kwargs else None, config.trace_version)
         if profiler.active() is None:
             return compiled.call_tree(leaves)
         with profiler.span("call", self.name):
             return compiled.call_tree(leaves)
 
 
-def _array_layout(args: tuple, sig: Signature) -> tuple | None:
-    """(layout, the leaves' types) when every argument is a glue.Array (layout None) or a flat
-    list or tuple of them (layout: per argument None, or that class and length); else None."""
+def _array_layout(args: tuple, leaves: Sequence[Any], sig: Signature) -> tuple | None:
+    """(layout, kinds) when every argument is a hot leaf (a glue.Array, or a scalar whose class
+    fixes its type: a NumPy scalar, a Python float or bool) or a flat list or tuple of them; the
+    layout is per argument None or that class and length (None throughout: None), and each
+    leaf's kind its aval (an Array) or its class (a scalar). Else None."""
     if sig.statics:
         return None
     layout = []
     for a in args:
-        if a.__class__ is Array:
+        if _hot_leaf(a):
             layout.append(None)
-        elif a.__class__ in (list, tuple) and all(x.__class__ is Array for x in a):
+        elif a.__class__ in (list, tuple) and all(map(_hot_leaf, a)):
             layout.append((a.__class__, len(a)))
         else:
             return None
-    return (tuple(layout) if any(layout) else None), sig.types
+    kinds = tuple(x.aval if x.__class__ is Array else x.__class__ for x in leaves)
+    return (tuple(layout) if any(layout) else None), kinds
+
+
+def _hot_leaf(x: Any) -> bool:
+    """A leaf whose type the hot path can check by identity: an Array's aval, or the class of a
+    scalar that alone decides its type (a Python int's dtype depends on its value)."""
+    return x.__class__ is Array or x.__class__ in (float, bool) or isinstance(x, np.generic)
 
 
 def _same_arrays(args: tuple, hot: tuple) -> Sequence[Any] | None:
-    """The leaves of `args` if they have the layout of `hot` (from `_array_layout`) and their
-    glue.Arrays' types are its very objects (compared by identity, nothing hashed), else None."""
-    layout, avals = hot
-    if layout is None:  # every argument an Array: they are the leaves
+    """The leaves of `args` if they have the layout of `hot` (from `_array_layout`), their
+    glue.Arrays' types are its very objects and their scalars its classes (compared by identity,
+    nothing hashed), else None."""
+    layout, kinds = hot
+    if layout is None:  # every argument a leaf
         leaves: Sequence[Any] = args
     elif len(args) != len(layout):
         return None
@@ -582,10 +598,13 @@ def _same_arrays(args: tuple, hot: tuple) -> Sequence[Any] | None:
                 leaves.extend(a)
             else:
                 return None
-    if len(leaves) != len(avals):
+    if len(leaves) != len(kinds):
         return None
-    for x, t in zip(leaves, avals):
-        if x.__class__ is not Array or x.aval is not t:
+    for x, kind in zip(leaves, kinds):
+        if x.__class__ is Array:
+            if x.aval is not kind:
+                return None
+        elif x.__class__ is not kind:
             return None
     return leaves
 

@@ -79,6 +79,27 @@ def test_flat_lists_of_arrays_also_skip_the_signature(monkeypatch):
         assert len(f(other, x)[0]) == len(other) and calls
 
 
+
+
+def test_scalars_whose_class_fixes_their_type_also_skip_the_signature(monkeypatch):
+    """An optimizer step's bias corrections are NumPy scalars (or Python floats) that change
+    every call: their class decides their type, so the call stays on the hot path. A Python int
+    (whose dtype depends on its value) or a scalar of another class goes through the signature."""
+    f = glue.jit(lambda ws, c, s: ([w * c for w in ws], s * 2), backend="cpu")
+    ws, s = f([X, X + 1], np.float32(0.5), 1.5)
+    ws, s = f(ws, np.float32(0.5), 1.5)
+    calls = []
+    split = f.spec.split
+    monkeypatch.setattr(f.spec, "split", lambda *args: calls.append(1) or split(*args))
+    new, s2 = f(ws, np.float32(3.0), 2.5)
+    assert calls == []
+    np.testing.assert_allclose(np.asarray(new[0]), np.asarray(ws[0]) * 3.0)
+    assert float(np.asarray(s2)) == 5.0
+    for c, scalar in ((np.float16(2.0), 1.5), (np.float32(2.0), 3), (np.float32(2.0), True)):
+        calls.clear()
+        out, s3 = f(ws, c, scalar)
+        assert calls
+        assert np.asarray(out[0]).dtype == np.float32 and float(np.asarray(s3)) == float(scalar) * 2
 @pytest.mark.parametrize("first, second, reason", [
     (np.zeros(3, np.float32), np.zeros((2, 3), np.float32), "argument types changed: args[0] f32[3] -> f32[2,3]"),
     (np.zeros(3, np.float32), np.zeros(3, np.float16), "argument types changed: args[0] f32[3] -> f16[3]"),
