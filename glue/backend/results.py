@@ -21,10 +21,23 @@ class Memory(Protocol):
         """A donated argument's buffer, which the kernels wrote, as an output of `type_`."""
 
 
-def plain_outputs(results: Sequence[Result]) -> list[int] | None:
-    """The output slots in result order when every result is a fresh output (the usual case,
-    which then needs no case analysis per call), else None."""
-    return [r.slot for r in results] if all(r.kind == "output" for r in results) else None
+def direct_picks(results: Sequence[Result], arg_types: Sequence[TensorType]
+                 ) -> tuple[list[int], list[int]] | None:
+    """When every result is a fresh output or a donated argument of the result's own type (the
+    usual cases, which then need no case analysis per call): each result's index into
+    `[*arguments, *outputs]`, and the slots of the donated arguments among them (the kernels
+    wrote those buffers); else None."""
+    n_args = len(arg_types)
+    picks, donated = [], []
+    for r in results:
+        if r.kind == "output":
+            picks.append(n_args + r.slot)
+        elif r.kind == "donated" and arg_types[r.slot] == r.type:
+            picks.append(r.slot)
+            donated.append(r.slot)
+        else:
+            return None
+    return picks, donated
 
 
 def assemble(results: Sequence[Result], outputs: Sequence[Any], arguments: Sequence[Any],

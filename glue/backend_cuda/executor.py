@@ -46,12 +46,13 @@ import logging
 from collections import OrderedDict
 from contextlib import nullcontext
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any, Sequence
 
 import numpy as np
 
 from glue import profiler
-from glue.backend.results import assemble, plain_outputs
+from glue.backend.results import assemble, direct_picks
 from glue.backend_cuda.codegen import CudaProgram, Launch, Place
 from glue.backend_cuda.gemm_choice import choices_text, choose_variants
 from glue.backend_cuda.runtime import driver as drv
@@ -72,6 +73,7 @@ from glue.scheduler.memory import ALIGNMENT, own_donors
 from glue.settings import config
 
 log = logging.getLogger("glue")
+_PTR, _SHAPE, _DTYPE, _STREAM, _WAITED_ON = map(attrgetter, ("ptr", "shape", "dtype", "stream", "waited_on"))
 
 GRAPH_CACHE = 8  # graphs kept per executable (distinct sets of buffer addresses)
 # Host values (a step count, a learning rate, a small batch) up to this size are copied into a
@@ -79,6 +81,7 @@ GRAPH_CACHE = 8  # graphs kept per executable (distinct sets of buffer addresses
 # addresses stay the same, so its graph replays. A fresh buffer per call would make every call a
 # new capture, and past a few of those the program launches its kernels one by one.
 STAGED_BYTES = DIRECT_MAX
+LIST_CHECKS = 8  # arguments from which a call checks them a list at a time (see `_arguments`)
 
 
 @dataclass
@@ -175,6 +178,10 @@ class CudaExecutable:
         self._staging: dict[int, DeviceBuffer] = {}  # argument -> where its host values are copied
         self._arg_dtypes = [t.dtype.numpy for t in program.arg_types]
         self._arg_specs = [(t.shape, t.dtype) for t in program.arg_types]
+        self._all_buffers = [DeviceBuffer] * len(program.arg_types)
+        self._arg_shapes = [t.shape for t in program.arg_types]
+        self._arg_glue_dtypes = [t.dtype for t in program.arg_types]
+        self._host_slots: list[int] = []  # where the latest call checked one by one passed host values
         # A call's outputs share one allocation: one allocator call, and a loop that feeds its
         # results back in sees the same few addresses again and again, so it replays the graphs
         # it captured for them.
@@ -187,7 +194,7 @@ class CudaExecutable:
         self._results, self._homes = _homed(program.results, program.plan.memory.spare_donors, program.arg_types)
         # A donated argument's buffer becomes a result, which the next call must not overwrite.
         self._unstaged = {r.slot for r in self._results if r.kind == "donated"}
-        self._plain_results = plain_outputs(self._results)
+        self._picks = direct_picks(self._results, program.arg_types)
         self._copy = drv.load().cuMemcpyDtoDAsync
 
     @property
@@ -303,6 +310,39 @@ class CudaExecutable:
         return sum(step.dependent is not None for step in self._steps)
 
     # --- arguments ---------------------------------------------------------------------------
+    def _arguments(self, args: Sequence[Any], staged: list[tuple[DeviceBuffer, np.ndarray]]
+                   ) -> tuple[list[DeviceBuffer], list[DeviceBuffer]]:
+        """The call's arguments as device buffers of this context, and those stream 0 is not yet
+        ordered after. A loop passing back what the last call returned (device buffers of their
+        compiled shapes and dtypes, written on stream 0, and host values where the last call had
+        them) is checked a list at a time: a training step has a hundred arguments and more (for
+        a few, one pass costs less)."""
+        s0, ctx = self.stream, self.ctx
+        buffers = list(args)
+        if len(buffers) >= LIST_CHECKS:
+            for i in self._host_slots:
+                if buffers[i].__class__ is not DeviceBuffer:
+                    buffers[i] = self._to_device(i, buffers[i], self.program.arg_types[i], staged)
+            if list(map(type, buffers)) == self._all_buffers and list(map(_SHAPE, buffers)) == self._arg_shapes \
+                    and list(map(_DTYPE, buffers)) == self._arg_glue_dtypes \
+                    and all(stream.ctx is ctx for stream in set(map(_STREAM, buffers))):
+                if list(map(_WAITED_ON, buffers)).count(s0) == len(buffers):
+                    return buffers, []
+                return buffers, self._unordered(buffers)
+            self._host_slots = [i for i, a in enumerate(args) if a.__class__ is not DeviceBuffer]
+        unordered = []
+        for i, (a, (shape, dtype)) in enumerate(zip(buffers, self._arg_specs)):
+            if a.__class__ is not DeviceBuffer or a.shape != shape or a.dtype is not dtype or a.stream.ctx is not ctx:
+                a = buffers[i] = self._to_device(i, a, self.program.arg_types[i], staged)
+            if a.waited_on is not s0 and (a.written_on is not s0 or a.stream is not s0):
+                unordered.append(a)
+        return buffers, unordered
+
+    def _unordered(self, buffers: list[DeviceBuffer]) -> list[DeviceBuffer]:
+        """The buffers stream 0 is not yet ordered after (written elsewhere, or not yet prepared)."""
+        s0 = self.stream
+        return [b for b in buffers if b.waited_on is not s0 and (b.written_on is not s0 or b.stream is not s0)]
+
     def _to_device(self, i: int, a: Any, t: TensorType, staged: list[tuple[DeviceBuffer, np.ndarray]]) -> DeviceBuffer:
         """Argument `i` as a device buffer. A small host value goes into argument i's staging
         buffer, and (buffer, value) onto `staged` for the call to copy in."""
@@ -320,7 +360,7 @@ class CudaExecutable:
             slot = self._staging.get(i)
             if slot is None:
                 slot = self._staging[i] = DeviceBuffer(t.shape, t.dtype, self.stream)
-                slot.mark_pending(self.stream)
+                DeviceBuffer.mark_rewritten([slot], self.stream)  # only stream 0 ever writes it
             staged.append((slot, np.ascontiguousarray(x)))
             return slot
         with profiler.span("copy", f"upload {t}"):
@@ -332,19 +372,9 @@ class CudaExecutable:
         if len(args) != len(self._arg_specs):
             raise BackendError(f"cuda: {self.name} takes {len(program.arg_types)} arguments, got {len(args)}")
         s0, ctx = self.stream, self.ctx
-        buffers: list[DeviceBuffer] = []
-        key: list[int] = []  # what a graph depends on: the arguments' and the outputs' addresses
-        unordered: list[DeviceBuffer] = []  # arguments stream 0 is not yet ordered after
         staged: list[tuple[DeviceBuffer, np.ndarray]] = []  # host values to copy in on stream 0
-        for a, (shape, dtype) in zip(args, self._arg_specs):
-            buf = a if a.__class__ is DeviceBuffer else None  # the usual case, checked inline
-            if buf is None or buf.shape != shape or buf.dtype is not dtype or buf.stream.ctx is not ctx:
-                i = len(buffers)
-                buf = self._to_device(i, a, program.arg_types[i], staged)
-            buffers.append(buf)
-            key.append(buf.ptr)
-            if buf.waited_on is not s0 and (buf.written_on is not s0 or buf.stream is not s0):
-                unordered.append(buf)
+        buffers, unordered = self._arguments(args, staged)
+        key = list(map(_PTR, buffers))  # what a graph depends on: the arguments' and the outputs' addresses
         outputs = DeviceBuffer.carve(self._out_layout, self._slabs) if self._out_layout else []
         if outputs:  # they sit at fixed offsets in one block
             key.append(outputs[0].ptr)
@@ -362,8 +392,12 @@ class CudaExecutable:
             if prof is not None or not self.use_graphs or not self._replay(tuple(key), buffers, outputs, unordered):
                 self.graph_stats.direct += 1
                 self._enqueue(self._bases(buffers, outputs), buffers, prof)
-        if self._plain_results is not None:
-            return [outputs[slot] for slot in self._plain_results]
+        if self._picks is not None:
+            picks, donated = self._picks
+            if donated:
+                DeviceBuffer.mark_rewritten(list(map(buffers.__getitem__, donated)), s0)
+            every = buffers + outputs
+            return list(map(every.__getitem__, picks))
         return assemble(self._results, outputs, buffers, _DeviceMemory(self.stream, self._copy))
 
     def _bases(self, buffers: list[DeviceBuffer], outputs: list[DeviceBuffer]) -> list[int]:

@@ -158,6 +158,17 @@ class DeviceBuffer:
         this buffer (see `ready_event`): a program call then costs no driver call for it."""
         self.event, self.written_on, self.waited_on = None, stream, None
 
+    @staticmethod
+    def mark_rewritten(buffers: Sequence["DeviceBuffer"], stream: Stream) -> None:
+        """`mark_pending(stream)` for buffers that work just queued on `stream` overwrote (a
+        call's donated arguments), leaving `stream` prepared for them: later work there is
+        ordered after the write already, so a loop that donates them again costs nothing."""
+        for buf in buffers:
+            if buf.waited_on is not stream and buf.stream is not stream:
+                CachingAllocator.record_use(buf._block, stream)
+            buf.event = None
+            buf.written_on = buf.waited_on = stream
+
     def ready_event(self) -> Event | None:
         """An event after this buffer's last write (None if it was never written). A pending
         write's event is recorded now, so it also covers work queued on that stream since the
