@@ -28,7 +28,12 @@ LoadFn = Callable[[int, ir.Value, DType], ir.Value]  # (input slot, flat element
 
 
 class ExprEmitter:
-    """Emits expressions at one domain point; values are memoised within that point."""
+    """Emits expressions at one domain point; values are memoised within that point, and so
+    are indices and the index atoms that take several instructions (floor divisions, moduli,
+    clamps): a reshape's Div or Mod recurs in every load of the same layout, and emitting it
+    once per point instead of once per load keeps a kernel's module a fraction of the size for
+    LLVM to read (an inner emitter that inherits `memo` starts its own `atoms`, since its dims
+    differ)."""
 
     def __init__(self, builder: ir.IRBuilder, dims: Sequence[ir.Value], input_shapes: Sequence[tuple[int, ...]],
                  load: LoadFn, rows: Sequence[ir.Value] = ()):
@@ -38,9 +43,18 @@ class ExprEmitter:
         self.load_element = load
         self.rows = list(rows)
         self.memo: dict[object, ir.Value] = {}
+        self.atoms: dict[Index | Div | Mod | Clamp, ir.Value] = {}
 
     # --- indices ---------------------------------------------------------------------------
     def index(self, index: Index) -> ir.Value:
+        if not index.terms:
+            return ir.Constant(I64, index.const)
+        found = self.atoms.get(index)
+        if found is None:
+            found = self.atoms[index] = self._emit_index(index)
+        return found
+
+    def _emit_index(self, index: Index) -> ir.Value:
         total: ir.Value = ir.Constant(I64, index.const)
         for atom, coeff in index.terms:
             term = self.atom(atom)
@@ -52,18 +66,22 @@ class ExprEmitter:
     def atom(self, atom) -> ir.Value:
         if isinstance(atom, Dim):
             return self.dims[atom.k]
+        if isinstance(atom, FromValue):
+            return index_of(self.b, self.value(atom.value), atom.value.dtype)
+        found = self.atoms.get(atom)
+        if found is None:
+            found = self.atoms[atom] = self._emit_atom(atom)
+        return found
+
+    def _emit_atom(self, atom: Div | Mod | Clamp) -> ir.Value:
+        i = self.index(atom.index)
         if isinstance(atom, Div):
-            return _floor_div(self.b, self.index(atom.index), atom.divisor)
+            return _floor_div(self.b, i, atom.divisor)
         if isinstance(atom, Mod):
-            i = self.index(atom.index)
-            return self.b.sub(i, self.b.mul(_floor_div(self.b, i, atom.divisor), ir.Constant(I64, atom.divisor)))
-        if isinstance(atom, Clamp):
-            i = self.index(atom.index)
-            low = self.b.select(self.b.icmp_signed("<", i, ir.Constant(I64, 0)), ir.Constant(I64, 0), i)
-            top = ir.Constant(I64, atom.size - 1)
-            return self.b.select(self.b.icmp_signed(">", low, top), top, low)
-        assert isinstance(atom, FromValue)
-        return index_of(self.b, self.value(atom.value), atom.value.dtype)
+            return _floor_mod(self.b, i, atom.divisor)
+        low = self.b.select(self.b.icmp_signed("<", i, ir.Constant(I64, 0)), ir.Constant(I64, 0), i)
+        top = ir.Constant(I64, atom.size - 1)
+        return self.b.select(self.b.icmp_signed(">", low, top), top, low)
 
     def in_bounds(self, mask) -> ir.Value:
         ok: ir.Value = ir.Constant(I1, 1)
@@ -148,12 +166,29 @@ def _is_zero(v: ir.Value) -> bool:
     return isinstance(v, ir.Constant) and v.constant == 0
 
 
+def _power_of_two(d: int) -> bool:
+    return d & (d - 1) == 0
+
+
 def _floor_div(b: ir.IRBuilder, i: ir.Value, d: int) -> ir.Value:
-    """floor(i / d) for d > 0 (sdiv truncates toward zero)."""
+    """floor(i / d) for d > 0: for a power of two an arithmetic shift, which floors (one
+    instruction where sdiv, which truncates toward zero, needs six more to floor)."""
+    if d == 1:
+        return i
+    if _power_of_two(d):
+        return b.ashr(i, ir.Constant(I64, d.bit_length() - 1))
     q = b.sdiv(i, ir.Constant(I64, d))
     adjust = b.and_(b.icmp_signed("<", i, ir.Constant(I64, 0)),
                     b.icmp_signed("!=", b.mul(q, ir.Constant(I64, d)), i))
     return b.sub(q, b.zext(adjust, I64))
+
+
+def _floor_mod(b: ir.IRBuilder, i: ir.Value, d: int) -> ir.Value:
+    """i - d * floor(i / d) for d > 0, in [0, d): for a power of two the low bits of `i`
+    (two's complement makes that the floored modulus of negative `i` too)."""
+    if _power_of_two(d):
+        return b.and_(i, ir.Constant(I64, d - 1))
+    return b.sub(i, b.mul(_floor_div(b, i, d), ir.Constant(I64, d)))
 
 
 # --- conversions ------------------------------------------------------------------------------
