@@ -330,13 +330,10 @@ class CudaExecutable:
                     return buffers, []
                 return buffers, self._unordered(buffers)
             self._host_slots = [i for i, a in enumerate(args) if a.__class__ is not DeviceBuffer]
-        unordered = []
         for i, (a, (shape, dtype)) in enumerate(zip(buffers, self._arg_specs)):
             if a.__class__ is not DeviceBuffer or a.shape != shape or a.dtype is not dtype or a.stream.ctx is not ctx:
-                a = buffers[i] = self._to_device(i, a, self.program.arg_types[i], staged)
-            if a.waited_on is not s0 and (a.written_on is not s0 or a.stream is not s0):
-                unordered.append(a)
-        return buffers, unordered
+                buffers[i] = self._to_device(i, a, self.program.arg_types[i], staged)
+        return buffers, self._unordered(buffers)
 
     def _unordered(self, buffers: list[DeviceBuffer]) -> list[DeviceBuffer]:
         """The buffers stream 0 is not yet ordered after (written elsewhere, or not yet prepared)."""

@@ -32,7 +32,7 @@ import numpy as np
 from glue import profiler
 from glue.backend import Backend, Lowering, get_backend
 from glue.errors import GlueError, describe_location, user_frame_location
-from glue.frontend.array import Array, wrap_results
+from glue.frontend.array import Array, buffers_of, wrap_results
 from glue.frontend.pytree import LEAF, PyTreeDef, flatten_call, leaf_paths, tree_flatten, tree_unflatten
 from glue.frontend.tracing import Tracer, current_trace, trace_flat, type_of
 from glue.frontend.transforms.inline import inline
@@ -404,8 +404,7 @@ class Compiled:
         """Run on the flat dynamic leaves; one Array per output."""
         if self.debug:
             return self._timed_call(leaves)
-        buffers = [(a._device if a._device is not None else a.buffer) if a.__class__ is Array else a
-                   for a in leaves]
+        buffers = buffers_of(leaves)
         expected = self._reference(buffers) if self.check else None
         if self._donated:
             self._donate(leaves, buffers)
