@@ -57,7 +57,7 @@ from glue.backend_cuda.codegen import CudaProgram, Launch, Place
 from glue.backend_cuda.gemm_choice import choices_text, choose_variants
 from glue.backend_cuda.runtime import driver as drv
 from glue.backend_cuda.runtime.context import get_context
-from glue.backend_cuda.runtime.device_array import DeviceBuffer, SlabPool
+from glue.backend_cuda.runtime.device_array import DeviceBuffer, OutputSets
 from glue.backend_cuda.runtime.graph import Graph, capture
 from glue.backend_cuda.runtime import tensor_map
 from glue.backend_cuda.runtime.module import ArgPack, Kernel
@@ -189,7 +189,7 @@ class CudaExecutable:
         for t in program.output_types:
             self._out_layout.append((t.shape, t.dtype, t.nbytes, out_bytes))
             out_bytes += -(-t.nbytes // ALIGNMENT) * ALIGNMENT
-        self._slabs = SlabPool(self.ctx.allocator, out_bytes, self.stream)
+        self._outputs = OutputSets(self.ctx.allocator, self._out_layout, out_bytes, self.stream)
         # When every result is a fresh output (the usual case), results need no case analysis.
         self._results, self._homes = _homed(program.results, program.plan.memory.spare_donors, program.arg_types)
         # A donated argument's buffer becomes a result, which the next call must not overwrite.
@@ -289,9 +289,9 @@ class CudaExecutable:
         return LibraryStep(matmul, tuple(v.offset * v.dtype.itemsize for v in views), workspace.ptr)
 
     def __del__(self) -> None:
-        slabs = getattr(self, "_slabs", None)
-        if slabs is not None:
-            slabs.close()
+        outputs = getattr(self, "_outputs", None)
+        if outputs is not None:
+            outputs.close()
 
     @property
     def last_graph(self) -> Graph | None:
@@ -330,10 +330,13 @@ class CudaExecutable:
                     return buffers, []
                 return buffers, self._unordered(buffers)
             self._host_slots = [i for i, a in enumerate(args) if a.__class__ is not DeviceBuffer]
+        unordered = []
         for i, (a, (shape, dtype)) in enumerate(zip(buffers, self._arg_specs)):
             if a.__class__ is not DeviceBuffer or a.shape != shape or a.dtype is not dtype or a.stream.ctx is not ctx:
-                buffers[i] = self._to_device(i, a, self.program.arg_types[i], staged)
-        return buffers, self._unordered(buffers)
+                a = buffers[i] = self._to_device(i, a, self.program.arg_types[i], staged)
+            if a.waited_on is not s0 and (a.written_on is not s0 or a.stream is not s0):  # as `_unordered`
+                unordered.append(a)
+        return buffers, unordered
 
     def _unordered(self, buffers: list[DeviceBuffer]) -> list[DeviceBuffer]:
         """The buffers stream 0 is not yet ordered after (written elsewhere, or not yet prepared)."""
@@ -371,22 +374,19 @@ class CudaExecutable:
         s0, ctx = self.stream, self.ctx
         staged: list[tuple[DeviceBuffer, np.ndarray]] = []  # host values to copy in on stream 0
         buffers, unordered = self._arguments(args, staged)
-        key = list(map(_PTR, buffers))  # what a graph depends on: the arguments' and the outputs' addresses
-        outputs = DeviceBuffer.carve(self._out_layout, self._slabs) if self._out_layout else []
-        if outputs:  # they sit at fixed offsets in one block
-            key.append(outputs[0].ptr)
-        if self.poison is not None:
-            for buf in outputs + ([self.arena] if self.arena else []):
-                buf.fill_bytes(self.poison)
-            for buf in outputs:  # written next by the kernels, not by the fill
-                buf.mark_pending(s0)
         prof = profiler.active()
-        with ctx.enqueue_lock:  # another thread's call stages its values only after this one's launch
+        with ctx.enqueue_lock:  # another thread's call takes outputs and stages values only after this one's launch
+            outputs = self._outputs.take() if self._out_layout else []
+            if self.poison is not None:
+                self._poison(outputs)
             for slot, value in staged:
                 with device_span(s0, "copy", f"upload {slot.dtype}{list(slot.shape)}", bytes=slot.nbytes) \
                         if prof is not None else nullcontext():
                     upload(slot.ptr, value, s0)
-            if prof is not None or not self.use_graphs or not self._replay(tuple(key), buffers, outputs, unordered):
+            # A graph depends on the addresses of the arguments and of the outputs (which sit at
+            # fixed offsets in one block).
+            if prof is not None or not self.use_graphs \
+                    or not self._replay(tuple(map(_PTR, buffers + outputs[:1])), buffers, outputs, unordered):
                 self.graph_stats.direct += 1
                 self._enqueue(self._bases(buffers, outputs), buffers, prof)
         if self._picks is not None:
@@ -396,6 +396,14 @@ class CudaExecutable:
             every = buffers + outputs
             return list(map(every.__getitem__, picks))
         return assemble(self._results, outputs, buffers, _DeviceMemory(self.stream, self._copy))
+
+    def _poison(self, outputs: list[DeviceBuffer]) -> None:
+        """Fill the outputs and the arena with the poison byte, so that a value no kernel wrote
+        shows."""
+        for buf in outputs + ([self.arena] if self.arena else []):
+            buf.fill_bytes(self.poison)
+        for buf in outputs:  # written next by the kernels, not by the fill
+            buf.mark_pending(self.stream)
 
     def _bases(self, buffers: list[DeviceBuffer], outputs: list[DeviceBuffer]) -> list[int]:
         """The address of every memory place of the call: arguments, outputs, the arena, the

@@ -25,6 +25,7 @@ import shutil
 import subprocess
 import threading
 import time
+from operator import attrgetter
 from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 import numpy as np
@@ -39,6 +40,7 @@ from glue.frontend.transforms.inline import inline
 from glue.ir import ClosedGraph, TensorType
 from glue.settings import config
 
+_AVAL = attrgetter("aval")
 log = logging.getLogger("glue")
 
 _DUMP_COUNT = itertools.count()
@@ -405,6 +407,12 @@ class Compiled:
         if self.debug:
             return self._timed_call(leaves)
         buffers = buffers_of(leaves)
+        if self.check or self._donated or self._consts:
+            return self._call_with_extras(leaves, buffers)
+        return wrap_results(self.executable(*buffers), self._avals)[:self._n_results]
+
+    def _call_with_extras(self, leaves: Sequence[Any], buffers: list[Any]) -> list[Array]:
+        """A call that checks against the reference (GLUE_CHECK), donates or passes constants."""
         expected = self._reference(buffers) if self.check else None
         if self._donated:
             self._donate(leaves, buffers)
@@ -483,9 +491,9 @@ class Jitted:
         self._trace_seconds: dict[Signature, float] = {}
         self._compiled: dict[Signature, Compiled] = {}
         # The last call's signature and program, and where its arguments were glue.Arrays and
-        # scalars or flat lists or tuples of them, their layout and leaf kinds (`_array_layout`): a
-        # call passing Arrays of those very types and scalars of those classes in that layout
-        # takes the same program.
+        # scalars or flat lists or tuples of them, their layout, classes and avals (`_array_layout`):
+        # a call passing Arrays of those types and scalars of those classes in that layout takes
+        # the same program.
         self._hot: tuple[Signature | None, Any, tuple | None, int] = (None, None, None, -1)
         self._last: Signature | None = None
 
@@ -555,10 +563,11 @@ class Jitted:
 
 
 def _array_layout(args: tuple, leaves: Sequence[Any], sig: Signature) -> tuple | None:
-    """(layout, kinds) when every argument is a hot leaf (a glue.Array, or a scalar whose class
-    fixes its type: a NumPy scalar, a Python float or bool) or a flat list or tuple of them; the
-    layout is per argument None or that class and length (None throughout: None), and each
-    leaf's kind its aval (an Array) or its class (a scalar). Else None."""
+    """(layout, classes, array positions, avals) when every argument is a hot leaf (a glue.Array,
+    or a scalar whose class fixes its type: a NumPy scalar, a Python float or bool) or a flat list
+    or tuple of them. The layout is per argument None or that class and length (None throughout:
+    None); then the leaves' classes, where the Arrays are among them (None: everywhere) and their
+    avals. Else None."""
     if sig.statics:
         return None
     layout = []
@@ -569,21 +578,24 @@ def _array_layout(args: tuple, leaves: Sequence[Any], sig: Signature) -> tuple |
             layout.append((a.__class__, len(a)))
         else:
             return None
-    kinds = tuple(x.aval if x.__class__ is Array else x.__class__ for x in leaves)
-    return (tuple(layout) if any(layout) else None), kinds
+    classes = [x.__class__ for x in leaves]
+    at = [i for i, c in enumerate(classes) if c is Array]
+    arrays = [leaves[i] for i in at]
+    return (tuple(layout) if any(layout) else None), classes, (None if len(at) == len(leaves) else at), \
+        list(map(_AVAL, arrays))
 
 
 def _hot_leaf(x: Any) -> bool:
-    """A leaf whose type the hot path can check by identity: an Array's aval, or the class of a
-    scalar that alone decides its type (a Python int's dtype depends on its value)."""
+    """A leaf whose type the hot path can check cheaply: an Array (by its aval), or a scalar whose
+    class alone decides its type (a Python int's dtype depends on its value)."""
     return x.__class__ is Array or x.__class__ in (float, bool) or isinstance(x, np.generic)
 
 
 def _same_arrays(args: tuple, hot: tuple) -> Sequence[Any] | None:
-    """The leaves of `args` if they have the layout of `hot` (from `_array_layout`), their
-    glue.Arrays' types are its very objects and their scalars its classes (compared by identity,
-    nothing hashed), else None."""
-    layout, kinds = hot
+    """The leaves of `args` if they have the layout of `hot` (from `_array_layout`): the same
+    classes, and Arrays of the same avals (compared a list at a time: a loop passes back the very
+    TensorType objects, which compare by identity before anything else), else None."""
+    layout, classes, at, avals = hot
     if layout is None:  # every argument a leaf
         leaves: Sequence[Any] = args
     elif len(args) != len(layout):
@@ -597,14 +609,10 @@ def _same_arrays(args: tuple, hot: tuple) -> Sequence[Any] | None:
                 leaves.extend(a)
             else:
                 return None
-    if len(leaves) != len(kinds):
+    if list(map(type, leaves)) != classes:
         return None
-    for x, kind in zip(leaves, kinds):
-        if x.__class__ is Array:
-            if x.aval is not kind:
-                return None
-        elif x.__class__ is not kind:
-            return None
+    if list(map(_AVAL, leaves if at is None else map(leaves.__getitem__, at))) != avals:
+        return None
     return leaves
 
 

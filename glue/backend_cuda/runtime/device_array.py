@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
+from sys import getrefcount
 from typing import Any, Sequence
 
 import numpy as np
@@ -24,43 +25,14 @@ from glue.backend_cuda.runtime.transfer import download, upload
 from glue.ir import dtypes as dt
 
 _glue_dtype = lru_cache(maxsize=None)(dt.from_numpy)  # the uncached lookup scans every dtype
-
-
-class SlabPool:
-    """Blocks of one size that one program's calls carve their outputs from, kept back when
-    their outputs die so the next call takes one without asking the allocator. A block some
-    other stream used goes back to the allocator instead (which waits for that stream)."""
-
-    __slots__ = ("allocator", "nbytes", "stream", "spare", "closed")
-    KEEP = 4
-
-    def __init__(self, allocator: Any, nbytes: int, stream: Stream):
-        self.allocator, self.nbytes, self.stream = allocator, nbytes, stream
-        self.spare: list[Block] = []
-        self.closed = False
-
-    def take(self) -> Block:
-        try:
-            return self.spare.pop()
-        except IndexError:
-            return self.allocator.allocate(self.nbytes, self.stream)
-
-    def give_back(self, block: Block) -> None:
-        if self.closed or block.other_streams or len(self.spare) >= self.KEEP:
-            self.allocator.free(block)
-        else:  # only this pool's stream used it: reuse on that stream is ordered after its work
-            self.spare.append(block)
-
-    def close(self) -> None:
-        """Return every kept block to the allocator; later blocks go there too."""
-        self.closed = True
-        while self.spare:
-            self.allocator.free(self.spare.pop())
+# What `map(getrefcount, a_list)` reads for an object only that list holds (measured, since what
+# the interpreter counts for a call's argument changes between Python versions).
+_ONLY_IN_A_LIST = list(map(getrefcount, [object()]))[0]
 
 
 class _Owned:
-    """A buffer's own block, freed when the buffer dies. (The finaliser lives here, not on the
-    buffer, so that the buffers carved from a slab die without running Python code.)"""
+    """A block freed when the last buffer holding this dies. (The finaliser lives here, not on
+    the buffer, so that buffers in an `OutputSets` set die without running Python code.)"""
 
     __slots__ = ("allocator", "block")
 
@@ -71,19 +43,56 @@ class _Owned:
         self.allocator.free(self.block)
 
 
-class _Shared:
-    """An allocation several buffers live in; it goes back when the last of them dies."""
+class OutputSets:
+    """The outputs of one program's latest calls: sets of buffers carved from blocks of one size.
 
-    __slots__ = ("pool", "block")
+    A set that nothing outside holds any more (its Arrays were dropped) becomes the next call's
+    outputs again: the same buffer objects at the same addresses, so a loop's call neither
+    allocates nor runs a finaliser, and it replays the graphs captured for those addresses.
+    Reuse on the set's own stream is ordered after the work that read it there; a block that
+    other streams used goes back to the allocator instead, which waits for them. A set still
+    held when KEEP newer ones exist is let go: its buffers free their block when the last dies.
+    """
 
-    def __init__(self, pool: SlabPool):
-        self.block = pool.take()
-        self.pool = pool
+    __slots__ = ("allocator", "layout", "nbytes", "stream", "sets", "_unheld")
+    KEEP = 4
 
-    def __del__(self) -> None:
-        pool = getattr(self, "pool", None)  # None: taking the block failed
-        if pool is not None:
-            pool.give_back(self.block)
+    def __init__(self, allocator: Any, layout: Sequence[tuple[tuple[int, ...], dt.DType, int, int]],
+                 nbytes: int, stream: Stream):
+        self.allocator, self.layout, self.nbytes, self.stream = allocator, layout, nbytes, stream
+        self.sets: list[list[DeviceBuffer]] = []
+        self._unheld = [_ONLY_IN_A_LIST] * len(layout)  # the counts when only the set holds its buffers
+
+    def take(self) -> list[DeviceBuffer]:
+        """Buffers for a call's outputs, marked pending on the stream (the call writes them next)."""
+        sets, stream = self.sets, self.stream
+        for i, outputs in enumerate(sets):
+            if list(map(getrefcount, outputs)) == self._unheld:
+                if outputs[0]._block.other_streams:
+                    self.allocator.free(sets.pop(i)[0]._block)
+                    break
+                for buf in outputs:
+                    buf.stream = buf.written_on = stream
+                    buf.event = buf.waited_on = None
+                return outputs
+        outputs = DeviceBuffer.carve(self.layout, self.allocator.allocate(self.nbytes, stream), stream)
+        sets.append(outputs)
+        if len(sets) > self.KEEP:
+            self._let_go(sets.pop(0))
+        return outputs
+
+    def _let_go(self, outputs: list[DeviceBuffer]) -> None:
+        if list(map(getrefcount, outputs)) == self._unheld:
+            self.allocator.free(outputs[0]._block)
+        else:
+            owner = _Owned(self.allocator, outputs[0]._block)
+            for buf in outputs:
+                buf._holder = owner
+
+    def close(self) -> None:
+        """Let every set go (the program is gone)."""
+        while self.sets:
+            self._let_go(self.sets.pop())
 
 
 class DeviceBuffer:
@@ -106,20 +115,17 @@ class DeviceBuffer:
         self.stream = stream
         allocator = stream.ctx.allocator
         self._block: Block = allocator.allocate(self.nbytes, stream)
-        self._holder: _Owned | _Shared = _Owned(allocator, self._block)
+        self._holder: _Owned | None = _Owned(allocator, self._block)
         self.ptr = self._block.ptr
         self.event: Event | None = None
         self.written_on: Stream | None = None
         self.waited_on: Stream | None = None  # a stream already prepared (`prepare_for`)
 
     @classmethod
-    def carve(cls, layout: Sequence[tuple[tuple[int, ...], dt.DType, int, int]], pool: SlabPool) -> list[DeviceBuffer]:
-        """Buffers of the given (shape, glue dtype, bytes, byte offset) in one block from `pool`,
-        which goes back when the last of them dies: one allocation for all the outputs of a
-        program call, at addresses that repeat from call to call. They are marked pending on the
-        pool's stream (`mark_pending`): the caller queues their writes there next."""
-        shared = _Shared(pool)
-        stream, block = pool.stream, shared.block
+    def carve(cls, layout: Sequence[tuple[tuple[int, ...], dt.DType, int, int]], block: Block,
+              stream: Stream) -> list[DeviceBuffer]:
+        """Buffers of the given (shape, glue dtype, bytes, byte offset) in `block`, which their
+        owner (an `OutputSets`) frees; marked pending on `stream`, which writes them next."""
         base, new = block.ptr, cls.__new__
         out = []
         for shape, dtype, nbytes, offset in layout:
@@ -129,7 +135,7 @@ class DeviceBuffer:
             buf.nbytes = nbytes
             buf.ptr = base + offset
             buf._block = block
-            buf._holder = shared
+            buf._holder = None
             buf.stream = buf.written_on = stream
             buf.event = buf.waited_on = None
             out.append(buf)
