@@ -338,6 +338,8 @@ class Compiled:
         # aval, so when a loop feeds it back in, the cache lookup compares types by identity.
         arg_types = {t: t for t in lowered.signature.types}
         self._avals = [arg_types.get(t, t) for t in lowered.closed.graph.out_types]
+        # A call with no reference check, donation, constants or effect token: the usual one.
+        self._plain = not (self.check or self._donated or self._consts) and self._n_results == len(self._avals)
 
     @property
     def kernels(self) -> list[Any]:
@@ -399,7 +401,10 @@ class Compiled:
 
     def call_tree(self, leaves: Sequence[Any]) -> Any:
         """Run on the flat dynamic leaves; the outputs come back in the function's pytree."""
-        outs = self.call_flat(leaves)
+        if self._plain and not self.debug:
+            outs = wrap_results(self.executable(*buffers_of(leaves)), self._avals)
+        else:
+            outs = self.call_flat(leaves)
         return outs[0] if self._out_tree is LEAF else tree_unflatten(self._out_tree, outs)
 
     def call_flat(self, leaves: Sequence[Any]) -> list[Array]:
@@ -407,12 +412,6 @@ class Compiled:
         if self.debug:
             return self._timed_call(leaves)
         buffers = buffers_of(leaves)
-        if self.check or self._donated or self._consts:
-            return self._call_with_extras(leaves, buffers)
-        return wrap_results(self.executable(*buffers), self._avals)[:self._n_results]
-
-    def _call_with_extras(self, leaves: Sequence[Any], buffers: list[Any]) -> list[Array]:
-        """A call that checks against the reference (GLUE_CHECK), donates or passes constants."""
         expected = self._reference(buffers) if self.check else None
         if self._donated:
             self._donate(leaves, buffers)
