@@ -70,7 +70,9 @@ def test_what_stays_on_mma_sync():
 def test_the_width_follows_the_number_of_waves():
     fn, shapes = FORMS["NN"]
     assert " 128x256x64 " in _strategy(fn, shapes(4096, 512, 4096))   # 512 blocks of 128 x 256: 4 waves
-    assert " 128x128x64 " in _strategy(fn, shapes(4096, 768, 2304))   # 288 wide blocks (3 waves) or 576 narrow (5)
+    assert " 128x192x64 " in _strategy(fn, shapes(4096, 768, 2304))   # 384 blocks 192 wide: 3 waves (256: 3, 128: 5)
+    assert " 128x192x64 " in _strategy(fn, shapes(4096, 3072, 768))   # 128 blocks: one wave (256: 96 blocks)
+    assert " 128x128x64 " in _strategy(fn, shapes(768, 4096, 2304))   # 108 blocks (192: 72, 256: 54)
 
 
 def test_tensor_maps_describe_each_operand_as_it_lies():
@@ -103,8 +105,8 @@ def test_ptxas_accepts_every_layout_and_width_without_spilling(form, n):
 @pytest.mark.cuda
 @pytest.mark.skipif(detected_arch() != "sm_90a", reason="the warpgroup kernel needs an sm_90 GPU")
 @pytest.mark.parametrize("form", sorted(FORMS))
-@pytest.mark.parametrize("shape", [(1000, 200, 1096), (1024, 64, 1152), (2048, 4096, 1024)],
-                         ids=["edges", "one step", "long K"])
+@pytest.mark.parametrize("shape", [(1000, 200, 1096), (1024, 64, 1152), (2048, 4096, 1024), (4096, 128, 760)],
+                         ids=["edges", "one step", "long K", "192 wide, N edge"])
 @pytest.mark.parametrize("dtype", [BF16, np.float16], ids=["bf16", "f16"])
 def test_on_the_gpu_warpgroup_kernels_compute_the_reference(form, shape, dtype):
     fn, shapes = FORMS[form]

@@ -6,8 +6,8 @@ tensors read in place (`GemmSpec` views) whose rows or columns are contiguous an
 strides and start are 16-byte multiples, as TMA requires; anything else (a fused prologue, a
 gather, an odd stride) stays on the `mma.sync` kernel (mma.py).
 
-A block of three warpgroups computes 128 x BN tiles (BN 256, or 128 where more tiles fill the
-GPU better), one after another: the kernel is persistent, a block per multiprocessor.
+A block of three warpgroups computes 128 x BN tiles (BN 256, or 192 or 128 where more tiles fill
+the GPU better), one after another: the kernel is persistent, a block per multiprocessor.
 Warpgroup 0 is the producer: it gives up registers
 (`setmaxnreg.dec`) and one thread of it walks K in steps of 64, waiting for a stage of the ring
 to be free (its `empty` mbarrier), announcing the bytes to come (`full`'s expected
@@ -54,7 +54,7 @@ ATOM = 64                 # an MN-major box's width: 128 bytes of 16-bit values
 BOX_BYTES = ATOM * BK * 2  # one 64 x 64 box
 CONSUMERS = 2             # consumer warpgroups, 64 rows of the tile each
 BM = 64 * CONSUMERS
-WIDTHS = (256, 128)       # tile widths (N), widest first
+WIDTHS = (256, 192, 128)  # tile widths (N), widest first
 SHARED_LIMIT = 227 << 10  # dynamic shared memory a block may opt into on the H100/H200
 MAX_STAGES = 6
 SMS = 132                 # multiprocessors of an H100/H200: blocks of a wave
@@ -119,11 +119,13 @@ class WgmmaPlan:
 
 
 def _width(batches: int, m: int, n: int) -> int:
-    """The tile width that finishes first: the fewest waves of blocks times a block's area
-    (the widest on a tie: it reads fewer operand bytes per multiply)."""
+    """The tile width that finishes first: the fewest waves of blocks times a block's time,
+    taken as its width plus a quarter of its height (the A tile it loads whatever the width);
+    the widest on a tie. (A GPT-width product of N = 768 is 96 blocks 256 wide, 73% of the
+    multiprocessors, or 128 blocks 192 wide, 97%.)"""
     def cost(width: int) -> int:
         blocks = batches * -(-m // BM) * -(-n // width)
-        return -(-blocks // SMS) * width
+        return -(-blocks // SMS) * (width + BM // 4)
     return min(WIDTHS, key=cost)
 
 
