@@ -2,6 +2,8 @@
 it and which stay on mma.sync, its tensor maps, ptxas's report on every layout and width; on an
 H100/H200, its results against the reference over layouts, batches, edges that are not
 multiples of the tile, 16-bit types and fused epilogues, with poisoned outputs."""
+import re
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -73,6 +75,18 @@ def test_the_width_follows_the_number_of_waves():
     assert " 128x192x64 " in _strategy(fn, shapes(4096, 768, 2304))   # 384 blocks 192 wide: 3 waves (256: 3, 128: 5)
     assert " 128x192x64 " in _strategy(fn, shapes(4096, 3072, 768))   # 128 blocks: one wave (256: 96 blocks)
     assert " 128x128x64 " in _strategy(fn, shapes(768, 4096, 2304))   # 108 blocks (192: 72, 256: 54)
+
+
+@pytest.mark.parametrize("form", ["NN", "NT", "TN", "TT"])
+@pytest.mark.parametrize("dtype", [BF16, np.float32], ids=["bf16 out", "f32 out"])
+def test_the_epilogue_stores_neighbouring_columns_as_one_vector(form, dtype):
+    """Whatever the operands' layout (NT once stored every bf16 column alone: nothing it loads
+    moves along N), a fragment's column pair is one store."""
+    fn, shapes = FORMS[form]
+    _, low = _lower(lambda a, b: fn(a, b).astype(dtype), [np.ones(s, BF16) for s in shapes(4096, 256, 768)])
+    ptx = low["ptx"].modules[_contractions(low)[0].symbol]
+    stores = set(re.findall(r"st\.global\.[a-z0-9.]+", ptx))
+    assert stores == {"st.global.b32" if dtype == BF16 else "st.global.v2.b32"}, stores
 
 
 def test_tensor_maps_describe_each_operand_as_it_lies():

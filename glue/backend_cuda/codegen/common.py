@@ -455,12 +455,15 @@ class Vectorization:
     """Which loads and stores of a kernel move along domain dim `v` contiguously, and the lane
     count that makes them 16 bytes wide."""
 
-    def __init__(self, kernel: Kernel, analysis: Analysis, v: int | None, extent: int, max_lanes: int = MAX_LANES):
+    def __init__(self, kernel: Kernel, analysis: Analysis, v: int | None, extent: int, max_lanes: int = MAX_LANES,
+                 row_stores: bool = False):
+        """`row_stores`: the kernel's row-level stores are at every point too (a contraction's,
+        whose rows are its (m, n) points), so they count as element stores."""
         self.kernel, self.v = kernel, v
         loads = [e for e in reachable(kernel, analysis) if isinstance(e, Load) and not e.mask]
         flat_loads = {ld: flat_index(ld.index, kernel.inputs[ld.input].type.shape) for ld in loads}
         flat_stores = {s: flat_index(s.index, kernel.outputs[s.output].type.shape) for s in kernel.stores
-                       if s.mode == "set" and s.level == "element"}
+                       if s.mode == "set" and (s.level == "element" or row_stores)}
         if v is None:
             self.width, self.loads, self.stores = 1, frozenset(), frozenset()
             return
@@ -624,7 +627,8 @@ class AccumulatorStores:
         k = ke.kernel
         self.ke, self.point, self.m_size, self.n_size = ke, coordinates.point, m_size, n_size
         v = coordinates.n_dims[-1] if coordinates.n_dims else None
-        pairs = Vectorization(k, ke.analysis, v, 2) if v is not None and k.parallel[v] % 2 == 0 else None
+        pairs = Vectorization(k, ke.analysis, v, 2, row_stores=True) if v is not None and k.parallel[v] % 2 == 0 \
+            else None
         self.pairs = pairs if pairs is not None and pairs.width == 2 else None
 
     def _dims(self, m: ir.Value, n: ir.Value) -> list[ir.Value | None]:
