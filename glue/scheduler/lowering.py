@@ -692,7 +692,7 @@ def lower_group(eqns: Sequence[Eqn], outputs: Sequence[Var], name: str) -> Kerne
                   tuple(lw.reductions), tuple(stores), ops, init, _sources(eqns), precision)
 
 
-def _group_shape(eqns: Sequence[Eqn], outputs: Sequence[Var]) -> tuple[tuple, list[int]]:
+def group_shape(eqns: Sequence[Eqn], outputs: Sequence[Var]) -> tuple[tuple, list[int]]:
     """A group of equations up to the ids of its values: each equation's primitive, params (in
     their lossless text form), operand types and which values it reads and makes, each value
     numbered by its first appearance, then which of them are the outputs. Also the value ids
@@ -725,7 +725,7 @@ class GroupLowering:
         self._lowered: dict[tuple, tuple[Kernel, list[int]]] = {}
 
     def __call__(self, eqns: Sequence[Eqn], outputs: Sequence[Var], name: str) -> Kernel:
-        shape, ids = _group_shape(eqns, outputs)
+        shape, ids = group_shape(eqns, outputs)
         earlier = self._lowered.get(shape)
         if earlier is None:
             kernel = lower_group(eqns, outputs, name)
