@@ -44,8 +44,8 @@ from glue.scheduler.calls import lower_call
 from glue.scheduler.dag import KernelDag
 from glue.scheduler.kernel_ir import Kernel
 from glue.scheduler.lowering import (Domain, FusionRefused, GroupLowering, SiteWalk, check_contents,
-                                     check_scatter_target, contraction_reads, kernel_domain, placement,
-                                     reduction_read, root_reads, row_signature, scatter_reads)
+                                     check_scatter_target, contraction_reads, group_shape, kernel_domain,
+                                     placement, reduction_read, root_reads, row_signature, scatter_reads)
 
 # A kernel launch costs about the time it takes to move this many bytes (a few microseconds of
 # launch and synchronisation, at the tens of GB/s a small kernel reaches).
@@ -624,6 +624,13 @@ class _Fuser:
         if size > MAX_KERNEL_SIZE:
             self.refuse(gg.last, gk, self._too_large(size))
             return None, gone
+        if not passed and self._same_kernel(gk, gg) and not any(vid in gg.walk.reads for vid in gk.walk.reads):
+            # Merged, a model's per-layer pieces (each layer's attention logsumexp, joined from
+            # its query tiles) become one kernel that grows with the depth and compiles in time
+            # linear in it (0.08 s of LLVM work per layer); apart they are one compiled kernel.
+            self.refuse(gg.last, gk, "not profitable: the two kernels compute the same thing on data they do not "
+                        "share; apart, one compiled kernel serves both, and merged, the kernel grows with each one")
+            return None, gone
         try:
             walk = self._merge_walk(gk, gg, passed, dropped)
         except FusionRefused as why:
@@ -633,6 +640,16 @@ class _Fuser:
         gk.folds_above.update(above)
         gk.levels = levels
         return keep, gone
+
+    def _same_kernel(self, a: _Group, b: _Group) -> bool:
+        """Whether two groups are the same computation up to the ids of their values (a model's
+        layers make such kernels): their equations and outputs, as kernel lowering tells them
+        apart."""
+        if len(a.members) != len(b.members) or len(a.outputs) != len(b.outputs):
+            return False
+        shapes = [group_shape([self.eqns[i] for i in sorted(g.members)], list(g.outputs.values()))[0]
+                  for g in (a, b)]
+        return shapes[0] == shapes[1]
 
     def _merge_walk(self, gk: _Group, gg: _Group, passed: list[tuple[_Group, _Group, int]],
                     dropped: set[int]) -> SiteWalk:

@@ -18,7 +18,9 @@ a long program makes deep expressions, and nothing that walks them may recurse o
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, fields
+from functools import lru_cache
 from operator import attrgetter
 from typing import Any, Callable, Container, Iterable, Iterator, Sequence, Union
 
@@ -169,26 +171,57 @@ class Index(_Node):
 _DIM_INDICES: dict[int, Index] = {}
 
 
+Ranges = tuple[tuple[int, int], ...]  # inclusive (lo, hi) per domain dim
+
+
+@lru_cache(maxsize=1 << 10)
+def dim_ranges(extents: tuple[int, ...]) -> Ranges:
+    """The inclusive range of each domain dim over a domain of `extents`."""
+    return tuple((0, n - 1) for n in extents)
+
+
 def index_bounds(index: Index, extents: tuple[int, ...]) -> tuple[float, float]:
     """Inclusive bounds of `index` over a domain of `extents` (infinite where data-dependent)."""
+    return bounds_in(index, dim_ranges(extents))
+
+
+def bounds_in(index: Index, ranges: Ranges) -> tuple[float, float]:
+    """Inclusive bounds of `index` where each dim k lies in `ranges[k]`."""
     lo = hi = float(index.const)
     for atom, c in index.terms:
-        a, b = _atom_bounds(atom, extents)
+        a, b = _atom_bounds(atom, ranges)
         lo, hi = lo + min(a * c, b * c), hi + max(a * c, b * c)
     return lo, hi
 
 
-def _atom_bounds(atom: IndexAtom, extents: tuple[int, ...]) -> tuple[float, float]:
+def _atom_bounds(atom: IndexAtom, ranges: Ranges) -> tuple[float, float]:
     if isinstance(atom, Dim):
-        return 0, extents[atom.k] - 1
+        return ranges[atom.k]
     if isinstance(atom, Clamp):
         return 0, atom.size - 1
     if isinstance(atom, Div):
-        lo, hi = index_bounds(atom.index, extents)
-        return lo // atom.divisor, hi // atom.divisor
+        lo, hi = bounds_in(atom.index, ranges)
+        return _floor_div(lo, atom.divisor), _floor_div(hi, atom.divisor)
     if isinstance(atom, Mod):
+        lo, hi = bounds_in(atom.index, ranges)
+        # within one period the modulus is the index shifted; else it may take any residue
+        if _period(lo, hi, atom.divisor) is not None:
+            return lo % atom.divisor, hi % atom.divisor
         return 0, atom.divisor - 1
     return float("-inf"), float("inf")
+
+
+def _floor_div(bound: float, divisor: int) -> float:
+    """A bound divided and floored; an infinite one stays infinite (Python's floor division
+    makes it NaN, which no comparison would catch)."""
+    return bound if math.isinf(bound) else bound // divisor
+
+
+def _period(lo: float, hi: float, divisor: int) -> int | None:
+    """k where every value in [lo, hi] lies in [k * divisor, (k + 1) * divisor), else None."""
+    if math.isinf(lo) or math.isinf(hi) or lo // divisor != hi // divisor:
+        return None
+    return int(lo // divisor)
 
 
 def _split(index: Index, divisor: int) -> tuple[Index, Index]:
@@ -199,23 +232,117 @@ def _split(index: Index, divisor: int) -> tuple[Index, Index]:
     return quotient, rest
 
 
-def floordiv(index: Index, divisor: int, extents: tuple[int, ...]) -> Index:
-    """index // divisor, simplified when the non-divisible part stays within [0, divisor)."""
+def _lone_atom(index: Index, kind: type) -> IndexAtom | None:
+    """The atom of `index` if it is exactly one atom of type `kind` (coefficient 1, no constant)."""
+    if index.const == 0 and len(index.terms) == 1 and index.terms[0][1] == 1 and type(index.terms[0][0]) is kind:
+        return index.terms[0][0]
+    return None
+
+
+def floordiv(index: Index, divisor: int, extents: tuple[int, ...], ranges: Ranges | None = None) -> Index:
+    """index // divisor over a domain of `extents` (dims within `ranges` where given, which may
+    be narrower). The terms divisible by the divisor leave the division (floor((q*d + r) / d)
+    is q + floor(r / d) for any integer q); what is left divides to a constant where it stays
+    within one multiple of the divisor, and a division of a division is one division."""
     if divisor == 1:
         return index
     quotient, rest = _split(index, divisor)
-    lo, hi = index_bounds(rest, extents)
-    return quotient if 0 <= lo and hi < divisor else Index.of(Div(index, divisor))
+    k = _period(*bounds_in(rest, ranges or dim_ranges(extents)), divisor)
+    if k is not None:
+        return quotient + k
+    inner = _lone_atom(rest, Div)
+    atom = Div(inner.index, inner.divisor * divisor) if inner is not None else Div(rest, divisor)
+    return quotient + Index.of(atom)
 
 
-def mod(index: Index, divisor: int, extents: tuple[int, ...]) -> Index:
-    """index % divisor, simplified the same way."""
-    lo, hi = index_bounds(index, extents)
-    if 0 <= lo and hi < divisor:
-        return index
+def mod(index: Index, divisor: int, extents: tuple[int, ...], ranges: Ranges | None = None) -> Index:
+    """index % divisor, simplified the same way: the terms divisible by the divisor drop out,
+    what is left within one multiple of the divisor is that multiple subtracted, and a modulus
+    of a modulus by a multiple of the divisor is one modulus."""
     _, rest = _split(index, divisor)
-    lo, hi = index_bounds(rest, extents)
-    return rest if 0 <= lo and hi < divisor else Index.of(Mod(index, divisor))
+    k = _period(*bounds_in(rest, ranges or dim_ranges(extents)), divisor)
+    if k is not None:
+        return rest + -k * divisor
+    inner = _lone_atom(rest, Mod)
+    if inner is not None and inner.divisor % divisor == 0:
+        return mod(inner.index, divisor, extents, ranges)
+    return Index.of(Mod(rest, divisor))
+
+
+Bound = tuple[Index, int, int]  # lo <= index < hi
+
+
+def narrowed(ranges: Ranges, mask: Sequence[Bound]) -> Ranges | None:
+    """The dims' ranges where every bound of `mask` holds: each bound narrows the range of each
+    of its dims from the others' ranges (twice over, so a bound narrowed by another passes it
+    on). None where the bounds cannot all hold."""
+    found = list(ranges)
+    for _ in range(2):
+        for index, lo, hi in mask:
+            for k, (atom, c) in enumerate(index.terms):
+                if not isinstance(atom, Dim):
+                    continue
+                others_lo, others_hi = bounds_in(Index(index.terms[:k] + index.terms[k + 1:], index.const), found)
+                if math.isinf(others_lo) or math.isinf(others_hi):
+                    continue
+                # lo <= c * x + others <= hi - 1, for the others' extremes
+                a, b = lo - int(others_hi), hi - 1 - int(others_lo)
+                x_lo, x_hi = (-(-a // c), b // c) if c > 0 else (-(-b // c), a // c)
+                x_lo, x_hi = max(found[atom.k][0], x_lo), min(found[atom.k][1], x_hi)
+                if x_lo > x_hi:
+                    return None
+                found[atom.k] = (x_lo, x_hi)
+    return tuple(found)
+
+
+def simplified(index: Index, extents: tuple[int, ...], ranges: Ranges) -> Index:
+    """`index` rebuilt for dims within `ranges` (narrower than the domain of `extents`, as under
+    a mask): a dim held to one value becomes that value, and every division and modulus is
+    simplified again with the narrower ranges. Equal to `index` wherever the dims lie in
+    `ranges`."""
+    out = Index((), index.const)
+    for atom, c in index.terms:
+        if isinstance(atom, Dim):
+            lo, hi = ranges[atom.k]
+            term = Index((), lo) if lo == hi else Index.of(atom)
+        elif isinstance(atom, Div):
+            term = floordiv(simplified(atom.index, extents, ranges), atom.divisor, extents, ranges)
+        elif isinstance(atom, Mod):
+            term = mod(simplified(atom.index, extents, ranges), atom.divisor, extents, ranges)
+        elif isinstance(atom, Clamp):
+            inner = simplified(atom.index, extents, ranges)
+            lo, hi = bounds_in(inner, ranges)
+            term = inner if 0 <= lo and hi < atom.size else Index.of(Clamp(inner, atom.size))
+        else:
+            term = Index.of(atom)
+        out = out + term * c
+    return out
+
+
+def simplified_bound(bound: Bound, ranges: Ranges) -> Bound | None:
+    """An equivalent bound over fewer dims where the index steps in multiples: lo <= d*q + r < hi
+    with r always in [0, d) and lo, hi multiples of d holds exactly where lo/d <= q < hi/d (a
+    concatenation's piece test on a reshaped dim becomes a test of the outer dim alone), and a
+    bound on a division a bound on what is divided. None where the bound always holds."""
+    index, lo, hi = bound
+    while True:
+        low, high = bounds_in(index, ranges)
+        if lo <= low and high < hi:
+            return None
+        inner = _lone_atom(Index(index.terms), Div)
+        if inner is not None:  # lo <= x // d + c < hi exactly where d * (lo - c) <= x < d * (hi - c)
+            d = inner.divisor
+            index, lo, hi = inner.index, d * (lo - index.const), d * (hi - index.const)
+            continue
+        for d in sorted({abs(c) for _, c in index.terms if abs(c) > 1}, reverse=True):
+            if lo % d or hi % d:
+                continue
+            quotient, rest = _split(index, d)
+            if _period(*bounds_in(rest, ranges), d) == 0:
+                index, lo, hi = quotient, lo // d, hi // d
+                break
+        else:
+            return index, lo, hi
 
 
 # --- scalar expressions ---------------------------------------------------------------------

@@ -22,13 +22,14 @@ import functools
 from dataclasses import dataclass, replace
 from typing import Callable, Iterable, Mapping, Sequence
 
-from glue.ir import PRIMITIVES, Eqn, Literal, RuleTable, Var, primitive
+from glue.ir import PRIMITIVES, Eqn, Literal, RuleTable, TensorType, Var, primitive
 from glue.ir.core import Atom, strides
 from glue.ir.printer import format_param
 from glue.ir import dtypes as dt
 from glue.scheduler.kernel_ir import (Buffer, Clamp, Const, Dim, Div, Expr, FromValue, InBounds, Index,
                                       IndexValue, Kernel, Load, Mod, Op, Reduction, RowValue, Store,
-                                      floordiv, index_bounds, mod)
+                                      dim_ranges, floordiv, index_bounds, mod, narrowed, simplified,
+                                      simplified_bound)
 
 Mask = tuple[tuple[Index, int, int], ...]
 Place = tuple[tuple[Index, ...], Mask]  # an index and the mask it is read under
@@ -291,7 +292,8 @@ def _pad_build(lw, eqn, index, mask, reads, values) -> Expr:
     if not bounds:
         return values[0]
     dtype = eqn.inputs[0].type.dtype
-    return Op("select", (InBounds(bounds, dt.bool_), values[0], Const(eqn.param_dict["value"], dtype)), dtype)
+    return Op("select", (in_bounds(bounds, lw.domain.extents), values[0], Const(eqn.param_dict["value"], dtype)),
+              dtype)
 
 
 def _concatenate_reads(domain, eqn, index, mask) -> list[Read]:
@@ -309,8 +311,39 @@ def _concatenate_build(lw, eqn, index, mask, reads, values) -> Expr:
     result = values[-1]
     for (_, _, piece_mask), value in zip(reversed(reads[:-1]), reversed(values[:-1])):
         bound = piece_mask[len(mask):]
-        result = Op("select", (InBounds(bound, dt.bool_), value, result), value.dtype)
+        result = Op("select", (in_bounds(bound, lw.domain.extents), value, result), value.dtype)
     return result
+
+
+def _simplified_mask(mask: Mask, extents: tuple[int, ...]) -> Mask:
+    """`mask` with each bound tested over as few dims as it can be (`simplified_bound`: a test
+    of outer dims alone is one value per row) and the bounds that always hold left out."""
+    return tuple(b for b in (simplified_bound(bound, dim_ranges(extents)) for bound in mask) if b is not None)
+
+
+def in_bounds(mask: Mask, extents: tuple[int, ...]) -> Expr:
+    """Whether every bound of `mask` holds."""
+    bounds = _simplified_mask(mask, extents)
+    return InBounds(bounds, dt.bool_) if bounds else Const(True, dt.bool_)
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def input_load(slot: int, ty: TensorType, index: tuple[Index, ...], mask: Mask, extents: tuple[int, ...]) -> Expr:
+    """The read of input `slot` (of type `ty`) at `index` under `mask`. A masked read's index
+    only matters where the mask holds, so it is simplified for the dims' ranges there (a piece
+    of a concatenation read through reshapes loses its divisions and moduli); where the index
+    so simplified stays inside the buffer over the whole domain, the read needs no guard and
+    becomes a plain load and a select (contiguous loads, which vectorise, instead of guarded
+    gathers)."""
+    if not mask:
+        return Load(slot, index, ty.dtype)
+    ranges = narrowed(dim_ranges(extents), mask)
+    if ranges is None:  # the mask never holds
+        return Const(0, ty.dtype)
+    index = tuple(simplified(i, extents, ranges) for i in index)
+    if all(0 <= lo and hi < n for (lo, hi), n in zip((index_bounds(i, extents) for i in index), ty.shape)):
+        return Op("select", (in_bounds(mask, extents), Load(slot, index, ty.dtype), Const(0, ty.dtype)), ty.dtype)
+    return Load(slot, index, ty.dtype, _simplified_mask(mask, extents))
 
 
 def _iota_build(lw, eqn, index, mask, reads, values) -> Expr:
@@ -565,7 +598,7 @@ class Lowerer:
             if reads is None:
                 eqn = self.defined.get(var.id)
                 if eqn is None:
-                    self.memo[key] = Load(self.input(var), key[1], var.type.dtype, key[2])
+                    self.memo[key] = input_load(self.input(var), var.type, key[1], key[2], self.domain.extents)
                     stack.pop()
                     continue
                 frame[2] = eqn
@@ -659,7 +692,7 @@ def lower_group(eqns: Sequence[Eqn], outputs: Sequence[Var], name: str) -> Kerne
                   tuple(lw.reductions), tuple(stores), ops, init, _sources(eqns), precision)
 
 
-def _group_shape(eqns: Sequence[Eqn], outputs: Sequence[Var]) -> tuple[tuple, list[int]]:
+def group_shape(eqns: Sequence[Eqn], outputs: Sequence[Var]) -> tuple[tuple, list[int]]:
     """A group of equations up to the ids of its values: each equation's primitive, params (in
     their lossless text form), operand types and which values it reads and makes, each value
     numbered by its first appearance, then which of them are the outputs. Also the value ids
@@ -692,7 +725,7 @@ class GroupLowering:
         self._lowered: dict[tuple, tuple[Kernel, list[int]]] = {}
 
     def __call__(self, eqns: Sequence[Eqn], outputs: Sequence[Var], name: str) -> Kernel:
-        shape, ids = _group_shape(eqns, outputs)
+        shape, ids = group_shape(eqns, outputs)
         earlier = self._lowered.get(shape)
         if earlier is None:
             kernel = lower_group(eqns, outputs, name)

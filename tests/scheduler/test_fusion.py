@@ -122,6 +122,21 @@ def test_a_value_used_by_two_kernels_is_computed_once_and_written():
     assert_plan_matches(plan, args, closed)
 
 
+def test_identical_kernels_on_unrelated_data_stay_apart_and_compile_once():
+    # Neighbours that share no data merge to save a launch, but not when they compute the same
+    # thing (a model's layers): apart they are one compiled kernel, merged one that grows with
+    # each layer.
+    def layers(*xs):
+        return [gnp.log(x) * 2.0 + 1.0 for x in xs]
+    xs = [np.abs(f32(16, 32)) + 0.5 for _ in range(4)]
+    plan, args, closed = plan_of(layers, *xs)
+    assert kinds(plan) == ["pointwise"] * 4
+    assert "compute the same thing on data they do not share" in str(plan.fusion)
+    assert_plan_matches(plan, args, closed)
+    exe = glue.jit(layers, backend="cpu").lower(*xs).compile()
+    assert len(exe.kernels) == 4 and sum(exe.compile_stats()["cache"].values()) == 1  # one distinct kernel
+
+
 def test_every_stage_has_text():
     plan, _, _ = plan_of(layernorm, f32(4, 8), f32(8), f32(8))
     texts = {stage: plan.as_text(stage) for stage in STAGES}
