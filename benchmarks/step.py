@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import functools
 import math
 import statistics
 import time
@@ -71,6 +72,26 @@ def init(cfg: Config, seed: int = 0) -> tuple[list[np.ndarray], np.ndarray, np.n
     return params, tokens, targets
 
 
+def layer_norm_xp(xp: Any, cast: Callable, x: Any, g: Any, b: Any) -> Any:
+    """The step's layer norm in float32, its result cast to the activations' precision."""
+    x32 = x.astype(xp.float32)
+    mean = x32.mean(-1, keepdims=True)
+    var = ((x32 - mean) ** 2).mean(-1, keepdims=True)
+    return cast((x32 - mean) / xp.sqrt(var + 1e-5) * g + b)
+
+
+def embedded(xp: Any, cast: Callable, cfg: Config, params: list, tokens: Any) -> tuple[Any, Any, Any]:
+    """The token table, the tokens' and positions' embeddings summed in the activations'
+    precision, and the causal mask."""
+    wte, wpe = params[0], params[1]
+    return wte, cast(xp.take(wte, tokens, axis=0) + wpe[None, :, :]), xp.tril(xp.ones((cfg.T, cfg.T), dtype=bool))
+
+
+def layer_params(params: list, layer: int) -> list:
+    """A block's twelve parameters: its norms', attention's and MLP's weights and biases."""
+    return params[2 + 12 * layer: 14 + 12 * layer]
+
+
 def model_loss(xp: Any, nn: Any, logsumexp: Callable, cfg: Config, params: list, tokens: Any, targets: Any,
                bf16: bool) -> Any:
     """The GPT-style loss, written once for glue.numpy and jax.numpy (`xp`, `nn`)."""
@@ -79,17 +100,11 @@ def model_loss(xp: Any, nn: Any, logsumexp: Callable, cfg: Config, params: list,
     low = xp.bfloat16 if bf16 else xp.float32
     cast = (lambda x: x.astype(low)) if bf16 else (lambda x: x)
 
-    def layer_norm(x, g, b):
-        x32 = x.astype(xp.float32)
-        mean = x32.mean(-1, keepdims=True)
-        var = ((x32 - mean) ** 2).mean(-1, keepdims=True)
-        return cast((x32 - mean) / xp.sqrt(var + 1e-5) * g + b)
 
-    wte, wpe = params[0], params[1]
-    x = cast(xp.take(wte, tokens, axis=0) + wpe[None, :, :])
-    causal = xp.tril(xp.ones((cfg.T, cfg.T), dtype=bool))
+    layer_norm = functools.partial(layer_norm_xp, xp, cast)
+    wte, x, causal = embedded(xp, cast, cfg, params, tokens)
     for layer in range(cfg.layers):
-        g1, b1, wqkv, bqkv, wo, bo, g2, b2, w1, bb1, w2, bb2 = params[2 + 12 * layer: 14 + 12 * layer]
+        g1, b1, wqkv, bqkv, wo, bo, g2, b2, w1, bb1, w2, bb2 = layer_params(params, layer)
         h = layer_norm(x, g1, b1)
         qkv = h @ cast(wqkv) + cast(bqkv)
         qkv = qkv.reshape(cfg.B, cfg.T, 3, H, Dh).transpose(2, 0, 3, 1, 4)

@@ -1,7 +1,7 @@
 """The step suite's bf16 program in jax with one legitimate choice changed at a time.
 args: --wide f32|f64 --gelu jax|sigmoid --splitk N --perturb SEED --grads PATH --steps N --tag T
 XLA_FLAGS=--xla_allow_excess_precision=false for strict per-op bf16 rounding."""
-import sys, json, math, argparse, types
+import sys, json, math, argparse, types, functools
 import os; sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 import numpy as np
 ap = argparse.ArgumentParser()
@@ -52,16 +52,10 @@ def model_loss(params, tokens, targets):
         if a.biasf32 and bf16:
             return (y.astype(xp.float32) + cast(b).astype(xp.float32)).astype(low)
         return y + cast(b)
-    def layer_norm(x, g, b):
-        x32 = x.astype(xp.float32)
-        mean = x32.mean(-1, keepdims=True)
-        var = ((x32 - mean) ** 2).mean(-1, keepdims=True)
-        return cast((x32 - mean) / xp.sqrt(var + 1e-5) * g + b)
-    wte, wpe = params[0], params[1]
-    x = cast(xp.take(wte, tokens, axis=0) + wpe[None, :, :])
-    causal = xp.tril(xp.ones((cfg.T, cfg.T), dtype=bool))
+    layer_norm = functools.partial(S.layer_norm_xp, xp, cast)
+    wte, x, causal = S.embedded(xp, cast, cfg, params, tokens)
     for layer in range(cfg.layers):
-        g1, b1, wqkv, bqkv, wo, bo, g2, b2, w1, bb1, w2, bb2 = params[2 + 12 * layer: 14 + 12 * layer]
+        g1, b1, wqkv, bqkv, wo, bo, g2, b2, w1, bb1, w2, bb2 = S.layer_params(params, layer)
         h = layer_norm(x, g1, b1)
         qkv = badd(mm(h, cast(wqkv)), bqkv)
         qkv = qkv.reshape(cfg.B, cfg.T, 3, H, Dh).transpose(2, 0, 3, 1, 4)
