@@ -338,8 +338,9 @@ class Compiled:
         # aval, so when a loop feeds it back in, the cache lookup compares types by identity.
         arg_types = {t: t for t in lowered.signature.types}
         self._avals = [arg_types.get(t, t) for t in lowered.closed.graph.out_types]
-        # A call with no reference check, donation, constants or effect token: the usual one.
-        self._plain = not (self.check or self._donated or self._consts) and self._n_results == len(self._avals)
+        # A call with no donation, constants or effect token (and, checked per call, no
+        # reference check or debug timing): the usual one.
+        self._plain = not (self._donated or self._consts) and self._n_results == len(self._avals)
 
     @property
     def kernels(self) -> list[Any]:
@@ -401,7 +402,7 @@ class Compiled:
 
     def call_tree(self, leaves: Sequence[Any]) -> Any:
         """Run on the flat dynamic leaves; the outputs come back in the function's pytree."""
-        if self._plain and not self.debug:
+        if self._plain and not (self.debug or self.check):
             outs = wrap_results(self.executable(*buffers_of(leaves)), self._avals)
         else:
             outs = self.call_flat(leaves)
