@@ -117,6 +117,9 @@ _FLAGS: tuple[Flag, ...] = (
          "rows longer than this fold their max and sum of exponentials in one pass on the GPU"),
     Flag("cuda_tensor_cores", True, _bool,
          "glue's own kernels multiply 16-bit operands on tensor cores (mma.sync, sm_80 on)"),
+    Flag("cuda_wgmma", True, _bool,
+         "on sm_90a, contractions and the flash forward run on warpgroup tensor cores (wgmma, TMA); "
+         "False keeps them on mma.sync"),
     Flag("cuda_mma_tile", None, _text,
          "tensor-core tile, BMxBNxBK/WARPS_MxWARPS_N (e.g. 128x128x32/2x2), used for every product it can serve, "
          "small ones too (default: chosen by the product's size)"),

@@ -182,3 +182,78 @@ def test_on_the_gpu_flash_kernels_compute_the_reference(shape, causal, backward,
     _check(closed, all_args, outs, f"{shape} causal={causal} backward={backward}")
     for x, y in zip(outs, again):
         np.testing.assert_array_equal(x.view(np.uint8), y.view(np.uint8))
+
+
+# --- the forward on warpgroup tensor cores (flash_hopper.py, sm_90a) ---------------------------
+
+def _hopper_lower(fn, args, **settings):
+    """The program lowered for sm_90a (its stages built under `settings`)."""
+    closed = glue.make_ir(fn)(*args)
+    with glue.config.override(**settings):
+        low = CudaBackend().lower(closed.graph, name="flash", arch="sm_90a", gemm="codegen")
+        low["ptx"]
+    return closed, low
+
+
+def test_the_sm90a_forward_takes_warpgroups_where_it_serves():
+    rng = np.random.default_rng(4)
+    for h, dtype, name in ((64, BF16, "bf16"), (128, np.float16, "f16")):
+        args = _operands(rng, 1, 2, 2, 200, 200, h, "BTNH", dtype)
+        assert _flash(_hopper_lower(_attention(True, "BTNH"), args)[1]) == \
+            [f"flash forward {name} wgmma 128x128 h{h} tma {4 if h == 64 else 3} stages warp-specialized "
+             "2+1 warpgroups causal"]
+    args = _operands(rng, 1, 2, 2, 200, 200, 64, "BTNH", BF16)
+    assert _flash(_hopper_lower(_attention(False, "BTNH"), args, cuda_wgmma=False)[1]) == \
+        ["flash forward bf16 64x64 h64"]
+    # head 32, float32 (TF32) and the backward stay on mma.sync
+    assert _flash(_hopper_lower(_attention(False, "BTNH"), _operands(rng, 1, 2, 2, 64, 64, 32, "BTNH", BF16))[1]) \
+        == ["flash forward bf16 64x64 h32"]
+    f32 = [x.astype(np.float32) for x in args]
+    assert _flash(_hopper_lower(_attention(False, "BTNH"), f32)[1]) == ["flash forward tf32 64x64 h64"]
+    w = np.zeros(args[0].shape, np.float32)
+    parts = _flash(_hopper_lower(_program(False, "BTNH", True, w), args)[1])
+    assert parts[0].startswith("flash forward bf16 wgmma") and parts[1:] == ["flash dq bf16 64x64 h64",
+                                                                             "flash dkv bf16 64x64 h64"]
+
+
+@pytest.mark.skipif(not ptxas_available(), reason="needs ptxas")
+@pytest.mark.parametrize("h", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("layout", ["BTNH", "BNTH"])
+def test_the_sm90a_forward_assembles_without_spills_or_serialised_wgmma(h, causal, layout):
+    rng = np.random.default_rng(5)
+    args = _operands(rng, 1, 2, 2, 1000, 1000, h, layout, BF16)  # (a loop of key tiles, the last one ragged)
+    _, low = _hopper_lower(_attention(causal, layout), args)
+    (launch,) = [launch for launch in low["llvm"].launches if launch.kind == "attention"]
+    text = low["ptx"].modules[launch.symbol]
+    assert "wgmma.mma_async" in text and "cp.async.bulk.tensor" in text
+    report = assemble(text, "sm_90a")
+    assert "0 bytes spill stores" in report and "serialized" not in report, report
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("b,n,kv,t,s,h,layout,dtype,causal", [
+    (1, 2, 2, 1, 1, 64, "BTNH", BF16, False),
+    (2, 4, 2, 300, 300, 64, "BTNH", BF16, True),
+    (1, 4, 1, 1000, 700, 128, "BTNH", BF16, False),
+    (1, 4, 1, 700, 1000, 128, "BTNH", np.float16, True),
+    (1, 2, 2, 192, 192, 64, "BNTH", BF16, True),
+    (1, 2, 2, 129, 257, 128, "BNTH", np.float16, False),
+    (2, 4, 4, 2048, 2048, 128, "BTNH", BF16, True),
+    (1, 3, 3, 128, 384, 64, "BTNH", BF16, False),
+])
+def test_on_the_gpu_the_sm90a_forward_computes_the_reference(b, n, kv, t, s, h, layout, dtype, causal):
+    rng = np.random.default_rng(8)
+    args = _operands(rng, b, n, kv, t, s, h, layout, dtype)
+    args[1][..., :1, :] *= 6.0  # a few large logits: the running max moves between tiles
+    closed = glue.make_ir(_attention(causal, layout))(*args)
+    with glue.config.override(cuda_poison=0xFF):
+        low = CudaBackend().lower(closed.graph, name="flash", gemm="codegen")
+        assert "wgmma" in _flash(low)[0]
+        exe = low.compile()
+        all_args = [np.asarray(c) for c in closed.consts] + args
+        outs = [np.asarray(o) for o in exe(*all_args)]
+        again = [np.asarray(o) for o in exe(*all_args)]
+    _check(closed, all_args, outs, f"{(b, n, kv, t, s, h)} {layout} causal={causal}")
+    for x, y in zip(outs, again):
+        np.testing.assert_array_equal(x.view(np.uint8), y.view(np.uint8))

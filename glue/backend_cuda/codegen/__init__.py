@@ -50,6 +50,7 @@ from glue.backend_cuda.codegen.common import TENSOR_MAP_ARG, KernelEmitter, Laun
 from glue.backend_cuda.codegen.contraction import emit_contraction
 from glue.backend_cuda.codegen.data import emit_data
 from glue.backend_cuda.codegen.flash import PARTS, emit_flash, flash_spec
+from glue.backend_cuda.codegen.flash_hopper import emit_hopper_flash, hopper_flash_plan
 from glue.backend_cuda.codegen.hopper import TensorMap
 from glue.backend_cuda.codegen.library import LIBRARY_VARIANTS, kmajor_copy_side, library_launches, library_only
 from glue.backend_cuda.codegen.pointwise import emit_pointwise
@@ -116,13 +117,17 @@ class _Recipe:
         places = tuple(dict.fromkeys(self.inputs + self.outputs + self.extra))
         warpgroups = wgmma_plan(self.kernel, places, self.inputs, self.arch, self.aligned) \
             if self.kernel.kind == "contraction" else None
-        maps = warpgroups.tensor_maps if warpgroups is not None else ()
+        hopper_flash = hopper_flash_plan(self.kernel.call, self.part, places, self.inputs, self.arch, self.aligned) \
+            if self.kernel.kind == "attention" else None
+        maps = (warpgroups or hopper_flash).tensor_maps if warpgroups or hopper_flash else ()
         ke = KernelEmitter(module, self.kernel, self.symbol, list(self.inputs), list(self.outputs), self.arch,
                            self.written, list(self.extra), self.aligned, len(maps))
         if self.columns:
             shape = emit_columns(ke, ColumnPlan(self.kernel, ke.analysis))
         elif warpgroups is not None:
             shape = emit_wgmma(ke, warpgroups)
+        elif hopper_flash is not None:
+            shape = emit_hopper_flash(ke, hopper_flash)
         elif self.kernel.kind == "attention":
             shape = emit_flash(ke, flash_spec(self.kernel.call), self.part)
         else:
@@ -232,7 +237,7 @@ EMITTING_WORKERS = 4
 _EMIT = {"pointwise": emit_pointwise, "data": emit_data, "reduction": emit_rows}
 DISK = DiskCache("cuda-ptx")
 # Emitter settings (rows.py, contraction.py): part of every kernel's key.
-CODEGEN_SETTINGS = ("cuda_online_row_elements", "cuda_tensor_cores", "cuda_mma_tile")
+CODEGEN_SETTINGS = ("cuda_online_row_elements", "cuda_tensor_cores", "cuda_wgmma", "cuda_mma_tile")
 _known: "weakref.WeakValueDictionary[bytes, DeviceKernel]" = weakref.WeakValueDictionary()
 
 

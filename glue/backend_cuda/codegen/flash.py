@@ -119,17 +119,19 @@ def flash_note(eqn: Eqn) -> str:
             f"no {spec.t} x {spec.s} buffer")
 
 
-class _Flash:
+class Flash:
     """What the three kernels share: indices, staged tiles, fragments, packing."""
 
-    def __init__(self, ke: KernelEmitter, spec: Spec):
+    def __init__(self, ke: KernelEmitter, spec: Spec, tid: ir.Value | None = None):
+        """`tid`: the thread's index among the warps that hold the block's rows (its index in
+        the block unless given), warp w holding rows 16 w.. of them."""
         self.ke, self.spec, self.b = ke, spec, ke.b
         self.fmt = FORMATS[FORMAT_OF[spec.dtype]]
         self.tf32 = self.fmt.name == "tf32"
         self.element = self.fmt.element  # of staged tiles and of the operands' rows: I16, or I32
         self.pitch = _pitch(spec)
         self.tile = ROWS * self.pitch  # elements of one staged tile
-        self.tid = ke.thread_index()
+        self.tid = ke.thread_index() if tid is None else tid
         self.lane, self.warp = self.b.urem(self.tid, self.c(WARP)), self.b.udiv(self.tid, self.c(WARP))
         self.group, self.quad = self.b.udiv(self.lane, self.c(4)), self.b.urem(self.lane, self.c(4))
 
@@ -304,11 +306,11 @@ class _Flash:
             value = self.b.select(self.b.fcmp_ordered(">", other, value), other, value)
         return value
 
-    def keep(self, row: ir.Value, col: ir.Value, cols: int) -> ir.Value | None:
-        """Whether the logit at (query row, key col) counts: col inside `cols`, and under the
-        causal rule col <= row (None: always)."""
+    def keep(self, row: ir.Value, col: ir.Value, cols: int, tile: int = ROWS) -> ir.Value | None:
+        """Whether the logit at (query row, key col) counts: col inside `cols` (whose tiles of
+        `tile` keys may run past it), and under the causal rule col <= row (None: always)."""
         b = self.b
-        ok = b.icmp_unsigned("<", col, self.c(cols)) if cols % ROWS else None
+        ok = b.icmp_unsigned("<", col, self.c(cols)) if cols % tile else None
         if self.spec.causal:
             before = b.icmp_unsigned("<=", col, row)
             ok = before if ok is None else b.and_(ok, before)
@@ -344,7 +346,7 @@ class _Flash:
 
 def emit_flash(ke: KernelEmitter, spec: Spec, part: str) -> tuple[int, int, str]:
     """Emit one flash kernel (`part`: forward | dq | dkv); its grid, block and strategy."""
-    fl = _Flash(ke, spec)
+    fl = Flash(ke, spec)
     stages = STAGES[part]
     smem = ke.dynamic_shared(shared_bytes(spec, part))
     tiles = [fl.at(smem, fl.c(i * fl.tile)) for i in range(stages)]
@@ -354,11 +356,12 @@ def emit_flash(ke: KernelEmitter, spec: Spec, part: str) -> tuple[int, int, str]
     return _grid(spec, part), THREADS, f"flash {part} {fl.fmt.name} {ROWS}x{ROWS} h{spec.h}{' causal' if spec.causal else ''}"
 
 
-def _query_block(fl: _Flash) -> tuple[ir.Value, ir.Value, ir.Value, ir.Value, ir.Value]:
-    """(batch, head, kv head, first query, key tiles to read) of a block of queries; under
-    the causal rule the latest query tiles (the most keys) come first."""
+def query_block(fl: Flash, rows: int = ROWS) -> tuple[ir.Value, ir.Value, ir.Value, ir.Value, ir.Value]:
+    """(batch, head, kv head, first query, key tiles to read) of a block of `rows` queries
+    walking key tiles of as many rows; under the causal rule the latest query tiles (the most
+    keys) come first."""
     b, spec, c = fl.b, fl.spec, fl.c
-    tiles_q, tiles_k = -(-spec.t // ROWS), -(-spec.s // ROWS)
+    tiles_q, tiles_k = -(-spec.t // rows), -(-spec.s // rows)
     bid = fl.ke.block_index()
     pair = b.urem(bid, c(spec.b * spec.n))
     tile = b.sub(c(tiles_q - 1), b.udiv(bid, c(spec.b * spec.n)))
@@ -367,10 +370,10 @@ def _query_block(fl: _Flash) -> tuple[ir.Value, ir.Value, ir.Value, ir.Value, ir
     if spec.causal:
         plus = b.add(tile, c(1))
         n_tiles = b.select(b.icmp_unsigned("<", plus, n_tiles), plus, n_tiles)
-    return batch, head, b.udiv(head, c(spec.group)), b.mul(tile, c(ROWS)), n_tiles
+    return batch, head, b.udiv(head, c(spec.group)), b.mul(tile, c(rows)), n_tiles
 
 
-def _key_tiles(fl: _Flash, n_tiles: ir.Value, kv_rows: list[tuple], kv_tiles: list[ir.Value],
+def _key_tiles(fl: Flash, n_tiles: ir.Value, kv_rows: list[tuple], kv_tiles: list[ir.Value],
                carried: list[ir.Value], step: Callable) -> list[ir.Value]:
     """Walk the key tiles, two stages of K and V (tiles 2..5 of `kv_tiles`), the first already
     copied: `step(j, k_tile, v_tile, carried)` gives the carried values' next ones."""
@@ -392,16 +395,15 @@ def _key_tiles(fl: _Flash, n_tiles: ir.Value, kv_rows: list[tuple], kv_tiles: li
     return loop(b, 0, n_tiles, body, carried, name="kv", vectorize=False, unroll=1)
 
 
-def _staged(fl: _Flash, pair: list[ir.Value], stage: ir.Value) -> ir.Value:
+def _staged(fl: Flash, pair: list[ir.Value], stage: ir.Value) -> ir.Value:
     """Stage `stage` (0 or 1, at run time) of a double-buffered tile."""
     return fl.b.select(fl.b.icmp_unsigned("==", stage, fl.c(0)), pair[0], pair[1])
 
 
-def _forward(fl: _Flash, tiles: list[ir.Value], floats: ir.Value) -> None:
+def _forward(fl: Flash, tiles: list[ir.Value], floats: ir.Value) -> None:
     ke, b, spec, c = fl.ke, fl.b, fl.spec, fl.c
     q_ptr, k_ptr, v_ptr = ke.in_ptrs[:3]
-    out_ptr, lse_ptr = ke.out_ptrs
-    batch, head, kv_head, q0, n_tiles = _query_block(fl)
+    batch, head, kv_head, q0, n_tiles = query_block(fl)
     q_rows = fl.rows_of(q_ptr, batch, head, spec.n, spec.t)
     kv_rows = [fl.rows_of(p, batch, kv_head, spec.kv, spec.s) for p in (k_ptr, v_ptr)]
     ke.await_producers()
@@ -425,42 +427,64 @@ def _forward(fl: _Flash, tiles: list[ir.Value], floats: ir.Value) -> None:
                 x = b.fmul(regs[r], fl.f(scale))
                 ok = fl.keep(rows[r // 2], b.add(j0, fl.col_of(f, r)), spec.s)
                 regs[r] = x if ok is None else b.select(ok, x, inf)
-        m_new, alpha = [], []
-        for half in range(2):
-            tile_max = s[0][2 * half]
-            for f in range(len(s)):
-                for r in (2 * half, 2 * half + 1):
-                    tile_max = b.select(b.fcmp_ordered(">", s[f][r], tile_max), s[f][r], tile_max)
-            tile_max = fl.quad_max(tile_max)
-            m = b.select(b.fcmp_ordered(">", tile_max, m_old[half]), tile_max, m_old[half])
-            usable = b.select(b.fcmp_ordered("==", m, inf), fl.f(0.0), m)  # a row with nothing yet
-            m_new.append(m)
-            alpha.append((exp2_ftz(fl.b, b.fsub(m_old[half], usable)), usable))
-        sums = [fl.f(0.0), fl.f(0.0)]
-        for regs in s:
-            for r in range(4):
-                regs[r] = exp2_ftz(fl.b, b.fsub(regs[r], alpha[r // 2][1]))
-                sums[r // 2] = b.fadd(sums[r // 2], regs[r])
-        o = [[b.fmul(regs[r], alpha[r // 2][0]) for r in range(4)] for regs in o]
-        o = fl.times_tile(s, v_tile, o)
-        l_new = [b.fadd(b.fmul(l_old[h], alpha[h][0]), sums[h]) for h in range(2)]
+        p, m_new, l_new, alpha = softmax_step(fl, s, m_old, l_old, 1.0)
+        o = [[b.fmul(regs[r], alpha[r // 2]) for r in range(4)] for regs in o]
+        o = fl.times_tile(p, v_tile, o)
         return m_new + l_new + [x for regs in o for x in regs]
 
     start = [inf, inf, fl.f(0.0), fl.f(0.0)] + [fl.f(0.0)] * (4 * n_out)
     values = _key_tiles(fl, n_tiles, kv_rows, tiles[1:5], start, step)
-    m, l = values[0:2], [fl.quad_sum(x) for x in values[2:4]]
-    o = [values[4 + 4 * e:8 + 4 * e] for e in range(n_out)]
+    store_forward(fl, [values[4 + 4 * e:8 + 4 * e] for e in range(n_out)], values[0:2], values[2:4], batch, head, q0)
+
+
+def softmax_step(fl: Flash, s: list[list[ir.Value]], m_old: list[ir.Value], l_old: list[ir.Value], factor: float
+                 ) -> tuple[list[list[ir.Value]], list[ir.Value], list[ir.Value], list[ir.Value]]:
+    """One key tile of the online softmax over this thread's two rows. `s`: the tile's logits
+    as m16n8 accumulators (masked ones -inf), which `factor` (> 0) takes to log2 units; m: the
+    rows' running max in those units, l: this thread's part of their running sums. Gives the
+    probabilities exp2(factor s - m), the new m and l, and alpha = exp2(m_old - m), by which
+    what was summed so far shrinks."""
+    b = fl.b
+    inf = fl.f(-math.inf)
+    m_new, usable, alpha = [], [], []
+    for half in range(2):
+        values = [regs[r] for regs in s for r in (2 * half, 2 * half + 1)]
+        while len(values) > 1:  # a tree, not a chain: its compares issue side by side
+            pairs = zip(values[0::2], values[1::2])
+            values = [b.select(b.fcmp_ordered(">", x, y), x, y) for x, y in pairs] + values[len(values) // 2 * 2:]
+        tile_max = b.fmul(fl.quad_max(values[0]), fl.f(factor))
+        m = b.select(b.fcmp_ordered(">", tile_max, m_old[half]), tile_max, m_old[half])
+        usable.append(b.select(b.fcmp_ordered("==", m, inf), fl.f(0.0), m))  # a row with nothing yet
+        m_new.append(m)
+        alpha.append(exp2_ftz(b, b.fsub(m_old[half], usable[half])))
+    sums = [fl.f(0.0), fl.f(0.0)]
+    p = []
+    for regs in s:
+        p.append([exp2_ftz(b, b.fsub(b.fmul(regs[r], fl.f(factor)), usable[r // 2])) for r in range(4)])
+        for r in range(4):
+            sums[r // 2] = b.fadd(sums[r // 2], p[-1][r])
+    l_new = [b.fadd(b.fmul(l_old[h], alpha[h]), sums[h]) for h in range(2)]
+    return p, m_new, l_new, alpha
+
+
+def store_forward(fl: Flash, o: list[list[ir.Value]], m: list[ir.Value], l_parts: list[ir.Value],
+                  batch: ir.Value, head: ir.Value, q0: ir.Value) -> None:
+    """The forward's results for this thread's rows: O / l (16 x H accumulators, as
+    `times_tile` gives) and the logsumexp (m in log2 units, l this thread's part of the sum)."""
+    b, spec, c = fl.b, fl.spec, fl.c
+    out_ptr, lse_ptr = fl.ke.out_ptrs
+    l = [fl.quad_sum(x) for x in l_parts]
     one = fl.f(1.0)
     fl.store_rows(o, fl.rows_of(out_ptr, batch, head, spec.n, spec.t), q0, spec.t, [b.fdiv(one, x) for x in l])
     first = b.mul(b.add(b.mul(batch, c(spec.n)), head), c(spec.t))
     for half in range(2):
-        row = rows[half]
-        lse = b.fmul(b.fadd(m[half], log2_ftz(fl.b, l[half])), fl.f(1 / LOG2E))
+        row = b.add(q0, fl.row_of(2 * half))
+        lse = b.fmul(b.fadd(m[half], log2_ftz(b, l[half])), fl.f(1 / LOG2E))
         with b.if_then(b.and_(b.icmp_unsigned("==", fl.quad, c(0)), b.icmp_unsigned("<", row, c(spec.t)))):
             b.store(lse, b.gep(lse_ptr, [b.add(first, row)], inbounds=True, source_etype=F32))
 
 
-def _softmax_grad(fl: _Flash, s: list[list[ir.Value]], dp: list[list[ir.Value]], lse2: Callable, delta: Callable,
+def _softmax_grad(fl: Flash, s: list[list[ir.Value]], dp: list[list[ir.Value]], lse2: Callable, delta: Callable,
                   keep: Callable) -> tuple[list[list[ir.Value]], list[list[ir.Value]]]:
     """P = exp2(S scale log2(e) - lse log2(e)) where the logit counts (else 0), and
     dS = P (dP - delta), register by register; `lse2`, `delta`, `keep` of (fragment, register)."""
@@ -481,11 +505,11 @@ def _softmax_grad(fl: _Flash, s: list[list[ir.Value]], dp: list[list[ir.Value]],
     return p_out, ds_out
 
 
-def _dq(fl: _Flash, tiles: list[ir.Value], floats: ir.Value) -> None:
+def _dq(fl: Flash, tiles: list[ir.Value], floats: ir.Value) -> None:
     ke, b, spec, c = fl.ke, fl.b, fl.spec, fl.c
     q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, dout_ptr, dlse_ptr = ke.in_ptrs[:7]
     dq_ptr, (delta_ptr,) = ke.out_ptrs[0], ke.extra_ptrs
-    batch, head, kv_head, q0, n_tiles = _query_block(fl)
+    batch, head, kv_head, q0, n_tiles = query_block(fl)
     q_rows, do_rows = (fl.rows_of(p, batch, head, spec.n, spec.t) for p in (q_ptr, dout_ptr))
     kv_rows = [fl.rows_of(p, batch, kv_head, spec.kv, spec.s) for p in (k_ptr, v_ptr)]
     first = b.mul(b.add(b.mul(batch, c(spec.n)), head), c(spec.t))
@@ -536,7 +560,7 @@ def _dq(fl: _Flash, tiles: list[ir.Value], floats: ir.Value) -> None:
     fl.store_rows(acc, fl.rows_of(dq_ptr, batch, head, spec.n, spec.t), q0, spec.t, fl.f(spec.scale))
 
 
-def _dkv(fl: _Flash, tiles: list[ir.Value], floats: ir.Value) -> None:
+def _dkv(fl: Flash, tiles: list[ir.Value], floats: ir.Value) -> None:
     ke, b, spec, c = fl.ke, fl.b, fl.spec, fl.c
     q_ptr, k_ptr, v_ptr, _, lse_ptr, dout_ptr, _ = ke.in_ptrs[:7]
     dk_ptr, dv_ptr = ke.out_ptrs[1:3]

@@ -116,23 +116,72 @@ def matrix_descriptor(b: ir.IRBuilder, start: ir.Value, leading: int, stride: in
     return b.or_(address, ir.Constant(I64, fixed))
 
 
-def wgmma(b: ir.IRBuilder, shape: str, types: str, a_desc: ir.Value, b_desc: ir.Value, acc: list[ir.Value],
+def wgmma(b: ir.IRBuilder, shape: str, types: str, a_desc: ir.Value, b_desc: ir.Value, acc: list[ir.Value] | int,
           transpose: tuple[int, int] | None) -> list[ir.Value]:
     """One `wgmma.mma_async` (`shape` e.g. m64n256k16, `types` e.g. f32.bf16.bf16) adding A x B
-    into the float32 accumulators `acc`; `transpose` the MN-major flags of A and B (16-bit types
-    only; None for tf32, which is K-major only). Returns the accumulators it will hold once the
-    group completes (`wgmma_wait`)."""
-    n = len(acc)
+    into the float32 accumulators `acc`, or, given their count, into fresh ones (scale-d 0:
+    nothing read, so no register is zeroed inside the pipeline stage, which would serialise
+    it); `transpose` the MN-major flags of A and B (16-bit types only; None for tf32, which is
+    K-major only). Returns the accumulators it will hold once the group completes (`wgmma_wait`)."""
+    fresh = isinstance(acc, int)
+    n = acc if fresh else len(acc)
+    inputs = [] if fresh else list(acc)
     regs = ", ".join(f"${i}" for i in range(n))
     flags = "1, 1" + ("" if transpose is None else f", {transpose[0]}, {transpose[1]}")
-    text = (f"wgmma.mma_async.sync.aligned.{shape}.{types} {{{regs}}}, ${2 * n}, ${2 * n + 1}, 1, {flags};")
-    constraints = ",".join(["=f"] * n + [str(i) for i in range(n)] + ["l", "l"])
-    asm = ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([F32] * n), [F32] * n + [I64, I64]), text, constraints,
-                       side_effect=True)
-    got = b.call(asm, [*acc, a_desc, b_desc])
+    first = n + len(inputs)  # the descriptors' operand numbers: after the outputs and any tied inputs
+    text = (f"wgmma.mma_async.sync.aligned.{shape}.{types} {{{regs}}}, ${first}, ${first + 1}, "
+            f"{0 if fresh else 1}, {flags};")
+    constraints = ",".join(["=f"] * n + [str(i) for i in range(len(inputs))] + ["l", "l"])
+    asm = ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([F32] * n), [F32] * len(inputs) + [I64, I64]), text,
+                       constraints, side_effect=True)
+    got = b.call(asm, [*inputs, a_desc, b_desc])
     return [b.extract_value(got, i) for i in range(n)]
 
 
-__all__ = ["SWIZZLE_ATOM", "SWIZZLE_BYTES", "TensorMap", "arrive", "arrive_expect_bytes", "fence_barrier_init",
-           "matrix_descriptor", "mbarrier_init", "set_max_registers", "shared_u32", "tma_load", "wait_parity",
-           "wgmma", "wgmma_commit", "wgmma_fence", "wgmma_wait"]
+def wgmma_from_registers(b: ir.IRBuilder, shape: str, types: str, a_regs: list[ir.Value], b_desc: ir.Value,
+                         acc: list[ir.Value], transpose_b: int) -> list[ir.Value]:
+    """`wgmma` with A in registers: four 32-bit words a thread holds of the warpgroup's 64 x 16
+    A fragment (as `mma.sync`'s m16n8k16 A fragment, warp w holding rows 16 w..), so that
+    values computed in registers (attention's probabilities) multiply without a trip through
+    shared memory; B from its descriptor (`transpose_b`: MN-major)."""
+    n = len(acc)
+    regs = ", ".join(f"${i}" for i in range(n))
+    a = ", ".join(f"${2 * n + i}" for i in range(4))  # (after the outputs and the tied accumulators)
+    text = (f"wgmma.mma_async.sync.aligned.{shape}.{types} {{{regs}}}, {{{a}}}, ${2 * n + 4}, 1, 1, 1, {transpose_b};")
+    constraints = ",".join(["=f"] * n + [str(i) for i in range(n)] + ["r"] * 4 + ["l"])
+    asm = ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([F32] * n), [F32] * n + [I32] * 4 + [I64]), text,
+                       constraints, side_effect=True)
+    got = b.call(asm, [*acc, *a_regs, b_desc])
+    return [b.extract_value(got, i) for i in range(n)]
+
+
+def hold(b: ir.IRBuilder, values: list[ir.Value]) -> list[ir.Value]:
+    """The same values, passed through an empty instruction ordered with the other inline PTX:
+    after a `wgmma_wait`, reading the accumulators (or reusing A's registers) through `hold`
+    keeps the compiler from moving that work above the wait, which no data dependency orders."""
+    if not values:
+        return []
+    n = len(values)
+    code = {"float": "f", "i32": "r"}
+    constraints = ",".join([f"={code[str(v.type)]}" for v in values] + [str(i) for i in range(n)])
+    asm = ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([v.type for v in values]), [v.type for v in values]),
+                       "", constraints, side_effect=True)
+    got = b.call(asm, values)
+    return [b.extract_value(got, i) for i in range(n)]
+
+
+def copied(b: ir.IRBuilder, values: list[ir.Value]) -> list[ir.Value]:
+    """32-bit values moved into fresh registers here (ordered with the other inline PTX): A
+    fragments a `wgmma` reads made before its `wgmma_fence`, where the compiler would otherwise
+    copy loop-carried ones just before the `wgmma`, inside the stage (which serialises it)."""
+    n = len(values)
+    text = " ".join(f"mov.b32 ${i}, ${n + i};" for i in range(n))
+    asm = ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([I32] * n), [I32] * n), text,
+                       ",".join(["=r"] * n + ["r"] * n), side_effect=True)
+    got = b.call(asm, values)
+    return [b.extract_value(got, i) for i in range(n)]
+
+
+__all__ = ["SWIZZLE_ATOM", "SWIZZLE_BYTES", "TensorMap", "arrive", "arrive_expect_bytes", "copied",
+           "fence_barrier_init", "hold", "matrix_descriptor", "mbarrier_init", "set_max_registers", "shared_u32", "tma_load",
+           "wait_parity", "wgmma", "wgmma_commit", "wgmma_fence", "wgmma_from_registers", "wgmma_wait"]
