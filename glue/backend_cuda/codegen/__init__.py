@@ -84,6 +84,7 @@ class KernelShape:
     min_blocks: int = 0
     shared_bytes: int = 0
     tensor_maps: tuple[TensorMap, ...] = ()  # TMA descriptors it takes after its pointers
+    max_registers: int = 0             # a thread's registers at launch, fixed (0: as ptxas finds)
 
     def facts(self) -> dict[str, Any]:
         """Its fields as JSON values (the disk cache's record)."""
@@ -134,7 +135,7 @@ class _Recipe:
             shape = emit_contraction(ke) if self.kernel.kind == "contraction" else None
             if shape is None:
                 shape = _EMIT.get(self.kernel.kind, emit_rows)(ke)
-        facts = KernelShape(*shape, ke.awaited, ke.min_blocks, ke.dynamic_shared_bytes, maps)
+        facts = KernelShape(*shape, ke.awaited, ke.min_blocks, ke.dynamic_shared_bytes, maps, ke.max_registers)
         return _grid_constants(_launch_bounds(str(module), self.symbol, facts), len(maps)), facts
 
 
@@ -252,12 +253,14 @@ def _symbol(text: str) -> str:
 
 
 def _launch_bounds(llvm_ir: str, symbol: str, shape: KernelShape) -> str:
-    """Declare the kernel's block size (`.maxntid`) and the blocks that must fit on a
-    multiprocessor where its emitter asks (`.minnctapersm`); llvmlite cannot attach string
-    attributes."""
+    """Declare the kernel's block size (`.maxntid`), and where its emitter asks, the blocks that
+    must fit on a multiprocessor (`.minnctapersm`) and a thread's registers (`.maxnreg`);
+    llvmlite cannot attach string attributes."""
     bounds = f'"nvvm.maxntid"="{shape.block}"'
     if shape.min_blocks:
         bounds += f' "nvvm.minctasm"="{shape.min_blocks}"'
+    if shape.max_registers:
+        bounds += f' "nvvm.maxnreg"="{shape.max_registers}"'
     header = re.compile(rf'^(define ptx_kernel void @"{symbol}"\(.*\))$', re.M)
     return header.sub(lambda m: f'{m.group(1)} {bounds}', llvm_ir, count=1)
 

@@ -184,6 +184,10 @@ class KernelEmitter(BufferAccess):
         self.constant_inputs = frozenset(i for i, p in enumerate(inputs) if p.kind == "argument" and p not in written)
         self.awaited = False
         self.min_blocks = 0  # set by an emitter that wants a floor on resident blocks
+        # set by an emitter whose warpgroups trade registers (`setmaxnreg`): they come from the
+        # block's pool, which the launch sizes by this count, and ptxas applies `setmaxnreg`
+        # only where it knows the count at entry
+        self.max_registers = 0
         self.dynamic_shared_bytes = 0  # set by `dynamic_shared`: launched with that much
         self.kernel = kernel
         self.symbol = symbol

@@ -32,199 +32,265 @@ from llvmlite import ir
 
 from glue.backend_cuda.codegen import hopper as hp
 from glue.backend_cuda.codegen.common import WARP, KernelEmitter, Place
+from glue.backend_cuda.codegen.fastmath import exp2_ftz
 from glue.backend_cuda.codegen.flash import LOG2E, Flash, flash_spec, query_block, softmax_step, store_forward
 from glue.backend_cuda.ptx import sm_number
 from glue.codegen.loops import loop
-from glue.codegen.types import F32, I32, I64
+from glue.codegen.types import F32, I32, I64, from_memory, memory_type
 from glue.ir import Eqn
 from glue.ir import dtypes as dt
 from glue.scheduler.attention import Spec
 from glue.settings import config
 
 WARPGROUP = 4 * WARP
-CONSUMERS = 2             # consumer warpgroups, 64 queries each
-BM = 64 * CONSUMERS       # queries of a block
-BN = BM                   # keys of a tile (equal, so that a causal block masks only its last tile)
+CONSUMERS = 2             # consumer warpgroups, 64 rows each
+BM = 64 * CONSUMERS       # a block's own rows: queries (forward) or keys (dkv)
+BN = BM                   # keys of a forward tile (BM == BN: a causal block masks only its last tile)
+DKV_QUERIES = 64          # queries of a dkv step
 ATOM = 64                 # columns of one 128-byte swizzled box of 16-bit elements
 ROW_BYTES = hp.SWIZZLE_BYTES
 HEADS = (64, 128)         # head sizes served
 MAX_STAGES = 4
 SHARED_LIMIT = 227 << 10  # dynamic shared memory a block may opt into on the H100/H200
 PRODUCER_REGISTERS, CONSUMER_REGISTERS = 40, 232  # 128 x 40 + 256 x 232 <= 64K registers
+LAUNCH_REGISTERS = 168    # a thread's at launch: 65536 / 384, rounded down to 8
 _TYPES = {dt.bfloat16: "bf16", dt.float16: "f16"}
+DQ_KEYS = 64              # keys of a dq tile
+# each part's tensor maps: (operand, its index in the equation's inputs, rows a box brings)
+_MAPS = {"forward": (("q", 0, BM), ("k", 1, BN), ("v", 2, BN)),
+         "dq": (("q", 0, BM), ("k", 1, DQ_KEYS), ("v", 2, DQ_KEYS), ("dout", 5, BM)),
+         "dkv": (("q", 0, DKV_QUERIES), ("k", 1, BM), ("v", 2, BM), ("dout", 5, DKV_QUERIES))}
+# each part's shared memory: its own tiles (loaded once), and a stage's groups of tiles (each
+# group under one `full` barrier), as {operand: rows}
+_LAYOUTS = {"forward": ({"q": BM}, [{"k": BN}, {"v": BN}]),
+            "dq": ({"q": BM, "dout": BM}, [{"k": DQ_KEYS}, {"v": DQ_KEYS}]),
+            "dkv": ({"k": BM, "v": BM}, [{"q": DKV_QUERIES, "dout": DKV_QUERIES}])}
 
 
 @dataclass(frozen=True)
 class HopperFlashPlan:
-    """The forward of `spec` on warpgroups: `stages` stages of K and V, the tensor maps of q,
-    k and v (kernel parameters 0, 1, 2 of its maps)."""
+    """Flash kernel `part` (forward | dkv) of `spec` on warpgroups: `stages` stages, and the
+    tensor maps of its operands (kernel map parameters in `_MAPS`'s order)."""
 
     spec: Spec
+    part: str
     stages: int
-    q: hp.TensorMap
-    k: hp.TensorMap
-    v: hp.TensorMap
+    maps: tuple[hp.TensorMap, ...]
 
     @property
     def tensor_maps(self) -> tuple[hp.TensorMap, ...]:
-        return self.q, self.k, self.v
+        return self.maps
+
+    def map_of(self, operand: str) -> int:
+        return [name for name, _, _ in _MAPS[self.part]].index(operand)
 
     @property
     def boxes(self) -> int:
         """TMA loads of one tile: a box per 64 columns of the head."""
         return self.spec.h // ATOM
 
-    @property
-    def tile_bytes(self) -> int:
-        """One staged tile of 128 rows (queries, or keys: BM == BN)."""
-        return self.boxes * BM * ROW_BYTES
+    def tile_bytes(self, rows: int) -> int:
+        return self.boxes * rows * ROW_BYTES
 
     def __str__(self) -> str:
         spec = self.spec
-        return (f"flash forward {_TYPES[spec.dtype]} wgmma {BM}x{BN} h{spec.h} tma {self.stages} stages "
+        shape = f"{BM}x{ {'forward': BN, 'dq': DQ_KEYS, 'dkv': DKV_QUERIES}[self.part]}"
+        return (f"flash {self.part} {_TYPES[spec.dtype]} wgmma {shape} h{spec.h} tma {self.stages} stages "
                 f"warp-specialized {CONSUMERS}+1 warpgroups{' causal' if spec.causal else ''}")
 
 
-def _rows_map(param: int, spec: Spec, heads: int, length: int) -> hp.TensorMap:
+def _rows_map(param: int, spec: Spec, heads: int, length: int, rows: int) -> hp.TensorMap:
     """TMA's view of a q/k/v-shaped operand: dims (head size, heads, length, batch) for BTNH,
-    (head size, length, heads, batch) for BNTH, innermost first; a box is 64 columns of 128
+    (head size, length, heads, batch) for BNTH, innermost first; a box is 64 columns of `rows`
     rows of one (batch, head)."""
     h, e = spec.h, 2
     if spec.layout == "BTNH":
-        dims, box = (h, heads, length, spec.b), (ATOM, 1, BM, 1)
+        dims, box = (h, heads, length, spec.b), (ATOM, 1, rows, 1)
     else:
-        dims, box = (h, length, heads, spec.b), (ATOM, BM, 1, 1)
+        dims, box = (h, length, heads, spec.b), (ATOM, rows, 1, 1)
     strides = (h * e, dims[1] * h * e, dims[1] * dims[2] * h * e)
     return hp.TensorMap(param, 0, _TYPES[spec.dtype], dims, strides, box)
 
 
 def hopper_flash_plan(eqn: Eqn, part: str, places: tuple[Place, ...], inputs: tuple[Place, ...], arch: str,
                       aligned: bool) -> HopperFlashPlan | None:
-    """The warpgroup kernel for a flash kernel `part` of `eqn`, or None where flash.py's
-    `mma.sync` kernel serves it (not sm_90a, the backward, float32, another head size)."""
-    if part != "forward" or not (arch.endswith("a") and sm_number(arch) == 90 and aligned and config.cuda_wgmma):
+    """The warpgroup kernel for flash kernel `part` of `eqn`, or None where flash.py's
+    `mma.sync` kernel serves it (not sm_90a, the dq part, float32, another head size)."""
+    if part not in _MAPS or not (arch.endswith("a") and sm_number(arch) == 90 and aligned and config.cuda_wgmma):
         return None
     spec = flash_spec(eqn)
     if spec.dtype not in _TYPES or spec.h != spec.hv or spec.h not in HEADS:
         return None
-    q, k, v = (places.index(p) for p in inputs[:3])
-    tile = spec.h // ATOM * BM * ROW_BYTES
-    stages = min(MAX_STAGES, (SHARED_LIMIT - hp.SWIZZLE_ATOM - 256 - tile) // (2 * tile))
-    return HopperFlashPlan(spec, stages, _rows_map(q, spec, spec.n, spec.t), _rows_map(k, spec, spec.kv, spec.s),
-                           _rows_map(v, spec, spec.kv, spec.s))
+    if part != "forward" and spec.dtype != dt.bfloat16:
+        return None  # (float16's backward on warpgroups has not yet run on a GPU)
+    maps = []
+    for name, i, rows in _MAPS[part]:
+        heads, length = (spec.n, spec.t) if name in ("q", "dout") else (spec.kv, spec.s)
+        maps.append(_rows_map(places.index(inputs[i]), spec, heads, length, rows))
+    own, groups = _LAYOUTS[part]
+    stage = sum(_bytes(spec, rows) for group in groups for rows in group.values())
+    stages = min(MAX_STAGES, (SHARED_LIMIT - hp.SWIZZLE_ATOM - 256 - sum(_bytes(spec, r) for r in own.values())) // stage)
+    return HopperFlashPlan(spec, part, stages, tuple(maps))
+
+
+def _bytes(spec: Spec, rows: int) -> int:
+    """A staged tile of `rows` rows."""
+    return spec.h // ATOM * rows * ROW_BYTES
 
 
 class _Ring:
-    """Shared memory (1 KiB aligned, as the swizzle pattern needs): the query tile, the stages
-    (each a K tile and a V tile), then the mbarriers: the queries' `full`, and per stage K's
-    and V's `full` and the stage's `empty`."""
+    """Shared memory, 1 KiB aligned (as the swizzle pattern needs): the block's own tiles,
+    loaded once under one `own` mbarrier; then the stages, each some groups of tiles under a
+    `full` mbarrier each, and freed by their `empty` mbarrier (an arrival per consumer warp);
+    then the mbarriers. Offsets are in bytes, addresses the 32-bit shared ones."""
 
     def __init__(self, ke: KernelEmitter, plan: HopperFlashPlan):
-        self.b, self.plan, self.stages = ke.b, plan, plan.stages
-        tiles = (1 + 2 * plan.stages) * plan.tile_bytes
-        base = ke.dynamic_shared(tiles + hp.SWIZZLE_ATOM + 8 * (1 + 3 * plan.stages))
+        self.b, self.stages = ke.b, plan.stages
+        stages = plan.stages
+        own_rows, group_rows = _LAYOUTS[plan.part]
+        own = {name: _bytes(plan.spec, rows) for name, rows in own_rows.items()}
+        groups = [{name: _bytes(plan.spec, rows) for name, rows in group.items()} for group in group_rows]
+        self.at: dict[str, int] = {}
+        offset = 0
+        for name, size in own.items():
+            self.at[name], offset = offset, offset + size
+        self.first_stage = offset
+        self.group_of: dict[str, int] = {}
+        stage = 0
+        for g, group in enumerate(groups):
+            for name, size in group.items():
+                self.at[name], self.group_of[name], stage = stage, g, stage + size
+        self.stage_bytes, self.groups = stage, len(groups)
+        barriers = self.first_stage + stages * stage
+        self._own = barriers
+        base = ke.dynamic_shared(barriers + hp.SWIZZLE_ATOM + 8 * (1 + stages * (self.groups + 1)))
         raw = hp.shared_u32(self.b, base)
-        self.q = self.b.and_(self.b.add(raw, self.c(hp.SWIZZLE_ATOM - 1)), self.c(-hp.SWIZZLE_ATOM))
-        self.q_full = self.b.add(self.q, self.c(tiles))
+        self.base = self.b.and_(self.b.add(raw, self.c(hp.SWIZZLE_ATOM - 1)), self.c(-hp.SWIZZLE_ATOM))
 
     @staticmethod
     def c(value: int) -> ir.Value:
         return ir.Constant(I32, value)
 
-    def _barrier(self, which: int, s: ir.Value) -> ir.Value:
-        return self.b.add(self.q_full, self.b.add(self.c(8 + 8 * which * self.stages), self.b.mul(s, self.c(8))))
+    def init_barriers(self) -> None:
+        hp.mbarrier_init(self.b, self.own_full, 1)
+        for s in range(self.stages):
+            for g in range(self.groups):
+                hp.mbarrier_init(self.b, self.full(g, self.c(s)), 1)
+            hp.mbarrier_init(self.b, self.empty(self.c(s)), CONSUMERS * WARPGROUP // WARP)
+        hp.fence_barrier_init(self.b)
 
-    def k_full(self, s: ir.Value) -> ir.Value:
-        return self._barrier(0, s)
+    @property
+    def own_full(self) -> ir.Value:
+        return self.b.add(self.base, self.c(self._own))
 
-    def v_full(self, s: ir.Value) -> ir.Value:
-        return self._barrier(1, s)
+    def full(self, group: int, s: ir.Value) -> ir.Value:
+        return self.b.add(self.base, self.b.add(self.c(self._own + 8 + 8 * group * self.stages),
+                                                self.b.mul(s, self.c(8))))
 
     def empty(self, s: ir.Value) -> ir.Value:
-        return self._barrier(2, s)
+        return self.full(self.groups, s)
 
-    def k(self, s: ir.Value) -> ir.Value:
-        return self.b.add(self.q, self.b.mul(self.b.add(self.b.mul(s, self.c(2)), self.c(1)),
-                                             self.c(self.plan.tile_bytes)))
+    def own(self, name: str) -> ir.Value:
+        return self.b.add(self.base, self.c(self.at[name]))
 
-    def v(self, s: ir.Value) -> ir.Value:
-        return self.b.add(self.k(s), self.c(self.plan.tile_bytes))
+    def tile(self, name: str, s: ir.Value) -> ir.Value:
+        """Stage `s`'s tile `name`."""
+        return self.b.add(self.base, self.b.add(self.c(self.first_stage + self.at[name]),
+                                                self.b.mul(s, self.c(self.stage_bytes))))
 
-    def position(self, j: ir.Value) -> tuple[ir.Value, ir.Value]:
-        """(stage, phase parity) of key tile `j`."""
-        j32 = self.b.trunc(j, I32)
-        return self.b.urem(j32, self.c(self.stages)), self.b.and_(self.b.udiv(j32, self.c(self.stages)), self.c(1))
+    def position(self, i: ir.Value) -> tuple[ir.Value, ir.Value]:
+        """(stage, phase parity) of the block's i-th staged step."""
+        i32 = self.b.trunc(i, I32)
+        return self.b.urem(i32, self.c(self.stages)), self.b.and_(self.b.udiv(i32, self.c(self.stages)), self.c(1))
 
 
 def emit_hopper_flash(ke: KernelEmitter, plan: HopperFlashPlan) -> tuple[int, int, str]:
-    """Emit the forward kernel `plan` describes into `ke` (whose tensor-map parameters it
-    reads); its grid, block and strategy."""
+    """Emit the kernel `plan` describes into `ke` (whose tensor-map parameters it reads); its
+    grid, block and strategy."""
     b, spec = ke.b, plan.spec
     c32 = _Ring.c
-    ring = _Ring(ke, plan)
     tid = ke.thread_index()
     tid32 = b.trunc(tid, I32)
     warpgroup = b.udiv(tid32, c32(WARPGROUP))
     fl = Flash(ke, spec, b.sub(tid, ir.Constant(I64, WARPGROUP)))  # the consumers' rows
-    batch, head, kv_head, q0, n_tiles = query_block(fl, BM)
+    ring = _Ring(ke, plan)
+    if plan.part == "forward":
+        block = query_block(fl, BM)
+        produce, consume = _produce_forward, _consume_forward
+        grid = spec.b * spec.n * -(-spec.t // BM)
+    elif plan.part == "dq":
+        block = _dq_block(fl)
+        produce, consume = _produce_dq, _consume_dq
+        grid = spec.b * spec.n * -(-spec.t // BM)
+    else:
+        block = _key_block(fl)
+        produce, consume = _produce_dkv, _consume_dkv
+        grid = spec.b * spec.kv * -(-spec.s // BM)
+    ke.max_registers = LAUNCH_REGISTERS
     with b.if_then(b.icmp_unsigned("==", tid32, c32(0))):
-        hp.mbarrier_init(b, ring.q_full, 1)
-        for s in range(plan.stages):
-            hp.mbarrier_init(b, ring.k_full(c32(s)), 1)
-            hp.mbarrier_init(b, ring.v_full(c32(s)), 1)
-            hp.mbarrier_init(b, ring.empty(c32(s)), CONSUMERS * WARPGROUP // WARP)  # one arrival per consumer warp
-        hp.fence_barrier_init(b)
+        ring.init_barriers()
     ke.barrier()
     ke.await_producers()
     with b.if_else(b.icmp_unsigned("==", warpgroup, c32(0))) as (producer, consumer):
         with producer:
             hp.set_max_registers(b, PRODUCER_REGISTERS, grow=False)
             with b.if_then(b.icmp_unsigned("==", tid32, c32(0))):
-                _produce(ke, plan, ring, batch, head, kv_head, q0, n_tiles)
+                produce(ke, plan, ring, *block)
         with consumer:
             hp.set_max_registers(b, CONSUMER_REGISTERS, grow=True)
-            _consume(fl, plan, ring, b.sub(warpgroup, c32(1)), batch, head, q0, n_tiles)
+            consume(fl, plan, ring, b.sub(warpgroup, c32(1)), *block)
     b.ret_void()
-    return spec.b * spec.n * -(-spec.t // BM), (CONSUMERS + 1) * WARPGROUP, str(plan)
+    return grid, (CONSUMERS + 1) * WARPGROUP, str(plan)
 
 
-def _load_tile(ke: KernelEmitter, plan: HopperFlashPlan, which: int, target: ir.Value, barrier: ir.Value,
-               head: ir.Value, row: ir.Value, batch: ir.Value) -> None:
-    """Announce a tile's bytes on `barrier` and start its TMA loads (`which`: q, k or v's map)
-    of rows row.. of one (batch, head) into `target`."""
+def _load_rows(ke: KernelEmitter, plan: HopperFlashPlan, operand: str, rows: int, target: ir.Value,
+               barrier: ir.Value, head: ir.Value, row: ir.Value, batch: ir.Value) -> None:
+    """Start the TMA loads of `rows` rows row.. of one (batch, head) of a q/k/v-shaped operand
+    into `target`, completing on `barrier`: a box per 64 columns, each `rows` x 128 bytes."""
     b = ke.b
-    hp.arrive_expect_bytes(b, barrier, plan.tile_bytes)
     head32, row32, batch32 = (b.trunc(x, I32) for x in (head, row, batch))
     for box in range(plan.boxes):
         col = ir.Constant(I32, box * ATOM)
         coords = [col, head32, row32, batch32] if plan.spec.layout == "BTNH" else [col, row32, head32, batch32]
-        hp.tma_load(b, b.add(target, ir.Constant(I32, box * BM * ROW_BYTES)), ke.map_args[which], coords, barrier)
+        hp.tma_load(b, b.add(target, ir.Constant(I32, box * rows * ROW_BYTES)), ke.map_args[plan.map_of(operand)],
+                    coords, barrier)
 
 
-def _produce(ke: KernelEmitter, plan: HopperFlashPlan, ring: _Ring, batch, head, kv_head, q0, n_tiles) -> None:
+def _free_stage(ring: _Ring, i: ir.Value, stages: int) -> None:
+    """The producer waits until the consumers have freed step i's stage of its previous step."""
+    b = ring.b
+    s, parity = ring.position(i)
+    with b.if_then(b.icmp_unsigned(">=", i, ir.Constant(I64, stages))):
+        hp.wait_parity(b, ring.empty(s), b.xor(parity, ring.c(1)))
+
+
+def _produce_forward(ke: KernelEmitter, plan: HopperFlashPlan, ring: _Ring, batch, head, kv_head, q0, n_tiles
+                     ) -> None:
     """The producer thread: the queries, then each key tile's K and V into the next stage once
     the consumers have freed it."""
     b = ke.b
-    _load_tile(ke, plan, 0, ring.q, ring.q_full, head, q0, batch)
+    hp.arrive_expect_bytes(b, ring.own_full, plan.tile_bytes(BM))
+    _load_rows(ke, plan, "q", BM, ring.own("q"), ring.own_full, head, q0, batch)
 
     def step(b: ir.IRBuilder, j: ir.Value, _: list) -> list:
-        s, parity = ring.position(j)
-        with b.if_then(b.icmp_unsigned(">=", j, ir.Constant(I64, plan.stages))):
-            hp.wait_parity(b, ring.empty(s), b.xor(parity, ring.c(1)))  # the stage's previous tile
+        _free_stage(ring, j, plan.stages)
+        s, _ = ring.position(j)
         row = b.mul(j, ir.Constant(I64, BN))
-        _load_tile(ke, plan, 1, ring.k(s), ring.k_full(s), kv_head, row, batch)
-        _load_tile(ke, plan, 2, ring.v(s), ring.v_full(s), kv_head, row, batch)
+        for g, name in enumerate(("k", "v")):
+            hp.arrive_expect_bytes(b, ring.full(g, s), plan.tile_bytes(BN))
+            _load_rows(ke, plan, name, BN, ring.tile(name, s), ring.full(g, s), kv_head, row, batch)
         return []
 
     loop(b, 0, n_tiles, step, [], name="produce", vectorize=False, unroll=1)
 
 
-def _consume(fl: Flash, plan: HopperFlashPlan, ring: _Ring, consumer: ir.Value, batch, head, q0, n_tiles) -> None:
+def _consume_forward(fl: Flash, plan: HopperFlashPlan, ring: _Ring, consumer: ir.Value, batch, head, kv_head, q0,
+                     n_tiles) -> None:
     """A consumer warpgroup's 64 queries over every key tile (see the module docstring)."""
     b, spec = fl.b, plan.spec
     c32, c64 = ring.c, fl.c
     types = f"f32.{_TYPES[spec.dtype]}.{_TYPES[spec.dtype]}"
-    q_rows = b.add(ring.q, b.mul(consumer, c32(64 * ROW_BYTES)))
+    q_rows = b.add(ring.own("q"), b.mul(consumer, c32(64 * ROW_BYTES)))
     first_lane = b.icmp_unsigned("==", fl.lane, c64(0))
     # logits to log2 units: folded into the exponent's multiply-add where the scale is positive
     factor = spec.scale * LOG2E if spec.scale > 0 else 1.0
@@ -239,7 +305,8 @@ def _consume(fl: Flash, plan: HopperFlashPlan, ring: _Ring, consumer: ir.Value, 
         for j in range(spec.h // 16):
             box, step = divmod(j, ATOM // 16)
             a = hp.matrix_descriptor(b, b.add(q_rows, c32(box * BM * ROW_BYTES + 32 * step)), 16, 8 * ROW_BYTES)
-            k = hp.matrix_descriptor(b, b.add(ring.k(s), c32(box * BN * ROW_BYTES + 32 * step)), 16, 8 * ROW_BYTES)
+            k = hp.matrix_descriptor(b, b.add(ring.tile("k", s), c32(box * BN * ROW_BYTES + 32 * step)), 16,
+                                     8 * ROW_BYTES)
             acc = hp.wgmma(b, f"m64n{BN}k16", types, a, k, acc, (0, 0))
         hp.wgmma_commit(b)
         return acc
@@ -248,7 +315,8 @@ def _consume(fl: Flash, plan: HopperFlashPlan, ring: _Ring, consumer: ir.Value, 
         """Start O += P V on stage `s` (one commit group): P's fragments from registers, V's
         rows the depth, 16 a step (2 KiB down its boxes)."""
         for kk in range(BN // 16):
-            v = hp.matrix_descriptor(b, b.add(ring.v(s), c32(16 * ROW_BYTES * kk)), BN * ROW_BYTES, 8 * ROW_BYTES)
+            v = hp.matrix_descriptor(b, b.add(ring.tile("v", s), c32(16 * ROW_BYTES * kk)), BN * ROW_BYTES,
+                                     8 * ROW_BYTES)
             o = hp.wgmma_from_registers(b, f"m64n{spec.h}k16", types, p[4 * kk:4 * kk + 4], v, o, 1)
         hp.wgmma_commit(b)
         return o
@@ -261,19 +329,15 @@ def _consume(fl: Flash, plan: HopperFlashPlan, ring: _Ring, consumer: ir.Value, 
         if masked:
             s = _masked(fl, s, rows, b.mul(j, c64(BN)))
         p, m, l, alpha = softmax_step(fl, s, m, l, factor)
-        fragments = []
-        for kk in range(BN // 16):
-            lo, hi = p[2 * kk], p[2 * kk + 1]
-            fragments += [fl.pack(lo[0], lo[1]), fl.pack(lo[2], lo[3]), fl.pack(hi[0], hi[1]), fl.pack(hi[2], hi[3])]
-        return fragments, m, l, alpha
+        return _fragments(fl, [x for regs in p for x in regs]), m, l, alpha
 
     def free(s: ir.Value) -> None:
         with b.if_then(first_lane):
             hp.arrive(b, ring.empty(s))
 
-    hp.wait_parity(b, ring.q_full, c32(0))
+    hp.wait_parity(b, ring.own_full, c32(0))
     s0, parity0 = ring.position(c64(0))
-    hp.wait_parity(b, ring.k_full(s0), parity0)
+    hp.wait_parity(b, ring.full(0, s0), parity0)
     hp.wgmma_fence(b)
     scores = issue_scores(s0)
     hp.wgmma_wait(b, 0)
@@ -285,8 +349,8 @@ def _consume(fl: Flash, plan: HopperFlashPlan, ring: _Ring, consumer: ir.Value, 
         m, l, o, p = values[0:2], values[2:4], values[4:4 + n_o], values[4 + n_o:]
         s, parity = ring.position(j)
         before, before_parity = ring.position(b.sub(j, c64(1)))
-        hp.wait_parity(b, ring.k_full(s), parity)
-        hp.wait_parity(b, ring.v_full(before), before_parity)
+        hp.wait_parity(b, ring.full(0, s), parity)
+        hp.wait_parity(b, ring.full(1, before), before_parity)
         o, p = _before_fence(b, o, p)
         o = issue_values(p, o, before)
         scores = issue_scores(s)
@@ -306,13 +370,331 @@ def _consume(fl: Flash, plan: HopperFlashPlan, ring: _Ring, consumer: ir.Value, 
         values = _when(b, b.icmp_unsigned(">", n_tiles, c64(1)), lambda: tile(last, values, True), values)
     m, l, o, p = values[0:2], values[2:4], values[4:4 + n_o], values[4 + n_o:]
     last, last_parity = ring.position(last)
-    hp.wait_parity(b, ring.v_full(last), last_parity)
+    hp.wait_parity(b, ring.full(1, last), last_parity)
     o, p = _before_fence(b, o, p)
     o = issue_values(p, o, last)
     hp.wgmma_wait(b, 0)
     o = hp.hold(b, o)
     free(last)
     store_forward(fl, [o[4 * e:4 * e + 4] for e in range(spec.h // 8)], m, l, batch, head, q0)
+
+
+def _dq_block(fl: Flash) -> tuple[ir.Value, ...]:
+    """(batch, head, kv head, first query, key tiles, first masked key tile) of a dq block:
+    128 queries over tiles of 64 keys, under the causal rule up to the block's last query."""
+    b, spec, c = fl.b, fl.spec, fl.c
+    batch, head, kv_head, q0, _ = query_block(fl, BM)
+    tiles_k = -(-spec.s // DQ_KEYS)
+    n_tiles, masked_from = c(tiles_k), c(tiles_k - 1 if spec.s % DQ_KEYS else tiles_k)
+    if spec.causal:
+        reach, diagonal = b.udiv(b.add(q0, c(BM)), c(DQ_KEYS)), b.udiv(q0, c(DQ_KEYS))
+        n_tiles = b.select(b.icmp_unsigned("<", reach, n_tiles), reach, n_tiles)
+        masked_from = b.select(b.icmp_unsigned("<", diagonal, masked_from), diagonal, masked_from)
+    return batch, head, kv_head, q0, n_tiles, masked_from
+
+
+def _produce_dq(ke: KernelEmitter, plan: HopperFlashPlan, ring: _Ring, batch, head, kv_head, q0, n_tiles,
+                masked_from) -> None:
+    """The producer thread: the block's Q and dO, then each key tile's K and V."""
+    b = ke.b
+    hp.arrive_expect_bytes(b, ring.own_full, 2 * plan.tile_bytes(BM))
+    for name in ("q", "dout"):
+        _load_rows(ke, plan, name, BM, ring.own(name), ring.own_full, head, q0, batch)
+
+    def step(b: ir.IRBuilder, j: ir.Value, _: list) -> list:
+        _free_stage(ring, j, plan.stages)
+        s, _ = ring.position(j)
+        row = b.mul(j, ir.Constant(I64, DQ_KEYS))
+        for g, name in enumerate(("k", "v")):
+            hp.arrive_expect_bytes(b, ring.full(g, s), plan.tile_bytes(DQ_KEYS))
+            _load_rows(ke, plan, name, DQ_KEYS, ring.tile(name, s), ring.full(g, s), kv_head, row, batch)
+        return []
+
+    loop(b, 0, n_tiles, step, [], name="produce", vectorize=False, unroll=1)
+
+
+def _row_deltas(fl: Flash, batch: ir.Value, head: ir.Value, q0: ir.Value) -> list[ir.Value]:
+    """delta = rowsum(dO * O) - d_lse of this thread's two rows (0 past T): the four lanes that
+    hold a row each sum a quarter of it, 16 bytes a load; written to the scratch the dkv kernel
+    reads."""
+    b, spec, c = fl.b, fl.spec, fl.c
+    ke = fl.ke
+    out_ptr, dout_ptr, dlse_ptr = ke.in_ptrs[3], ke.in_ptrs[5], ke.in_ptrs[6]
+    (delta_ptr,) = ke.extra_ptrs
+    (o_base, stride), (do_base, _) = (fl.rows_of(p, batch, head, spec.n, spec.t) for p in (out_ptr, dout_ptr))
+    first = b.mul(b.add(b.mul(batch, c(spec.n)), head), c(spec.t))
+    per_lane = spec.h // 4
+    vector = ir.VectorType(memory_type(spec.dtype), 8)
+    deltas = []
+    for half in range(2):
+        row = b.add(q0, fl.row_of(2 * half))
+        ok = b.icmp_unsigned("<", row, c(spec.t))
+        start = b.add(b.mul(b.select(ok, row, c(0)), c(stride)), b.mul(fl.quad, c(per_lane)))
+        total = fl.f(0.0)
+        for chunk in range(per_lane // 8):
+            at = b.add(start, c(8 * chunk))
+            o, do = (b.load(b.gep(base, [at], inbounds=True, source_etype=fl.element), typ=vector, align=16)
+                     for base in (o_base, do_base))
+            for e in range(8):
+                index = ir.Constant(I32, e)
+                x, y = (from_memory(b, b.extract_element(v, index), spec.dtype) for v in (o, do))
+                total = b.fadd(total, b.fmul(x, y))
+        total = b.fsub(fl.quad_sum(total), fl.load_row_value(dlse_ptr, first, row, spec.t))
+        deltas.append(b.select(ok, total, fl.f(0.0)))
+        with b.if_then(b.and_(ok, b.icmp_unsigned("==", fl.quad, c(0)))):
+            b.store(deltas[-1], b.gep(delta_ptr, [b.add(first, row)], inbounds=True, source_etype=F32))
+    return deltas
+
+
+def _consume_dq(fl: Flash, plan: HopperFlashPlan, ring: _Ring, consumer: ir.Value, batch, head, kv_head, q0,
+                n_tiles, masked_from) -> None:
+    """A consumer warpgroup's 64 queries over every key tile: for tile j, dQ += dS_{j-1} K_{j-1}
+    (dS's fragments from registers, K read MN-major), S_j = Q K_j^T and dP_j = dO V_j^T as one
+    group of `wgmma`s; then P_j = exp(S_j scale - lse) (masked) and dS_j = P_j (dP_j - delta)
+    on the CUDA cores. dQ is scaled by the softmax scale at the end."""
+    b, spec, ke = fl.b, plan.spec, fl.ke
+    c32, c64 = ring.c, fl.c
+    types = f"f32.{_TYPES[spec.dtype]}.{_TYPES[spec.dtype]}"
+    own_rows = b.mul(consumer, c32(64 * ROW_BYTES))
+    first_lane = b.icmp_unsigned("==", fl.lane, c64(0))
+    rows = [b.add(q0, fl.row_of(2 * half)) for half in range(2)]
+    first = b.mul(b.add(b.mul(batch, c64(spec.n)), head), c64(spec.t))
+    lse2 = [b.fmul(fl.load_row_value(ke.in_ptrs[4], first, row, spec.t), fl.f(LOG2E)) for row in rows]
+    deltas = _row_deltas(fl, batch, head, q0)
+    scale = fl.f(spec.scale * LOG2E)
+    n_q = spec.h // 2
+    masks = spec.causal or spec.s % DQ_KEYS != 0
+
+    def issue_products(s: ir.Value) -> list[ir.Value]:
+        """Start S = Q K^T and dP = dO V^T on stage `s` (64 x 64 each, K-major both)."""
+        out = []
+        for own, other in (("q", "k"), ("dout", "v")):
+            acc: list[ir.Value] | int = DQ_KEYS // 2
+            for j in range(spec.h // 16):
+                box, step = divmod(j, ATOM // 16)
+                a = hp.matrix_descriptor(b, b.add(ring.own(own), b.add(own_rows, c32(box * BM * ROW_BYTES + 32 * step))),
+                                         16, 8 * ROW_BYTES)
+                t = hp.matrix_descriptor(b, b.add(ring.tile(other, s), c32(box * DQ_KEYS * ROW_BYTES + 32 * step)),
+                                         16, 8 * ROW_BYTES)
+                acc = hp.wgmma(b, f"m64n{DQ_KEYS}k16", types, a, t, acc, (0, 0))
+            out += acc
+        return out
+
+    def issue_dq(fragments: list[ir.Value], dq: list[ir.Value], s: ir.Value) -> list[ir.Value]:
+        """Start dQ += dS K on stage `s`: K's 64 rows the depth, 16 a step."""
+        for kk in range(DQ_KEYS // 16):
+            t = hp.matrix_descriptor(b, b.add(ring.tile("k", s), c32(16 * ROW_BYTES * kk)), DQ_KEYS * ROW_BYTES,
+                                     8 * ROW_BYTES)
+            dq = hp.wgmma_from_registers(b, f"m64n{spec.h}k16", types, fragments[4 * kk:4 * kk + 4], t, dq, 1)
+        return dq
+
+    def gradients(j: ir.Value, products: list[ir.Value], masked: bool) -> list[ir.Value]:
+        """dS_j's A fragments from S_j and dP_j."""
+        ds = []
+        for i in range(DQ_KEYS // 2):
+            f, r = divmod(i, 4)
+            p = exp2_ftz(b, b.fsub(b.fmul(products[i], scale), lse2[r // 2]))
+            if masked:
+                ok = fl.keep(rows[r // 2], b.add(b.mul(j, c64(DQ_KEYS)), fl.col_of(f, r)), spec.s, DQ_KEYS)
+                p = p if ok is None else b.select(ok, p, fl.f(0.0))
+            ds.append(b.fmul(p, b.fsub(products[DQ_KEYS // 2 + i], deltas[r // 2])))
+        return _fragments(fl, ds)
+
+    def wait_tile(j: ir.Value) -> ir.Value:
+        s, parity = ring.position(j)
+        for g in range(2):
+            hp.wait_parity(b, ring.full(g, s), parity)
+        return s
+
+    def free(s: ir.Value) -> None:
+        with b.if_then(first_lane):
+            hp.arrive(b, ring.empty(s))
+
+    hp.wait_parity(b, ring.own_full, c32(0))
+    s0 = wait_tile(c64(0))
+    hp.wgmma_fence(b)
+    products = issue_products(s0)
+    hp.wgmma_commit(b)
+    hp.wgmma_wait(b, 0)
+    fragments = gradients(c64(0), hp.hold(b, products), masks)
+
+    def tile(j: ir.Value, values: list[ir.Value], masked: bool) -> list[ir.Value]:
+        dq, fragments = values[:n_q], values[n_q:]
+        s = wait_tile(j)
+        before, _ = ring.position(b.sub(j, c64(1)))
+        dq, fragments = _before_fence(b, dq, fragments)
+        dq = issue_dq(fragments, dq, before)
+        products = issue_products(s)
+        hp.wgmma_commit(b)
+        hp.wgmma_wait(b, 0)
+        held = hp.hold(b, dq + products + fragments)
+        free(before)
+        return held[:n_q] + gradients(j, held[n_q:n_q + DQ_KEYS], masked)
+
+    values = [fl.f(0.0)] * n_q + fragments
+    if masks:
+        values = loop(b, 1, masked_from, lambda b, j, v: tile(j, v, False), values, name="kv", vectorize=False,
+                      unroll=1)
+        after = b.select(b.icmp_unsigned("<", masked_from, c64(1)), c64(1), masked_from)
+        values = loop(b, after, n_tiles, lambda b, j, v: tile(j, v, True), values, name="kv_masked",
+                      vectorize=False, unroll=1)
+    else:
+        values = loop(b, 1, n_tiles, lambda b, j, v: tile(j, v, False), values, name="kv", vectorize=False,
+                      unroll=1)
+    dq, fragments = values[:n_q], values[n_q:]
+    last, _ = ring.position(b.sub(n_tiles, c64(1)))
+    dq, fragments = _before_fence(b, dq, fragments)
+    dq = issue_dq(fragments, dq, last)
+    hp.wgmma_commit(b)
+    hp.wgmma_wait(b, 0)
+    dq = hp.hold(b, dq + fragments)[:n_q]
+    free(last)
+    fl.store_rows([dq[4 * e:4 * e + 4] for e in range(spec.h // 8)], fl.rows_of(ke.out_ptrs[0], batch, head, spec.n,
+                                                                                 spec.t), q0, spec.t, fl.f(spec.scale))
+
+
+def _key_block(fl: Flash) -> tuple[ir.Value, ...]:
+    """(batch, kv head, first key, first query tile, query tiles per head, steps) of a dkv
+    block: its 128 keys meet every query head of their group, a step per 64 queries, under the
+    causal rule from the tile of the block's first key on (the first key tiles, which meet the
+    most queries, start first)."""
+    b, spec, c = fl.b, fl.spec, fl.c
+    tiles_q = -(-spec.t // DKV_QUERIES)
+    bid = fl.ke.block_index()
+    ktile, pair = b.udiv(bid, c(spec.b * spec.kv)), b.urem(bid, c(spec.b * spec.kv))
+    first_q = b.mul(ktile, c(BM // DKV_QUERIES)) if spec.causal else c(0)
+    seen = b.icmp_unsigned("<", first_q, c(tiles_q))
+    per_head = b.select(seen, b.sub(c(tiles_q), first_q), c(1))
+    steps = b.select(seen, b.mul(per_head, c(spec.group)), c(0))  # (none: no query sees the keys)
+    return b.udiv(pair, c(spec.kv)), b.urem(pair, c(spec.kv)), b.mul(ktile, c(BM)), first_q, per_head, steps
+
+
+def _query_step(b: ir.IRBuilder, spec: Spec, kv_head: ir.Value, first_q: ir.Value, per_head: ir.Value, i: ir.Value
+                ) -> tuple[ir.Value, ir.Value]:
+    """(query head, first query) of a dkv block's step i."""
+    head = b.add(b.mul(kv_head, ir.Constant(I64, spec.group)), b.udiv(i, per_head))
+    return head, b.mul(b.add(first_q, b.urem(i, per_head)), ir.Constant(I64, DKV_QUERIES))
+
+
+def _produce_dkv(ke: KernelEmitter, plan: HopperFlashPlan, ring: _Ring, batch, kv_head, k0, first_q, per_head,
+                 steps) -> None:
+    """The producer thread: the block's K and V, then each step's Q and dO into the next stage
+    once the consumers have freed it."""
+    b, spec = ke.b, plan.spec
+    hp.arrive_expect_bytes(b, ring.own_full, 2 * plan.tile_bytes(BM))
+    for name in ("k", "v"):
+        _load_rows(ke, plan, name, BM, ring.own(name), ring.own_full, kv_head, k0, batch)
+
+    def step(b: ir.IRBuilder, i: ir.Value, _: list) -> list:
+        _free_stage(ring, i, plan.stages)
+        s, _ = ring.position(i)
+        full = ring.full(0, s)
+        head, q_start = _query_step(b, spec, kv_head, first_q, per_head, i)
+        hp.arrive_expect_bytes(b, full, 2 * plan.tile_bytes(DKV_QUERIES))
+        for name in ("q", "dout"):
+            _load_rows(ke, plan, name, DKV_QUERIES, ring.tile(name, s), full, head, q_start, batch)
+        return []
+
+    loop(b, 0, steps, step, [], name="produce", vectorize=False, unroll=1)
+
+
+def _consume_dkv(fl: Flash, plan: HopperFlashPlan, ring: _Ring, consumer: ir.Value, batch, kv_head, k0, first_q,
+                 per_head, steps) -> None:
+    """A consumer warpgroup's 64 keys over every step: S^T = K Q^T and dP^T = V dO^T in one
+    group of `wgmma`s, then P^T = exp(S^T scale - lse) (masked), dS^T = P^T (dP^T - delta)
+    on the CUDA cores, then dV += P^T dO and dK += dS^T Q with P^T and dS^T as A fragments
+    from registers, Q and dO read MN-major; dK scaled by the softmax scale at the end."""
+    b, spec, ke = fl.b, plan.spec, fl.ke
+    c32, c64 = ring.c, fl.c
+    types = f"f32.{_TYPES[spec.dtype]}.{_TYPES[spec.dtype]}"
+    own_rows = b.mul(consumer, c32(64 * ROW_BYTES))
+    first_lane = b.icmp_unsigned("==", fl.lane, c64(0))
+    keys = [b.add(k0, fl.row_of(2 * half)) for half in range(2)]
+    n_o = spec.h // 2
+    scale = fl.f(spec.scale * LOG2E)
+    lse_ptr, (delta_ptr,) = ke.in_ptrs[4], ke.extra_ptrs
+
+    def issue_transposed(own: str, s: ir.Value, other: str) -> list[ir.Value]:
+        """Start (own rows) x (stage tile `other`)^T: 64 x 64, K-major both, over the head."""
+        acc: list[ir.Value] | int = DKV_QUERIES // 2
+        for j in range(spec.h // 16):
+            box, step = divmod(j, ATOM // 16)
+            a = hp.matrix_descriptor(b, b.add(ring.own(own), b.add(own_rows, c32(box * BM * ROW_BYTES + 32 * step))),
+                                     16, 8 * ROW_BYTES)
+            t = hp.matrix_descriptor(b, b.add(ring.tile(other, s), c32(box * DKV_QUERIES * ROW_BYTES + 32 * step)),
+                                     16, 8 * ROW_BYTES)
+            acc = hp.wgmma(b, f"m64n{DKV_QUERIES}k16", types, a, t, acc, (0, 0))
+        return acc
+
+    def issue_rows(fragments: list[ir.Value], acc: list[ir.Value], s: ir.Value, other: str) -> list[ir.Value]:
+        """Start acc += (64 x 64 A fragments) x (stage tile `other`, its 64 rows the depth)."""
+        for kk in range(DKV_QUERIES // 16):
+            t = hp.matrix_descriptor(b, b.add(ring.tile(other, s), c32(16 * ROW_BYTES * kk)),
+                                     DKV_QUERIES * ROW_BYTES, 8 * ROW_BYTES)
+            acc = hp.wgmma_from_registers(b, f"m64n{spec.h}k16", types, fragments[4 * kk:4 * kk + 4], t, acc, 1)
+        return acc
+
+    def step(b: ir.IRBuilder, i: ir.Value, values: list[ir.Value]) -> list[ir.Value]:
+        dk, dv = values[:n_o], values[n_o:]
+        s, parity = ring.position(i)
+        head, q_start = _query_step(b, spec, kv_head, first_q, per_head, i)
+        hp.wait_parity(b, ring.full(0, s), parity)
+        hp.wgmma_fence(b)
+        st, dpt = issue_transposed("k", s, "q"), issue_transposed("v", s, "dout")
+        hp.wgmma_commit(b)
+        hp.wgmma_wait(b, 0)
+        first = b.mul(b.add(b.mul(batch, c64(spec.n)), head), c64(spec.t))
+        rows = {}  # each of this thread's queries' lse and delta (L1 hits: the block's warps read the same 64)
+        for f in range(DKV_QUERIES // 8):
+            for r in range(2):
+                query = b.add(q_start, fl.col_of(f, r))
+                rows[f, r] = [fl.load_row_value(ptr, first, query, spec.t) for ptr in (lse_ptr, delta_ptr)]
+        held = hp.hold(b, st + dpt)
+        st, dpt = held[:DKV_QUERIES // 2], held[DKV_QUERIES // 2:]
+        p, ds = [], []
+        for f in range(DKV_QUERIES // 8):
+            for r in range(4):
+                col = fl.col_of(f, r)
+                lse, delta = rows[f, r % 2]
+                x = exp2_ftz(b, b.fsub(b.fmul(st[4 * f + r], scale), b.fmul(lse, fl.f(LOG2E))))
+                query = b.add(q_start, col)
+                ok = b.icmp_unsigned("<", query, c64(spec.t)) if spec.t % DKV_QUERIES else None
+                if spec.causal:
+                    after = b.icmp_unsigned("<=", keys[r // 2], query)
+                    ok = after if ok is None else b.and_(ok, after)
+                if ok is not None:
+                    x = b.select(ok, x, fl.f(0.0))
+                p.append(x)
+                ds.append(b.fmul(x, b.fsub(dpt[4 * f + r], delta)))
+        p_frags, ds_frags = _fragments(fl, p), _fragments(fl, ds)
+        held = hp.hold(b, dk + dv)
+        frags = hp.copied(b, p_frags + ds_frags)
+        hp.wgmma_fence(b)
+        dv = issue_rows(frags[:len(p_frags)], held[n_o:], s, "dout")
+        dk = issue_rows(frags[len(p_frags):], held[:n_o], s, "q")
+        hp.wgmma_commit(b)
+        hp.wgmma_wait(b, 0)
+        held = hp.hold(b, dk + dv + frags)
+        with b.if_then(first_lane):
+            hp.arrive(b, ring.empty(s))
+        return held[:2 * n_o]
+
+    hp.wait_parity(b, ring.own_full, c32(0))
+    values = loop(b, 0, steps, step, [fl.f(0.0)] * (2 * n_o), name="q", vectorize=False, unroll=1)
+    dk_ptr, dv_ptr = ke.out_ptrs[1:3]
+    for acc, ptr, factor in ((values[:n_o], dk_ptr, spec.scale), (values[n_o:], dv_ptr, 1.0)):
+        fl.store_rows([acc[4 * e:4 * e + 4] for e in range(spec.h // 8)], fl.rows_of(ptr, batch, kv_head, spec.kv, spec.s),
+                      k0, spec.s, fl.f(factor))
+
+
+def _fragments(fl: Flash, values: list[ir.Value]) -> list[ir.Value]:
+    """16-bit A fragments of 64 x N values held as m64nN accumulators (4 a column group of 8):
+    for each 16 columns, the four words mma.sync's m16n8k16 A fragment holds."""
+    out = []
+    for kk in range(len(values) // 8):
+        lo, hi = values[8 * kk:8 * kk + 4], values[8 * kk + 4:8 * kk + 8]
+        out += [fl.pack(lo[0], lo[1]), fl.pack(lo[2], lo[3]), fl.pack(hi[0], hi[1]), fl.pack(hi[2], hi[3])]
+    return out
 
 
 def _before_fence(b: ir.IRBuilder, o: list[ir.Value], p: list[ir.Value]) -> tuple[list[ir.Value], list[ir.Value]]:

@@ -63,6 +63,7 @@ GROUP_M = 8               # tile rows a band of blocks walks before moving right
 # the mma.sync kernel's smaller tiles serve it.
 MIN_BLOCKS = SMS // 2
 PRODUCER_REGISTERS, CONSUMER_REGISTERS = 40, 232  # 128 x 40 + 256 x 232 <= 64K registers
+LAUNCH_REGISTERS = 168    # a thread's at launch: 65536 / 384, rounded down to 8
 _TYPES = {dt.bfloat16: "bf16", dt.float16: "f16"}
 
 
@@ -242,6 +243,7 @@ def emit_wgmma(ke: KernelEmitter, plan: WgmmaPlan) -> tuple[int, int, str]:
         batch, tile_m, tile_n = _tile_of(b, at, plan.batches, tiles_m, tiles_n)
         return batch, b.mul(tile_m, ir.Constant(I64, BM)), b.mul(tile_n, ir.Constant(I64, plan.width))
 
+    ke.max_registers = LAUNCH_REGISTERS
     with b.if_then(b.icmp_unsigned("==", tid, c32(0))):
         for s in range(plan.stages):
             hp.mbarrier_init(b, ring.full(c32(s)), 1)
