@@ -1,6 +1,7 @@
 """FlashAttention on tensor cores (sm_80 on): the kernels the cuda backend runs an `attention`
 equation as (one forward kernel) and an `attention_bwd` equation as (two kernels), none of
-which ever holds the T x S scores outside registers.
+which ever holds the T x S scores outside registers. On sm_90a, flash_hopper.py's warpgroup
+kernels take the place of these where they serve (16-bit heads of 64 and 128).
 
 Served: q, k, v of one head size that is a multiple of 16 up to 128, in bfloat16 or float16,
 or in float32 at a precision that lets the products round to TF32 (as jax.jit's do on the

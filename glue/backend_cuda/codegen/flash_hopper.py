@@ -1,27 +1,35 @@
-"""FlashAttention's forward on sm_90a's warpgroup tensor cores, laid out as FlashAttention-3's:
-TMA loads into a ring of shared-memory stages, a producer warpgroup apart from two consumer
-warpgroups, and `wgmma` for both products, the second one reading the probabilities from
-registers.
+"""FlashAttention on sm_90a's warpgroup tensor cores, laid out as FlashAttention-3's: TMA
+loads into a ring of shared-memory stages, a producer warpgroup apart from two consumer
+warpgroups, and `wgmma` for every product, the probabilities (or their gradients) read as A
+fragments from registers where they are computed. The three kernels are flash.py's (forward;
+dq; dk, dv), with its results, softmax and block order.
 
 Served: bfloat16 or float16 q, k, v of one head size, 64 or 128, either layout, grouped-query
-heads, causal or not (what flash.py serves otherwise, where this kernel does not apply: other
-head sizes, float32 on TF32, the backward, GPUs before Hopper).
+heads, causal or not; the backward in bfloat16 (float16's has not yet run on a GPU). flash.py
+serves the rest (other head sizes, float32 on TF32, GPUs before Hopper).
 
-A block takes 128 queries of one (batch, head), 64 per consumer warpgroup, and walks tiles of
-128 keys. Its producer thread loads the queries once and then each tile's K and V, each with
-its own `full` barrier, into the next free stage (`empty`: every consumer warp has finished
-with it); TMA writes 128-byte rows with the 128-byte swizzle (a head of 128 is two boxes of 64
-columns) and fills rows past T or S with zeros. A consumer warpgroup issues, for tile j, O +=
-P_{j-1} V_{j-1} and S_j = Q K_j^T as one group of `wgmma`s, waits for both, frees tile j-1's
-stage, and runs the online softmax of S_j (O rescaled for the new row maximum) on the CUDA
-cores; the two consumers' softmaxes run while the other's products hold the tensor cores.
-(Overlapping a warpgroup's own softmax with its P V, FlashAttention-3's other overlap, makes
-ptxas serialise every `wgmma` here: C7513.) S's accumulator fragments are P's A fragments as
-they lie (the m64nN accumulator of a warp is mma.sync's m16n8 fragment, once per 8 columns),
-rounded to 16 bits. K is read K-major (its rows are the keys, the head contiguous) and V MN-major (`wgmma`'s
-transpose flag), so neither is ever transposed. Only the tiles on the causal diagonal or past
-S are masked; the softmax, the results (O / l and the row logsumexp the backward reads) and the
-block order (the latest query tiles first under the causal rule) are flash.py's.
+Every kernel is a block of 3 warpgroups; a block's own rows (128: 64 per consumer) are loaded
+once, and its producer thread streams the other operand's tiles into the next free stage
+(`full` barriers for their bytes, `empty` once every consumer warp is done with a stage). TMA
+writes 128-byte rows with the 128-byte swizzle (a head of 128 is two boxes of 64 columns) and
+fills rows past T or S with zeros. An operand whose rows are the product's depth is read
+MN-major (`wgmma`'s transpose flag), so nothing is ever transposed. A thread starts with 168
+registers (`.maxnreg`), the producers give theirs up and the consumers take 232.
+
+- forward: 128 queries over tiles of 128 keys. For tile j a consumer issues O += P_{j-1} V_{j-1}
+  and S_j = Q K_j^T as one group, waits, frees tile j-1's stage and runs the online softmax of
+  S_j (O rescaled for the new row maximum) on the CUDA cores while the other consumer's products
+  hold the tensor cores. (Overlapping a warpgroup's own softmax with its P V, FlashAttention-3's
+  other overlap, makes ptxas serialise every `wgmma` here: C7513.) S's accumulator fragments are
+  P's A fragments as they lie (the m64nN accumulator of a warp is mma.sync's m16n8 fragment, once
+  per 8 columns), rounded to 16 bits. Only a block's last tile is masked (the causal diagonal,
+  keys past S), and its first where that is the last.
+- dq: 128 queries over tiles of 64 keys: dQ += dS_{j-1} K_{j-1} with S_j = Q K_j^T and
+  dP_j = dO V_j^T as one group, then P_j = exp(S_j scale - lse) and dS_j = P_j (dP_j - delta).
+  The block first works out its rows' delta = rowsum(dO O) - d_lse (kept for dk, dv).
+- dk, dv: 128 keys of a kv head over steps of 64 queries of each query head of the group (under
+  the causal rule from the block's first key on): S^T = K Q^T and dP^T = V dO^T, then P^T and
+  dS^T on the CUDA cores, then dV += P^T dO and dK += dS^T Q.
 """
 from __future__ import annotations
 
@@ -92,6 +100,12 @@ class HopperFlashPlan:
     def tile_bytes(self, rows: int) -> int:
         return self.boxes * rows * ROW_BYTES
 
+    @property
+    def types(self) -> str:
+        """`wgmma`'s types: float32 accumulators of 16-bit operands."""
+        name = _TYPES[self.spec.dtype]
+        return f"f32.{name}.{name}"
+
     def __str__(self) -> str:
         spec = self.spec
         shape = f"{BM}x{ {'forward': BN, 'dq': DQ_KEYS, 'dkv': DKV_QUERIES}[self.part]}"
@@ -129,7 +143,8 @@ def hopper_flash_plan(eqn: Eqn, part: str, places: tuple[Place, ...], inputs: tu
         maps.append(_rows_map(places.index(inputs[i]), spec, heads, length, rows))
     own, groups = _LAYOUTS[part]
     stage = sum(_bytes(spec, rows) for group in groups for rows in group.values())
-    stages = min(MAX_STAGES, (SHARED_LIMIT - hp.SWIZZLE_ATOM - 256 - sum(_bytes(spec, r) for r in own.values())) // stage)
+    free = SHARED_LIMIT - hp.SWIZZLE_ATOM - 256 - sum(_bytes(spec, rows) for rows in own.values())
+    stages = min(MAX_STAGES, free // stage)
     return HopperFlashPlan(spec, part, stages, tuple(maps))
 
 
@@ -289,7 +304,6 @@ def _consume_forward(fl: Flash, plan: HopperFlashPlan, ring: _Ring, consumer: ir
     """A consumer warpgroup's 64 queries over every key tile (see the module docstring)."""
     b, spec = fl.b, plan.spec
     c32, c64 = ring.c, fl.c
-    types = f"f32.{_TYPES[spec.dtype]}.{_TYPES[spec.dtype]}"
     q_rows = b.add(ring.own("q"), b.mul(consumer, c32(64 * ROW_BYTES)))
     first_lane = b.icmp_unsigned("==", fl.lane, c64(0))
     # logits to log2 units: folded into the exponent's multiply-add where the scale is positive
@@ -301,23 +315,13 @@ def _consume_forward(fl: Flash, plan: HopperFlashPlan, ring: _Ring, consumer: ir
 
     def issue_scores(s: ir.Value) -> list[ir.Value]:
         """Start S = Q K^T on stage `s` (one commit group)."""
-        acc: list[ir.Value] | int = BN // 2
-        for j in range(spec.h // 16):
-            box, step = divmod(j, ATOM // 16)
-            a = hp.matrix_descriptor(b, b.add(q_rows, c32(box * BM * ROW_BYTES + 32 * step)), 16, 8 * ROW_BYTES)
-            k = hp.matrix_descriptor(b, b.add(ring.tile("k", s), c32(box * BN * ROW_BYTES + 32 * step)), 16,
-                                     8 * ROW_BYTES)
-            acc = hp.wgmma(b, f"m64n{BN}k16", types, a, k, acc, (0, 0))
+        acc = _times_transposed(b, plan, q_rows, ring.tile("k", s), BN)
         hp.wgmma_commit(b)
         return acc
 
     def issue_values(p: list[ir.Value], o: list[ir.Value], s: ir.Value) -> list[ir.Value]:
-        """Start O += P V on stage `s` (one commit group): P's fragments from registers, V's
-        rows the depth, 16 a step (2 KiB down its boxes)."""
-        for kk in range(BN // 16):
-            v = hp.matrix_descriptor(b, b.add(ring.tile("v", s), c32(16 * ROW_BYTES * kk)), BN * ROW_BYTES,
-                                     8 * ROW_BYTES)
-            o = hp.wgmma_from_registers(b, f"m64n{spec.h}k16", types, p[4 * kk:4 * kk + 4], v, o, 1)
+        """Start O += P V on stage `s` (one commit group)."""
+        o = _times_rows(b, plan, p, o, ring.tile("v", s), BN)
         hp.wgmma_commit(b)
         return o
 
@@ -454,7 +458,6 @@ def _consume_dq(fl: Flash, plan: HopperFlashPlan, ring: _Ring, consumer: ir.Valu
     on the CUDA cores. dQ is scaled by the softmax scale at the end."""
     b, spec, ke = fl.b, plan.spec, fl.ke
     c32, c64 = ring.c, fl.c
-    types = f"f32.{_TYPES[spec.dtype]}.{_TYPES[spec.dtype]}"
     own_rows = b.mul(consumer, c32(64 * ROW_BYTES))
     first_lane = b.icmp_unsigned("==", fl.lane, c64(0))
     rows = [b.add(q0, fl.row_of(2 * half)) for half in range(2)]
@@ -466,27 +469,13 @@ def _consume_dq(fl: Flash, plan: HopperFlashPlan, ring: _Ring, consumer: ir.Valu
     masks = spec.causal or spec.s % DQ_KEYS != 0
 
     def issue_products(s: ir.Value) -> list[ir.Value]:
-        """Start S = Q K^T and dP = dO V^T on stage `s` (64 x 64 each, K-major both)."""
-        out = []
-        for own, other in (("q", "k"), ("dout", "v")):
-            acc: list[ir.Value] | int = DQ_KEYS // 2
-            for j in range(spec.h // 16):
-                box, step = divmod(j, ATOM // 16)
-                a = hp.matrix_descriptor(b, b.add(ring.own(own), b.add(own_rows, c32(box * BM * ROW_BYTES + 32 * step))),
-                                         16, 8 * ROW_BYTES)
-                t = hp.matrix_descriptor(b, b.add(ring.tile(other, s), c32(box * DQ_KEYS * ROW_BYTES + 32 * step)),
-                                         16, 8 * ROW_BYTES)
-                acc = hp.wgmma(b, f"m64n{DQ_KEYS}k16", types, a, t, acc, (0, 0))
-            out += acc
-        return out
+        """Start S = Q K^T and dP = dO V^T on stage `s` (64 x 64 each)."""
+        return [x for own, other in (("q", "k"), ("dout", "v"))
+                for x in _times_transposed(b, plan, b.add(ring.own(own), own_rows), ring.tile(other, s), DQ_KEYS)]
 
     def issue_dq(fragments: list[ir.Value], dq: list[ir.Value], s: ir.Value) -> list[ir.Value]:
-        """Start dQ += dS K on stage `s`: K's 64 rows the depth, 16 a step."""
-        for kk in range(DQ_KEYS // 16):
-            t = hp.matrix_descriptor(b, b.add(ring.tile("k", s), c32(16 * ROW_BYTES * kk)), DQ_KEYS * ROW_BYTES,
-                                     8 * ROW_BYTES)
-            dq = hp.wgmma_from_registers(b, f"m64n{spec.h}k16", types, fragments[4 * kk:4 * kk + 4], t, dq, 1)
-        return dq
+        """Start dQ += dS K on stage `s`."""
+        return _times_rows(b, plan, fragments, dq, ring.tile("k", s), DQ_KEYS)
 
     def gradients(j: ir.Value, products: list[ir.Value], masked: bool) -> list[ir.Value]:
         """dS_j's A fragments from S_j and dP_j."""
@@ -606,7 +595,6 @@ def _consume_dkv(fl: Flash, plan: HopperFlashPlan, ring: _Ring, consumer: ir.Val
     from registers, Q and dO read MN-major; dK scaled by the softmax scale at the end."""
     b, spec, ke = fl.b, plan.spec, fl.ke
     c32, c64 = ring.c, fl.c
-    types = f"f32.{_TYPES[spec.dtype]}.{_TYPES[spec.dtype]}"
     own_rows = b.mul(consumer, c32(64 * ROW_BYTES))
     first_lane = b.icmp_unsigned("==", fl.lane, c64(0))
     keys = [b.add(k0, fl.row_of(2 * half)) for half in range(2)]
@@ -615,24 +603,12 @@ def _consume_dkv(fl: Flash, plan: HopperFlashPlan, ring: _Ring, consumer: ir.Val
     lse_ptr, (delta_ptr,) = ke.in_ptrs[4], ke.extra_ptrs
 
     def issue_transposed(own: str, s: ir.Value, other: str) -> list[ir.Value]:
-        """Start (own rows) x (stage tile `other`)^T: 64 x 64, K-major both, over the head."""
-        acc: list[ir.Value] | int = DKV_QUERIES // 2
-        for j in range(spec.h // 16):
-            box, step = divmod(j, ATOM // 16)
-            a = hp.matrix_descriptor(b, b.add(ring.own(own), b.add(own_rows, c32(box * BM * ROW_BYTES + 32 * step))),
-                                     16, 8 * ROW_BYTES)
-            t = hp.matrix_descriptor(b, b.add(ring.tile(other, s), c32(box * DKV_QUERIES * ROW_BYTES + 32 * step)),
-                                     16, 8 * ROW_BYTES)
-            acc = hp.wgmma(b, f"m64n{DKV_QUERIES}k16", types, a, t, acc, (0, 0))
-        return acc
+        """Start (own rows) x (stage tile `other`)^T: 64 x 64."""
+        return _times_transposed(b, plan, b.add(ring.own(own), own_rows), ring.tile(other, s), DKV_QUERIES)
 
     def issue_rows(fragments: list[ir.Value], acc: list[ir.Value], s: ir.Value, other: str) -> list[ir.Value]:
         """Start acc += (64 x 64 A fragments) x (stage tile `other`, its 64 rows the depth)."""
-        for kk in range(DKV_QUERIES // 16):
-            t = hp.matrix_descriptor(b, b.add(ring.tile(other, s), c32(16 * ROW_BYTES * kk)),
-                                     DKV_QUERIES * ROW_BYTES, 8 * ROW_BYTES)
-            acc = hp.wgmma_from_registers(b, f"m64n{spec.h}k16", types, fragments[4 * kk:4 * kk + 4], t, acc, 1)
-        return acc
+        return _times_rows(b, plan, fragments, acc, ring.tile(other, s), DKV_QUERIES)
 
     def step(b: ir.IRBuilder, i: ir.Value, values: list[ir.Value]) -> list[ir.Value]:
         dk, dv = values[:n_o], values[n_o:]
@@ -683,8 +659,8 @@ def _consume_dkv(fl: Flash, plan: HopperFlashPlan, ring: _Ring, consumer: ir.Val
     values = loop(b, 0, steps, step, [fl.f(0.0)] * (2 * n_o), name="q", vectorize=False, unroll=1)
     dk_ptr, dv_ptr = ke.out_ptrs[1:3]
     for acc, ptr, factor in ((values[:n_o], dk_ptr, spec.scale), (values[n_o:], dv_ptr, 1.0)):
-        fl.store_rows([acc[4 * e:4 * e + 4] for e in range(spec.h // 8)], fl.rows_of(ptr, batch, kv_head, spec.kv, spec.s),
-                      k0, spec.s, fl.f(factor))
+        rows = fl.rows_of(ptr, batch, kv_head, spec.kv, spec.s)
+        fl.store_rows([acc[4 * e:4 * e + 4] for e in range(spec.h // 8)], rows, k0, spec.s, fl.f(factor))
 
 
 def _fragments(fl: Flash, values: list[ir.Value]) -> list[ir.Value]:
@@ -695,6 +671,29 @@ def _fragments(fl: Flash, values: list[ir.Value]) -> list[ir.Value]:
         lo, hi = values[8 * kk:8 * kk + 4], values[8 * kk + 4:8 * kk + 8]
         out += [fl.pack(lo[0], lo[1]), fl.pack(lo[2], lo[3]), fl.pack(hi[0], hi[1]), fl.pack(hi[2], hi[3])]
     return out
+
+
+def _times_transposed(b: ir.IRBuilder, plan: HopperFlashPlan, own: ir.Value, tile: ir.Value, rows: int
+                      ) -> list[ir.Value]:
+    """Issue (64 own rows, at shared `own` in boxes of BM rows) x (a staged tile of `rows`
+    rows at `tile`)^T over the head, K-major both: a fresh 64 x `rows` accumulator."""
+    acc: list[ir.Value] | int = rows // 2
+    for j in range(plan.spec.h // 16):
+        box, step = divmod(j, ATOM // 16)
+        a = hp.matrix_descriptor(b, b.add(own, _Ring.c(box * BM * ROW_BYTES + 32 * step)), 16, 8 * ROW_BYTES)
+        t = hp.matrix_descriptor(b, b.add(tile, _Ring.c(box * rows * ROW_BYTES + 32 * step)), 16, 8 * ROW_BYTES)
+        acc = hp.wgmma(b, f"m64n{rows}k16", plan.types, a, t, acc, (0, 0))
+    return acc
+
+
+def _times_rows(b: ir.IRBuilder, plan: HopperFlashPlan, fragments: list[ir.Value], acc: list[ir.Value],
+                tile: ir.Value, rows: int) -> list[ir.Value]:
+    """Issue acc += (64 x `rows` A fragments from registers) x (a staged tile of `rows` rows at
+    `tile`, its rows the depth: MN-major, 16 rows (2 KiB) a step)."""
+    for kk in range(rows // 16):
+        t = hp.matrix_descriptor(b, b.add(tile, _Ring.c(16 * ROW_BYTES * kk)), rows * ROW_BYTES, 8 * ROW_BYTES)
+        acc = hp.wgmma_from_registers(b, f"m64n{plan.spec.h}k16", plan.types, fragments[4 * kk:4 * kk + 4], t, acc, 1)
+    return acc
 
 
 def _before_fence(b: ir.IRBuilder, o: list[ir.Value], p: list[ir.Value]) -> tuple[list[ir.Value], list[ir.Value]]:

@@ -183,5 +183,5 @@ def copied(b: ir.IRBuilder, values: list[ir.Value]) -> list[ir.Value]:
 
 
 __all__ = ["SWIZZLE_ATOM", "SWIZZLE_BYTES", "TensorMap", "arrive", "arrive_expect_bytes", "copied",
-           "fence_barrier_init", "hold", "matrix_descriptor", "mbarrier_init", "set_max_registers", "shared_u32", "tma_load",
-           "wait_parity", "wgmma", "wgmma_commit", "wgmma_fence", "wgmma_from_registers", "wgmma_wait"]
+           "fence_barrier_init", "hold", "matrix_descriptor", "mbarrier_init", "set_max_registers", "shared_u32",
+           "tma_load", "wait_parity", "wgmma", "wgmma_commit", "wgmma_fence", "wgmma_from_registers", "wgmma_wait"]
