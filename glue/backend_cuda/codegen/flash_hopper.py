@@ -50,8 +50,7 @@ from glue.ir import dtypes as dt
 from glue.scheduler.attention import Spec
 from glue.settings import config
 
-WARPGROUP = 4 * WARP
-CONSUMERS = 2             # consumer warpgroups, 64 rows each
+WARPGROUP, CONSUMERS = hp.WARPGROUP, hp.CONSUMERS  # (consumer warpgroups: 64 rows each)
 BM = 64 * CONSUMERS       # a block's own rows: queries (forward) or keys (dkv)
 BN = BM                   # keys of a forward tile (BM == BN: a causal block masks only its last tile)
 DKV_QUERIES = 64          # queries of a dkv step
@@ -60,8 +59,6 @@ ROW_BYTES = hp.SWIZZLE_BYTES
 HEADS = (64, 128)         # head sizes served
 MAX_STAGES = 4
 SHARED_LIMIT = 227 << 10  # dynamic shared memory a block may opt into on the H100/H200
-PRODUCER_REGISTERS, CONSUMER_REGISTERS = 40, 232  # 128 x 40 + 256 x 232 <= 64K registers
-LAUNCH_REGISTERS = 168    # a thread's at launch: 65536 / 384, rounded down to 8
 _TYPES = {dt.bfloat16: "bf16", dt.float16: "f16"}
 DQ_KEYS = 64              # keys of a dq tile
 # each part's tensor maps: (operand, its index in the equation's inputs, rows a box brings)
@@ -192,7 +189,6 @@ class _Ring:
             for g in range(self.groups):
                 hp.mbarrier_init(self.b, self.full(g, self.c(s)), 1)
             hp.mbarrier_init(self.b, self.empty(self.c(s)), CONSUMERS * WARPGROUP // WARP)
-        hp.fence_barrier_init(self.b)
 
     @property
     def own_full(self) -> ir.Value:
@@ -223,37 +219,22 @@ def emit_hopper_flash(ke: KernelEmitter, plan: HopperFlashPlan) -> tuple[int, in
     """Emit the kernel `plan` describes into `ke` (whose tensor-map parameters it reads); its
     grid, block and strategy."""
     b, spec = ke.b, plan.spec
-    c32 = _Ring.c
-    tid = ke.thread_index()
-    tid32 = b.trunc(tid, I32)
-    warpgroup = b.udiv(tid32, c32(WARPGROUP))
-    fl = Flash(ke, spec, b.sub(tid, ir.Constant(I64, WARPGROUP)))  # the consumers' rows
+    fl = Flash(ke, spec, b.sub(ke.thread_index(), ir.Constant(I64, WARPGROUP)))  # the consumers' rows
     ring = _Ring(ke, plan)
     if plan.part == "forward":
         block = query_block(fl, BM)
-        produce, consume = _produce_forward, _consume_forward
+        produce, consume = _produce_queries, _consume_forward
         grid = spec.b * spec.n * -(-spec.t // BM)
     elif plan.part == "dq":
         block = _dq_block(fl)
-        produce, consume = _produce_dq, _consume_dq
+        produce, consume = _produce_queries, _consume_dq
         grid = spec.b * spec.n * -(-spec.t // BM)
     else:
         block = _key_block(fl)
         produce, consume = _produce_dkv, _consume_dkv
         grid = spec.b * spec.kv * -(-spec.s // BM)
-    ke.max_registers = LAUNCH_REGISTERS
-    with b.if_then(b.icmp_unsigned("==", tid32, c32(0))):
-        ring.init_barriers()
-    ke.barrier()
-    ke.await_producers()
-    with b.if_else(b.icmp_unsigned("==", warpgroup, c32(0))) as (producer, consumer):
-        with producer:
-            hp.set_max_registers(b, PRODUCER_REGISTERS, grow=False)
-            with b.if_then(b.icmp_unsigned("==", tid32, c32(0))):
-                produce(ke, plan, ring, *block)
-        with consumer:
-            hp.set_max_registers(b, CONSUMER_REGISTERS, grow=True)
-            consume(fl, plan, ring, b.sub(warpgroup, c32(1)), *block)
+    hp.warp_specialized(ke, ring.init_barriers, lambda: produce(ke, plan, ring, *block),
+                        lambda consumer: consume(fl, plan, ring, consumer, *block))
     b.ret_void()
     return grid, (CONSUMERS + 1) * WARPGROUP, str(plan)
 
@@ -279,21 +260,24 @@ def _free_stage(ring: _Ring, i: ir.Value, stages: int) -> None:
         hp.wait_parity(b, ring.empty(s), b.xor(parity, ring.c(1)))
 
 
-def _produce_forward(ke: KernelEmitter, plan: HopperFlashPlan, ring: _Ring, batch, head, kv_head, q0, n_tiles
-                     ) -> None:
-    """The producer thread: the queries, then each key tile's K and V into the next stage once
-    the consumers have freed it."""
+def _produce_queries(ke: KernelEmitter, plan: HopperFlashPlan, ring: _Ring, batch, head, kv_head, q0, n_tiles,
+                     *_) -> None:
+    """The producer thread of a block of queries (forward, dq): its own tiles (Q; Q and dO),
+    then each key tile's K and V into the next stage once the consumers have freed it."""
     b = ke.b
-    hp.arrive_expect_bytes(b, ring.own_full, plan.tile_bytes(BM))
-    _load_rows(ke, plan, "q", BM, ring.own("q"), ring.own_full, head, q0, batch)
+    own, groups = _LAYOUTS[plan.part]
+    hp.arrive_expect_bytes(b, ring.own_full, len(own) * plan.tile_bytes(BM))
+    for name in own:
+        _load_rows(ke, plan, name, BM, ring.own(name), ring.own_full, head, q0, batch)
+    keys = groups[0]["k"]
 
     def step(b: ir.IRBuilder, j: ir.Value, _: list) -> list:
         _free_stage(ring, j, plan.stages)
         s, _ = ring.position(j)
-        row = b.mul(j, ir.Constant(I64, BN))
+        row = b.mul(j, ir.Constant(I64, keys))
         for g, name in enumerate(("k", "v")):
-            hp.arrive_expect_bytes(b, ring.full(g, s), plan.tile_bytes(BN))
-            _load_rows(ke, plan, name, BN, ring.tile(name, s), ring.full(g, s), kv_head, row, batch)
+            hp.arrive_expect_bytes(b, ring.full(g, s), plan.tile_bytes(keys))
+            _load_rows(ke, plan, name, keys, ring.tile(name, s), ring.full(g, s), kv_head, row, batch)
         return []
 
     loop(b, 0, n_tiles, step, [], name="produce", vectorize=False, unroll=1)
@@ -395,26 +379,6 @@ def _dq_block(fl: Flash) -> tuple[ir.Value, ...]:
         n_tiles = b.select(b.icmp_unsigned("<", reach, n_tiles), reach, n_tiles)
         masked_from = b.select(b.icmp_unsigned("<", diagonal, masked_from), diagonal, masked_from)
     return batch, head, kv_head, q0, n_tiles, masked_from
-
-
-def _produce_dq(ke: KernelEmitter, plan: HopperFlashPlan, ring: _Ring, batch, head, kv_head, q0, n_tiles,
-                masked_from) -> None:
-    """The producer thread: the block's Q and dO, then each key tile's K and V."""
-    b = ke.b
-    hp.arrive_expect_bytes(b, ring.own_full, 2 * plan.tile_bytes(BM))
-    for name in ("q", "dout"):
-        _load_rows(ke, plan, name, BM, ring.own(name), ring.own_full, head, q0, batch)
-
-    def step(b: ir.IRBuilder, j: ir.Value, _: list) -> list:
-        _free_stage(ring, j, plan.stages)
-        s, _ = ring.position(j)
-        row = b.mul(j, ir.Constant(I64, DQ_KEYS))
-        for g, name in enumerate(("k", "v")):
-            hp.arrive_expect_bytes(b, ring.full(g, s), plan.tile_bytes(DQ_KEYS))
-            _load_rows(ke, plan, name, DQ_KEYS, ring.tile(name, s), ring.full(g, s), kv_head, row, batch)
-        return []
-
-    loop(b, 0, n_tiles, step, [], name="produce", vectorize=False, unroll=1)
 
 
 def _row_deltas(fl: Flash, batch: ir.Value, head: ir.Value, q0: ir.Value) -> list[ir.Value]:

@@ -17,11 +17,17 @@ from dataclasses import dataclass
 
 from llvmlite import ir
 
-from glue.backend_cuda.codegen.common import VOID
+from typing import Callable
+
+from glue.backend_cuda.codegen.common import VOID, WARP, KernelEmitter
 from glue.codegen.types import F32, I32, I64
 
 SWIZZLE_BYTES = 128  # TMA writes and wgmma reads 128-byte rows, 16-byte chunks XORed by row % 8
 SWIZZLE_ATOM = 8 * SWIZZLE_BYTES  # the 8 rows one swizzle pattern spans: tiles start aligned to it
+WARPGROUP = 4 * WARP
+CONSUMERS = 2             # consumer warpgroups of a warp-specialized block, after one producer
+PRODUCER_REGISTERS, CONSUMER_REGISTERS = 40, 232  # 128 x 40 + 256 x 232 <= 64K registers
+LAUNCH_REGISTERS = 168    # a thread's at launch: 65536 / 384, rounded down to 8
 
 
 @dataclass(frozen=True)
@@ -93,6 +99,36 @@ def tma_load(b: ir.IRBuilder, target: ir.Value, tensor_map: ir.Value, coords: li
 def set_max_registers(b: ir.IRBuilder, count: int, grow: bool) -> None:
     """Hand registers to the block's other warpgroups (`grow` False) or take them (True)."""
     _asm(b, f"setmaxnreg.{'inc' if grow else 'dec'}.sync.aligned.u32 {count};", "~{memory}", [])
+
+
+def warp_specialized(ke: KernelEmitter, init_barriers: Callable[[], None], produce: Callable[[], None],
+                     consume: Callable[[ir.Value], None]) -> None:
+    """A block of a producer warpgroup and CONSUMERS consumer warpgroups: thread 0 initialises
+    the mbarriers (`init_barriers`) and everyone waits for that and for the grids the kernel
+    depends on; then thread 0 of warpgroup 0 runs `produce` with its warpgroup's registers
+    given up, and the other warpgroups `consume(consumer)` (0, 1, ...) with them.
+
+    Every thread starts with LAUNCH_REGISTERS (`.maxnreg`): the launch sizes the block's pool of
+    registers by that count, a `setmaxnreg.inc` asking for more than the pool holds traps (an
+    illegal instruction), and ptxas applies `setmaxnreg` only where it knows the count at entry."""
+    b = ke.b
+    c32 = lambda v: ir.Constant(I32, v)  # noqa: E731
+    ke.max_registers = LAUNCH_REGISTERS
+    tid = b.trunc(ke.thread_index(), I32)
+    warpgroup = b.udiv(tid, c32(WARPGROUP))
+    with b.if_then(b.icmp_unsigned("==", tid, c32(0))):
+        init_barriers()
+        fence_barrier_init(b)
+    ke.barrier()
+    ke.await_producers()
+    with b.if_else(b.icmp_unsigned("==", warpgroup, c32(0))) as (producer, consumer):
+        with producer:
+            set_max_registers(b, PRODUCER_REGISTERS, grow=False)
+            with b.if_then(b.icmp_unsigned("==", tid, c32(0))):
+                produce()
+        with consumer:
+            set_max_registers(b, CONSUMER_REGISTERS, grow=True)
+            consume(b.sub(warpgroup, c32(1)))
 
 
 def wgmma_fence(b: ir.IRBuilder) -> None:
@@ -184,4 +220,5 @@ def copied(b: ir.IRBuilder, values: list[ir.Value]) -> list[ir.Value]:
 
 __all__ = ["SWIZZLE_ATOM", "SWIZZLE_BYTES", "TensorMap", "arrive", "arrive_expect_bytes", "copied",
            "fence_barrier_init", "hold", "matrix_descriptor", "mbarrier_init", "set_max_registers", "shared_u32",
-           "tma_load", "wait_parity", "wgmma", "wgmma_commit", "wgmma_fence", "wgmma_from_registers", "wgmma_wait"]
+           "tma_load", "wait_parity", "warp_specialized", "wgmma", "wgmma_commit", "wgmma_fence",
+           "wgmma_from_registers", "wgmma_wait"]

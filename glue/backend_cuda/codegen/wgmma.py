@@ -47,12 +47,12 @@ from glue.scheduler.gemm import View, gemm_spec
 from glue.scheduler.kernel_ir import Kernel
 from glue.settings import config
 
-WARPGROUP = 4 * WARP
 BK = 64                   # K per stage: one 128-byte swizzled row of 16-bit values
 K_STEP = 16               # K of one wgmma on 16-bit operands
 ATOM = 64                 # an MN-major box's width: 128 bytes of 16-bit values
 BOX_BYTES = ATOM * BK * 2  # one 64 x 64 box
-CONSUMERS = 2             # consumer warpgroups, 64 rows of the tile each
+CONSUMERS = hp.CONSUMERS  # consumer warpgroups, 64 rows of the tile each
+WARPGROUP = hp.WARPGROUP
 BM = 64 * CONSUMERS
 WIDTHS = (256, 192, 128)  # tile widths (N), widest first
 SHARED_LIMIT = 227 << 10  # dynamic shared memory a block may opt into on the H100/H200
@@ -62,8 +62,6 @@ GROUP_M = 8               # tile rows a band of blocks walks before moving right
 # Below this many 128 x 128 tiles the product leaves multiprocessors idle behind a long K loop:
 # the mma.sync kernel's smaller tiles serve it.
 MIN_BLOCKS = SMS // 2
-PRODUCER_REGISTERS, CONSUMER_REGISTERS = 40, 232  # 128 x 40 + 256 x 232 <= 64K registers
-LAUNCH_REGISTERS = 168    # a thread's at launch: 65536 / 384, rounded down to 8
 _TYPES = {dt.bfloat16: "bf16", dt.float16: "f16"}
 
 
@@ -243,32 +241,26 @@ def emit_wgmma(ke: KernelEmitter, plan: WgmmaPlan) -> tuple[int, int, str]:
         batch, tile_m, tile_n = _tile_of(b, at, plan.batches, tiles_m, tiles_n)
         return batch, b.mul(tile_m, ir.Constant(I64, BM)), b.mul(tile_n, ir.Constant(I64, plan.width))
 
-    ke.max_registers = LAUNCH_REGISTERS
-    with b.if_then(b.icmp_unsigned("==", tid, c32(0))):
+    def init_barriers() -> None:
         for s in range(plan.stages):
             hp.mbarrier_init(b, ring.full(c32(s)), 1)
             hp.mbarrier_init(b, ring.empty(c32(s)), CONSUMERS * WARPGROUP // WARP)  # one arrival per consumer warp
-        hp.fence_barrier_init(b)
-    ke.barrier()
-    ke.await_producers()
 
-    with b.if_else(b.icmp_unsigned("==", warpgroup, c32(0))) as (producer, consumer):
-        with producer:
-            hp.set_max_registers(b, PRODUCER_REGISTERS, grow=False)
-            with b.if_then(b.icmp_unsigned("==", tid, c32(0))):
-                def produce(b: ir.IRBuilder, i: ir.Value, _: list) -> list:
-                    _produce(ke, plan, ring, b.mul(i, ir.Constant(I64, steps)), steps, *tile(b, i))
-                    return []
-                loop(b, 0, mine, produce, [], name="tiles", vectorize=False, unroll=1)
-        with consumer:
-            hp.set_max_registers(b, CONSUMER_REGISTERS, grow=True)
+    def produce() -> None:
+        def step(b: ir.IRBuilder, i: ir.Value, _: list) -> list:
+            _produce(ke, plan, ring, b.mul(i, ir.Constant(I64, steps)), steps, *tile(b, i))
+            return []
+        loop(b, 0, mine, step, [], name="tiles", vectorize=False, unroll=1)
 
-            def consume(b: ir.IRBuilder, i: ir.Value, _: list) -> list:
-                batch, m0, n0 = tile(b, i)
-                accs = _consume(ke, plan, ring, b.mul(i, ir.Constant(I64, steps)), steps, tid, warpgroup)
-                _epilogue(ke, plan, accs, tid, warpgroup, batch, m0, n0)
-                return []
-            loop(b, 0, mine, consume, [], name="tiles", vectorize=False, unroll=1)
+    def consume(_: ir.Value) -> None:
+        def step(b: ir.IRBuilder, i: ir.Value, _: list) -> list:
+            batch, m0, n0 = tile(b, i)
+            accs = _consume(ke, plan, ring, b.mul(i, ir.Constant(I64, steps)), steps, tid, warpgroup)
+            _epilogue(ke, plan, accs, tid, warpgroup, batch, m0, n0)
+            return []
+        loop(b, 0, mine, step, [], name="tiles", vectorize=False, unroll=1)
+
+    hp.warp_specialized(ke, init_barriers, produce, consume)
     b.ret_void()
     return grid, (CONSUMERS + 1) * WARPGROUP, str(plan)
 
