@@ -45,7 +45,7 @@ class Executable(Protocol):
     with no constants or donation: it runs a call on these argument buffers (of the program's
     argument types, which the caller has checked) and returns the output buffers, when the
     call is a cheap one such as a loop's repeated call (CudaExecutable: one graph replay), and
-    returns None having done nothing otherwise; the list it returns is read at once, not kept."""
+    returns None having done nothing otherwise."""
 
     kernels: list[Any]
 

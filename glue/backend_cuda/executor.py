@@ -415,7 +415,10 @@ class CudaExecutable:
         buffers, unordered = self._arguments(args, staged)
         prof = profiler.active()
         with ctx.enqueue_lock:  # another thread's call takes outputs and stages values only after this one's launch
-            outputs = self._outputs.take() if self._out_layout else []
+            chosen = self._outputs.take() if self._out_layout else []
+            # Held by a list of this call's from here on (reference counts): no other call may
+            # take the set once the lock is let go, before the caller's Arrays hold it.
+            outputs = chosen[:]
             if self._poison_byte is not None:
                 self._poison(outputs)
             for slot, value in staged:
@@ -432,9 +435,9 @@ class CudaExecutable:
                 self.graph_stats.direct += 1
                 self._enqueue(self._bases(buffers, outputs), buffers, prof)
             elif self.lean_call is not None and not staged and self._poison_byte is None:
-                self._remember_lean(buffers, outputs, graph, key)
+                self._remember_lean(buffers, chosen, graph, key)
         if self._just_outputs:
-            return outputs[:]  # (the list itself stays with the output sets)
+            return outputs
         if self._picks is not None:
             picks, donated = self._picks
             if donated:
@@ -590,9 +593,7 @@ def _lean_call(exe: CudaExecutable) -> Callable[[list[DeviceBuffer]], list[Devic
     """The lean call of `exe` (`exe.lean_call(buffers)`): the call of a loop that runs what an
     earlier call ran, as one graph replay and little else. It returns the outputs, or None,
     having done nothing, where the call needs more (then call the executable). The caller
-    vouches that `buffers` have the argument types (the frontend compares its Arrays' avals);
-    the outputs are the output set itself (`OutputSets.sets`), to be read at once, not kept or
-    changed.
+    vouches that `buffers` have the argument types (the frontend compares its Arrays' avals).
 
     It replays a graph that an earlier call (`__call__`, through `_remember_lean`) replayed or
     captured on these argument addresses, into an output set of that call's, and asks:
@@ -625,11 +626,12 @@ def _lean_call(exe: CudaExecutable) -> Callable[[list[DeviceBuffer]], list[Devic
         except AttributeError:  # not a device buffer
             return None
         with lock:  # (entries change under it: a set let go is forgotten before anyone reuses its block)
-            for outputs, block, graph, key in entries.get(places, ()):
-                if list(map(getrefcount, outputs)) == unheld and not block.other_streams:
+            for chosen, block, graph, key in entries.get(places, ()):
+                if list(map(getrefcount, chosen)) == unheld and not block.other_streams:
                     break
             else:
                 return None
+            outputs = chosen[:]  # held now: no other call takes the set once the lock is let go
             for buf in outputs:  # pending on stream 0 again (an event recorded since is stale)
                 buf.event = None
             err, = launch(graph, handle)  # (Graph.launch, inline)
@@ -638,7 +640,7 @@ def _lean_call(exe: CudaExecutable) -> Callable[[list[DeviceBuffer]], list[Devic
             most_recent(key)  # (counted as `_replay` counts a replay)
             stats.replays += 1
             stats.captures_in_a_row = 0
-        return outputs
+            return outputs
 
     return lean_call
 

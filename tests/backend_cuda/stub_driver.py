@@ -3,8 +3,8 @@
 `StubDriver` answers every driver call glue's runtime makes the way `cuda.bindings.driver` does
 (`(CUresult, *values)`), on a pretend H200 (compute capability 9.0): allocations get fresh
 addresses, launches, copies and graph replays are counted in `calls` and do nothing (values are
-never computed: a test of what the host does, not of results), and a stream capture turns the
-work queued meanwhile into a graph. Enums and structs come from the real bindings, which import
+never computed: a test of what the host does, not of results) but run a test's `hooks`, and a
+stream capture turns the work queued meanwhile into a graph. Enums and structs come from the real bindings, which import
 without a driver. `installed()` puts it in place of the driver for the duration of a `with`
 block, with glue's per-process driver state (the loaded driver, contexts, event pools) fresh on
 the way in and restored on the way out.
@@ -15,7 +15,7 @@ import contextlib
 import ctypes
 import itertools
 from collections import Counter
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from cuda.bindings import driver as _real
 
@@ -29,6 +29,7 @@ class StubDriver:
 
     def __init__(self) -> None:
         self.calls: Counter[str] = Counter()
+        self.hooks: dict[str, Callable[[], None]] = {}  # driver call -> run when it is queued
         self._handles = itertools.count(0x1000)
         self._addresses = itertools.count(1 << 32, 1 << 24)  # 16 MiB apart: no block overlaps another
         self._host: dict[int, Any] = {}  # pinned host memory and cubins, kept alive by address
@@ -48,6 +49,9 @@ class StubDriver:
         self.calls[name] += 1
         if int(stream) in self._capturing:
             self._capturing[int(stream)] += 1
+        hook = self.hooks.get(name)
+        if hook is not None:
+            hook()
         return (_OK,)
 
     # --- the device and its context

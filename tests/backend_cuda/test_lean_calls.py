@@ -116,6 +116,30 @@ def test_a_kept_result_and_a_fixed_argument_alternate_lean(stub):
         assert lean and y._device is not held._device  # the set y holds is not taken
 
 
+def test_a_calls_outputs_are_held_before_it_lets_the_lock_go(stub):
+    """Another call (another thread's) coming in as soon as this one lets the enqueue lock go,
+    before the caller's Arrays hold the outputs, finds them taken: here a call of the usual
+    path while the graph launches, then two lean calls in a row."""
+    two = glue.jit(lambda v: (v + 1, v * 2), backend="cuda")
+    z = device(np.ones(16))
+    for _ in range(4):
+        z, _ = two(z)
+    exe, nested = executable(two), []
+
+    def another_call():
+        del stub.hooks["cuGraphLaunch"]
+        nested.append(exe(z._device)[0])
+
+    for call, lean in ((lambda: two(z)[0]._device, True), (lambda: exe(z._device)[0], False)):
+        stub.hooks["cuGraphLaunch"] = another_call
+        out, names, _ = traced(call)
+        assert ("Jitted._call" not in names and LEAN <= names) == lean  # (the lean call, then the usual)
+        assert out is not nested.pop() and out is not z._device
+    # what the lean call returns holds its set: a call right after it takes another, or none
+    first, second = exe.lean_call([z._device]), exe.lean_call([z._device])
+    assert first and (second is None or not {id(b) for b in first} & {id(b) for b in second})
+
+
 def test_lists_in_and_pytrees_out(stub):
     def step(ws, x):
         return [w - 0.5 * (x * w) for w in ws], {"loss": (x * 2).sum()}
