@@ -447,18 +447,18 @@ class CudaExecutable:
         return assemble(self._results, outputs, buffers, _DeviceMemory(self.stream, self._copy))
 
     # --- the lean call ------------------------------------------------------------------------
-    def _remember_lean(self, buffers: list[DeviceBuffer], outputs: list[DeviceBuffer], graph: Graph,
+    def _remember_lean(self, buffers: list[DeviceBuffer], chosen: list[DeviceBuffer], graph: Graph,
                        key: tuple[int, ...]) -> None:
-        """After a call that launched `graph` (of graph key `key`) into outputs that are its
-        results, with no poison and no host values staged (no lean call passes one): a lean call
-        whose arguments sit at the addresses of `buffers` and are ordered on stream 0, as these
-        now are, may replay it into `outputs` (the graph reads and writes those addresses,
-        whoever holds them now)."""
+        """After a call that launched `graph` (of graph key `key`) into the output set `chosen`
+        (OutputSets' own list), its results, with no poison and no host values staged (no lean
+        call passes one): a lean call whose arguments sit at the addresses of `buffers` and are
+        ordered on stream 0, as these now are, may replay it into that set (the graph reads and
+        writes those addresses, whoever holds them now)."""
         candidates = self._lean.setdefault(tuple(map(_PLACE, buffers)), [])
         for known in candidates:
-            if known[0] is outputs:
+            if known[0] is chosen:
                 return
-        candidates.append((outputs, outputs[0]._block, graph.exec, key))
+        candidates.append((chosen, chosen[0]._block, graph.exec, key))
 
     def _poison(self, outputs: list[DeviceBuffer]) -> None:
         """Fill the outputs and the arena with the poison byte, so that a value no kernel wrote
@@ -604,10 +604,8 @@ def _lean_call(exe: CudaExecutable) -> Callable[[list[DeviceBuffer]], list[Devic
       written elsewhere must be waited for first, a host value uploaded;
     - an output set that went with these addresses is free (only its list holds its buffers, as
       `OutputSets.take` asks) and no other stream used its block (there the allocator, not
-      stream order, keeps its reuse safe). Nothing but stream 0 wrote such buffers, nor
-      prepared for them (another stream's `prepare_for` notes itself in `other_streams`), so
-      with their events dropped they are pending on stream 0 again. (Dropped one by one: for
-      a program's few outputs, cheaper than asking first.)
+      stream order, keeps its reuse safe); its buffers are then made pending on stream 0, as
+      `take` makes them.
     What an entry of `exe._lean` assumed changes only where `_lean` is cleared: a set let go
     (OutputSets' `on_release`), a graph evicted, graphs turned off, poisoning turned on. Device
     pointers are unique in the process (unified addressing): equal addresses are the same memory.
@@ -616,7 +614,7 @@ def _lean_call(exe: CudaExecutable) -> Callable[[list[DeviceBuffer]], list[Devic
     entries, stats, lock = exe._lean, exe.graph_stats, exe.ctx.enqueue_lock
     most_recent, unheld = exe._graphs.move_to_end, exe._outputs.unheld
     launch, stream, handle, name = drv.load().cuGraphLaunch, exe.stream, exe.stream.handle, exe.name
-    active = profiler.active
+    active, pending = profiler.active, DeviceBuffer.mark_all_pending
 
     def lean_call(buffers: list[DeviceBuffer]) -> list[DeviceBuffer] | None:
         if active() is not None:
@@ -626,15 +624,14 @@ def _lean_call(exe: CudaExecutable) -> Callable[[list[DeviceBuffer]], list[Devic
         except AttributeError:  # not a device buffer
             return None
         with lock:  # (entries change under it: a set let go is forgotten before anyone reuses its block)
-            for chosen, block, graph, key in entries.get(places, ()):
+            for chosen, block, graph_exec, key in entries.get(places, ()):
                 if list(map(getrefcount, chosen)) == unheld and not block.other_streams:
                     break
             else:
                 return None
             outputs = chosen[:]  # held now: no other call takes the set once the lock is let go
-            for buf in outputs:  # pending on stream 0 again (an event recorded since is stale)
-                buf.event = None
-            err, = launch(graph, handle)  # (Graph.launch, inline)
+            pending(outputs, stream)  # written next, as OutputSets.take hands a set out
+            err, = launch(graph_exec, handle)  # (Graph.launch, inline)
             if err:
                 raise drv.error_for("cuGraphLaunch", err, detail=f"a replay of {name} on {stream}")
             most_recent(key)  # (counted as `_replay` counts a replay)

@@ -75,9 +75,7 @@ class OutputSets:
                     del sets[i]
                     self._let_go(outputs)
                     break
-                for buf in outputs:
-                    buf.stream = buf.written_on = buf.waited_on = stream
-                    buf.event = None
+                DeviceBuffer.mark_all_pending(outputs, stream)
                 return outputs
         outputs = DeviceBuffer.carve(self.layout, self.allocator.allocate(self.nbytes, stream), stream)
         sets.append(outputs)
@@ -171,6 +169,14 @@ class DeviceBuffer:
         """Like `mark_written`, but the event is recorded only when something first waits for
         this buffer (see `ready_event`): a program call then costs no driver call for it."""
         self.event, self.written_on, self.waited_on = None, stream, (stream if stream is self.stream else None)
+
+    @staticmethod
+    def mark_all_pending(buffers: Sequence["DeviceBuffer"], stream: Stream) -> None:
+        """`mark_pending(stream)` for buffers of `stream`'s own (an output set handed out again),
+        in one loop."""
+        for buf in buffers:
+            buf.event = None
+            buf.written_on = buf.waited_on = stream
 
     @staticmethod
     def mark_rewritten(buffers: Sequence["DeviceBuffer"], stream: Stream) -> None:
