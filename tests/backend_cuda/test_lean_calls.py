@@ -346,3 +346,26 @@ def test_changed_settings_take_the_usual_path(stub):
     assert not lean
     z, lean = runs_lean(lambda: add(z))
     assert lean
+
+
+@pytest.mark.cuda
+def test_on_the_gpu_a_loop_of_lean_calls_computes_what_numpy_does():
+    """The values, on a GPU: a loop fed back its results, reading one now and then (events),
+    with a second output, an argument kept fixed and a result kept alive across calls."""
+    step = glue.jit(lambda h, x: (h * 0.5 + x, (h * x).sum()), backend="cuda")
+    rng = np.random.default_rng(0)
+    h0, x0 = rng.standard_normal(1000).astype(np.float32), rng.standard_normal(1000).astype(np.float32)
+    h, x = device(h0), device(x0)
+    want_h, lean_calls = h0.astype(np.float64), 0
+    for i in range(12):
+        want_s = (want_h * x0).sum()
+        (h, s), lean = runs_lean(lambda: step(h, x))
+        lean_calls += lean
+        want_h = want_h * 0.5 + x0
+        if i % 3 == 0:
+            np.testing.assert_allclose(float(s), want_s, rtol=1e-4)  # waits: an event on s
+        if i == 4:
+            kept, kept_want = h, want_h.copy()  # kept alive: its set is not reused
+    assert lean_calls >= 6  # (7 with the stub driver: the calls after a kept result take the usual path)
+    np.testing.assert_allclose(np.asarray(h), want_h, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(kept), kept_want, rtol=1e-5, atol=1e-5)
