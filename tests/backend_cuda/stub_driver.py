@@ -7,19 +7,22 @@ never computed: a test of what the host does, not of results) but run a test's `
 stream capture turns the work queued meanwhile into a graph. Enums and structs come from the real bindings, which import
 without a driver. `installed()` puts it in place of the driver for the duration of a `with`
 block, with glue's per-process driver state (the loaded driver, contexts, event pools) fresh on
-the way in and restored on the way out.
+the way in and restored on the way out, and the disk cache in a directory of its own: the
+stub's cubins and contraction races are not a GPU's.
 """
 from __future__ import annotations
 
 import contextlib
 import ctypes
 import itertools
+import tempfile
 from collections import Counter
 from typing import Any, Callable, Iterator
 
 from cuda.bindings import driver as _real
 
 from glue.backend_cuda.runtime import context, driver, stream
+from glue.settings import config
 
 _OK = 0
 
@@ -56,7 +59,7 @@ class StubDriver:
 
     # --- the device and its context
     def cuInit(self, flags): return (_OK,)
-    def cuDriverGetVersion(self): return (_OK, 12080)
+    def cuDriverGetVersion(self): return (_OK, 1)  # (no driver's: a part of cubins' cache keys)
     def cuDeviceGetCount(self): return (_OK, 1)
     def cuDeviceGet(self, index): return (_OK, index)
     def cuDeviceGetName(self, size, dev): return (_OK, b"Stub H200\0")
@@ -147,7 +150,8 @@ def installed() -> Iterator[StubDriver]:
     context._contexts.clear()
     stream._pools.clear()
     try:
-        yield stub
+        with tempfile.TemporaryDirectory() as cache, config.override(cache_dir=cache):
+            yield stub
     finally:
         driver._bindings, contexts, pools = saved
         driver.load.cache_clear()

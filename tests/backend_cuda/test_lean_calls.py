@@ -31,8 +31,8 @@ GLUE = os.path.dirname(glue.__file__) + os.sep
 
 
 @pytest.fixture
-def stub(tmp_path):
-    with stub_driver.installed() as driver, config.override(cache_dir=str(tmp_path)):
+def stub():
+    with stub_driver.installed() as driver:
         yield driver
 
 
