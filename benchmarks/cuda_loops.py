@@ -234,8 +234,10 @@ def host_path() -> list[tuple[str, float]]:
 
     rows = [
         ("jit call (whole path)", _median_us(lambda: add(z), 5000)),
-        ("Compiled.call_tree", _median_us(lambda: compiled.call_tree([z]), 5000)),
-        ("executable call", _median_us(lambda: exe(z.buffer), 5000)),
+        ("lean call (frontend + executable)", _median_us(lambda: compiled.lean((z,)), 5000)),
+        ("executable lean_call", _median_us(lambda: exe.lean_call([z.buffer]), 5000)),
+        ("Compiled.call_tree (usual path)", _median_us(lambda: compiled.call_tree([z]), 5000)),
+        ("executable call (usual path)", _median_us(lambda: exe(z.buffer), 5000)),
         ("graph launch (glue)", _median_us(lambda: graph.launch(s0), 5000)),
         ("cuGraphLaunch, CUstream object", _median_us(lambda: d.cuGraphLaunch(graph.exec, stream_obj), 5000)),
         ("cuEventRecord (glue Event)", _median_us(lambda: Event(ctx).record(s0), 5000)),

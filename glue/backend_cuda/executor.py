@@ -32,6 +32,12 @@ A call's outputs live in one block from the executable's slab pool, which keeps 
 back as their outputs die, so a loop's calls see the same addresses and rarely reach the
 allocator.
 
+The lean call (`lean_call`, which jit's frontend tries first) serves a loop's call whose
+arguments sit where an earlier graph call's did, already ordered on stream 0, while one of that
+call's output sets is free again: it replays that call's graph into that set and does nothing
+else (no argument conversion, no output carving, no result assembly). Any other call gets None,
+with nothing done, and takes the path above; `_lean_call` says what it checks and why.
+
 A graph launch waits for all of its arguments at once; the direct path lets kernels start
 while unrelated inputs are still in transit. Calls of one executable run in order on stream 0,
 so they share the arena. Programs queue their launches under the context's `enqueue_lock`, so
@@ -47,7 +53,8 @@ from collections import OrderedDict
 from contextlib import nullcontext
 from dataclasses import dataclass
 from operator import attrgetter
-from typing import Any, Sequence
+from sys import getrefcount
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -74,6 +81,7 @@ from glue.settings import config
 
 log = logging.getLogger("glue")
 _PTR, _SHAPE, _DTYPE, _STREAM, _WAITED_ON = map(attrgetter, ("ptr", "shape", "dtype", "stream", "waited_on"))
+_PLACE = attrgetter("ptr", "waited_on")  # an argument's part of a lean call's key
 
 GRAPH_CACHE = 8  # graphs kept per executable (distinct sets of buffer addresses)
 # Host values (a step count, a learning rate, a small batch) up to this size are copied into a
@@ -136,8 +144,11 @@ class CudaExecutable:
         self.streams = self.ctx.compute_streams(plan.n_streams)
         self.stream = self.streams[0]
         self._cost = cost
-        self.poison: int | None = config.cuda_poison
-        self.use_graphs = config.cuda_graphs
+        # Lean calls (`lean_call`): the arguments' `_PLACE`s -> (output set, its block, graph
+        # exec, graph key) of the graph calls that ran on them; forgotten where one could go stale.
+        self._lean: dict[tuple, list[tuple[list[DeviceBuffer], Any, int, tuple[int, ...]]]] = {}
+        self._poison_byte: int | None = config.cuda_poison
+        self._use_graphs: bool = config.cuda_graphs
         self.use_dependent = config.cuda_pdl
         self.graph_stats = GraphStats()
         self._graphs: OrderedDict[tuple[int, ...], Graph] = OrderedDict()
@@ -189,7 +200,7 @@ class CudaExecutable:
         for t in program.output_types:
             self._out_layout.append((t.shape, t.dtype, t.nbytes, out_bytes))
             out_bytes += -(-t.nbytes // ALIGNMENT) * ALIGNMENT
-        self._outputs = OutputSets(self.ctx.allocator, self._out_layout, out_bytes, self.stream)
+        self._outputs = OutputSets(self.ctx.allocator, self._out_layout, out_bytes, self.stream, self._lean.clear)
         # When every result is a fresh output (the usual case), results need no case analysis.
         self._results, self._homes = _homed(program.results, program.plan.memory.spare_donors, program.arg_types)
         # A donated argument's buffer becomes a result, which the next call must not overwrite.
@@ -199,6 +210,31 @@ class CudaExecutable:
         n_args = len(program.arg_types)
         self._just_outputs = self._picks == (list(range(n_args, n_args + len(self._out_layout))), [])
         self._copy = drv.load().cuMemcpyDtoDAsync
+        # Lean calls replay graphs into fresh outputs that are the results: a program whose
+        # results are more, or that launches directly from the start (graphs off, or a
+        # while_loop's host steps), has none.
+        self.lean_call: Callable[[list[DeviceBuffer]], list[DeviceBuffer] | None] | None = \
+            _lean_call(self) if self._just_outputs and self._out_layout and self._use_graphs else None
+
+    @property
+    def poison(self) -> int | None:
+        """The byte outputs and the arena are filled with before each call (None: no fill)."""
+        return self._poison_byte
+
+    @poison.setter
+    def poison(self, value: int | None) -> None:
+        self._poison_byte = value
+        self._lean.clear()
+
+    @property
+    def use_graphs(self) -> bool:
+        """Whether calls replay CUDA graphs (else they launch kernel by kernel)."""
+        return self._use_graphs
+
+    @use_graphs.setter
+    def use_graphs(self, value: bool) -> None:
+        self._use_graphs = value
+        self._lean.clear()
 
     @property
     def _n_bases(self) -> int:
@@ -337,14 +373,14 @@ class CudaExecutable:
         for i, (a, (shape, dtype)) in enumerate(zip(buffers, self._arg_specs)):
             if a.__class__ is not DeviceBuffer or a.shape != shape or a.dtype is not dtype or a.stream.ctx is not ctx:
                 a = buffers[i] = self._to_device(i, a, self.program.arg_types[i], staged)
-            if a.waited_on is not s0 and (a.written_on is not s0 or a.stream is not s0):  # as `_unordered`
+            if a.waited_on is not s0:  # as `_unordered`
                 unordered.append(a)
         return buffers, unordered
 
     def _unordered(self, buffers: list[DeviceBuffer]) -> list[DeviceBuffer]:
         """The buffers stream 0 is not yet ordered after (written elsewhere, or not yet prepared)."""
         s0 = self.stream
-        return [b for b in buffers if b.waited_on is not s0 and (b.written_on is not s0 or b.stream is not s0)]
+        return [b for b in buffers if b.waited_on is not s0]
 
     def _to_device(self, i: int, a: Any, t: TensorType, staged: list[tuple[DeviceBuffer, np.ndarray]]) -> DeviceBuffer:
         """Argument `i` as a device buffer. A small host value goes into argument i's staging
@@ -379,8 +415,11 @@ class CudaExecutable:
         buffers, unordered = self._arguments(args, staged)
         prof = profiler.active()
         with ctx.enqueue_lock:  # another thread's call takes outputs and stages values only after this one's launch
-            outputs = self._outputs.take() if self._out_layout else []
-            if self.poison is not None:
+            chosen = self._outputs.take() if self._out_layout else []
+            # Held by a list of this call's from here on (reference counts): no other call may
+            # take the set once the lock is let go, before the caller's Arrays hold it.
+            outputs = chosen[:]
+            if self._poison_byte is not None:
                 self._poison(outputs)
             for slot, value in staged:
                 with device_span(s0, "copy", f"upload {slot.dtype}{list(slot.shape)}", bytes=slot.nbytes) \
@@ -388,12 +427,17 @@ class CudaExecutable:
                     upload(slot.ptr, value, s0)
             # A graph depends on the addresses of the arguments and of the outputs (which sit at
             # fixed offsets in one block).
-            if prof is not None or not self.use_graphs \
-                    or not self._replay(tuple(map(_PTR, buffers + outputs[:1])), buffers, outputs, unordered):
+            graph = None
+            if prof is None and self._use_graphs:
+                key = tuple(map(_PTR, buffers + outputs[:1]))
+                graph = self._replay(key, buffers, outputs, unordered)
+            if graph is None:
                 self.graph_stats.direct += 1
                 self._enqueue(self._bases(buffers, outputs), buffers, prof)
+            elif self.lean_call is not None and not staged and self._poison_byte is None:
+                self._remember_lean(buffers, chosen, graph, key)
         if self._just_outputs:
-            return outputs[:]  # (the list itself stays with the output sets)
+            return outputs
         if self._picks is not None:
             picks, donated = self._picks
             if donated:
@@ -402,11 +446,25 @@ class CudaExecutable:
             return list(map(every.__getitem__, picks))
         return assemble(self._results, outputs, buffers, _DeviceMemory(self.stream, self._copy))
 
+    # --- the lean call ------------------------------------------------------------------------
+    def _remember_lean(self, buffers: list[DeviceBuffer], chosen: list[DeviceBuffer], graph: Graph,
+                       key: tuple[int, ...]) -> None:
+        """After a call that launched `graph` (of graph key `key`) into the output set `chosen`
+        (OutputSets' own list), its results, with no poison and no host values staged (no lean
+        call passes one): a lean call whose arguments sit at the addresses of `buffers` and are
+        ordered on stream 0, as these now are, may replay it into that set (the graph reads and
+        writes those addresses, whoever holds them now)."""
+        candidates = self._lean.setdefault(tuple(map(_PLACE, buffers)), [])
+        for known in candidates:
+            if known[0] is chosen:
+                return
+        candidates.append((chosen, chosen[0]._block, graph.exec, key))
+
     def _poison(self, outputs: list[DeviceBuffer]) -> None:
         """Fill the outputs and the arena with the poison byte, so that a value no kernel wrote
         shows."""
         for buf in outputs + ([self.arena] if self.arena else []):
-            buf.fill_bytes(self.poison)
+            buf.fill_bytes(self._poison_byte)
         for buf in outputs:  # written next by the kernels, not by the fill
             buf.mark_pending(self.stream)
 
@@ -418,23 +476,21 @@ class CudaExecutable:
             [r.ptr if r is not None else 0 for r in self._regions]
 
     def _replay(self, key: tuple[int, ...], buffers: list[DeviceBuffer], outputs: list[DeviceBuffer],
-                unordered: list[DeviceBuffer]) -> bool:
-        """Launch the graph for these addresses (capturing it if new); False to launch directly."""
+                unordered: list[DeviceBuffer]) -> Graph | None:
+        """Launch the graph for these addresses (capturing it if new); None to launch directly."""
         graph = self._graphs.get(key)
         if graph is None:
             graph = self._capture(key, self._bases(buffers, outputs))
             if graph is None:
-                return False
+                return None
         else:
-            if len(self._graphs) > 1:
-                self._graphs.move_to_end(key)
+            self._graphs.move_to_end(key)
             self.graph_stats.replays += 1
             self.graph_stats.captures_in_a_row = 0
-        s0 = self.stream
         for buf in unordered:
-            buf.prepare_for(s0)
-        graph.launch(s0)
-        return True
+            buf.prepare_for(self.stream)
+        graph.launch(self.stream)
+        return graph
 
     def _capture(self, key: tuple[int, ...], bases: list[int]) -> Graph | None:
         stats = self.graph_stats
@@ -462,6 +518,7 @@ class CudaExecutable:
         if len(self._graphs) > GRAPH_CACHE:
             self.stream.synchronize()  # the evicted graph may still be running
             self._graphs.popitem(last=False)
+            self._lean.clear()
         return graph
 
     def _enqueue(self, bases: list[int], buffers: list[DeviceBuffer] | None, prof: Any) -> None:
@@ -530,6 +587,59 @@ class CudaExecutable:
 
     def cost_analysis(self) -> CostAnalysis:
         return self._cost
+
+
+def _lean_call(exe: CudaExecutable) -> Callable[[list[DeviceBuffer]], list[DeviceBuffer] | None]:
+    """The lean call of `exe` (`exe.lean_call(buffers)`): the call of a loop that runs what an
+    earlier call ran, as one graph replay and little else. It returns the outputs, or None,
+    having done nothing, where the call needs more (then call the executable). The caller
+    vouches that `buffers` have the argument types (the frontend compares its Arrays' avals).
+
+    It replays a graph that an earlier call (`__call__`, through `_remember_lean`) replayed or
+    captured on these argument addresses, into an output set of that call's, and asks:
+    - no profile is open: a profiled call launches its kernels one by one, timed;
+    - every argument is a device buffer that stream 0 is already ordered after: the entries are
+      keyed by each argument's address and the stream its last write is ordered on (`_PLACE`:
+      ptr, waited_on), which a host value or a donated Array's None does not have; an argument
+      written elsewhere must be waited for first, a host value uploaded;
+    - an output set that went with these addresses is free (only its list holds its buffers, as
+      `OutputSets.take` asks) and no other stream used its block (there the allocator, not
+      stream order, keeps its reuse safe); its buffers are then made pending on stream 0, as
+      `take` makes them.
+    What an entry of `exe._lean` assumed changes only where `_lean` is cleared: a set let go
+    (OutputSets' `on_release`), a graph evicted, graphs turned off, poisoning turned on. Device
+    pointers are unique in the process (unified addressing): equal addresses are the same memory.
+    Made once per executable with what each call needs at hand (the closure holds no reference
+    to `exe`, so that dropping the executable frees it)."""
+    entries, stats, lock = exe._lean, exe.graph_stats, exe.ctx.enqueue_lock
+    most_recent, unheld = exe._graphs.move_to_end, exe._outputs.unheld
+    launch, stream, handle, name = drv.load().cuGraphLaunch, exe.stream, exe.stream.handle, exe.name
+    active, pending = profiler.active, DeviceBuffer.mark_all_pending
+
+    def lean_call(buffers: list[DeviceBuffer]) -> list[DeviceBuffer] | None:
+        if active() is not None:
+            return None
+        try:
+            places = tuple(map(_PLACE, buffers))
+        except AttributeError:  # not a device buffer
+            return None
+        with lock:  # (entries change under it: a set let go is forgotten before anyone reuses its block)
+            for chosen, block, graph_exec, key in entries.get(places, ()):
+                if list(map(getrefcount, chosen)) == unheld and not block.other_streams:
+                    break
+            else:
+                return None
+            outputs = chosen[:]  # held now: no other call takes the set once the lock is let go
+            pending(outputs, stream)  # written next, as OutputSets.take hands a set out
+            err, = launch(graph_exec, handle)  # (Graph.launch, inline)
+            if err:
+                raise drv.error_for("cuGraphLaunch", err, detail=f"a replay of {name} on {stream}")
+            most_recent(key)  # (counted as `_replay` counts a replay)
+            stats.replays += 1
+            stats.captures_in_a_row = 0
+            return outputs
+
+    return lean_call
 
 
 def _load_body(lowering: Any) -> tuple[list[Launch], "CudaExecutable"]:

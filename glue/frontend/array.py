@@ -22,6 +22,7 @@ from glue.ir import dtypes as dt
 class Array:
     """An array computed by glue. `np.asarray(a)` gives its values (waiting for them if needed)."""
 
+    # (wrap_results and jit's lean call make Arrays without __init__, setting every slot)
     __slots__ = ("_value", "_device", "aval", "_donated_to")
     __array_priority__ = 100
 
@@ -131,14 +132,17 @@ class Array:
         return self.aval.size
 
 
-_DEVICE = Array._device.__get__  # an Array's device buffer (None: a host Array); TypeError for anything else
+# An Array's device buffer (None: a host Array, or a deleted one), read without the property's
+# checks; TypeError for anything but an Array. Mapped over a call's leaves, it reads their
+# buffers a list at a time.
+device_buffer_of = Array._device.__get__
 
 
 def buffers_of(leaves: Sequence[Any]) -> list[Any]:
     """`[a.buffer if a is an Array else a for a in leaves]` for a jitted call's arguments. Where
     every leaf is a device Array (the usual call), their buffers are read a list at a time."""
     try:
-        buffers = list(map(_DEVICE, leaves))
+        buffers = list(map(device_buffer_of, leaves))
     except TypeError:  # a leaf that is not an Array
         buffers = [None]
     if None not in buffers:

@@ -33,9 +33,9 @@ import numpy as np
 from glue import profiler
 from glue.backend import Backend, Lowering, get_backend
 from glue.errors import GlueError, describe_location, user_frame_location
-from glue.frontend.array import Array, buffers_of, wrap_results
+from glue.frontend.array import Array, buffers_of, device_buffer_of, wrap_results
 from glue.frontend.pytree import LEAF, PyTreeDef, flatten_call, leaf_paths, tree_flatten, tree_unflatten
-from glue.frontend.tracing import Tracer, current_trace, trace_flat, type_of
+from glue.frontend.tracing import Tracer, current_trace, open_traces, trace_flat, type_of
 from glue.frontend.transforms.inline import inline
 from glue.ir import ClosedGraph, TensorType
 from glue.settings import config
@@ -324,8 +324,8 @@ class Compiled:
     def __init__(self, lowered: Lowered, executable: Any):
         self.lowered = lowered
         self.executable = executable
-        self.check = config.check
-        self.debug = config.debug
+        self._check: bool = config.check
+        self._debug: int = config.debug
         self._consts = tuple(lowered.closed.consts)
         self._out_tree = lowered.out_tree
         # A program that prints returns its effect token last; the caller does not see it.
@@ -341,6 +341,40 @@ class Compiled:
         # A call with no donation, constants or effect token (and, checked per call, no
         # reference check or debug timing): the usual one.
         self._plain = not (self._donated or self._consts) and self._n_results == len(self._avals)
+        # The lean call (`_lean_call`), where the backend has one (`lean_call`), the call is
+        # plain and the arguments are leaves or flat lists or tuples of them; `lean` is it while
+        # no reference check or debug timing is on (else `_no_lean`).
+        launch = getattr(executable, "lean_call", None) if self._plain else None
+        layout = _layout(lowered.signature) if launch is not None else None
+        self._lean_fn = None if layout is None else _lean_call(
+            launch, layout, [arg_types[t] for t in lowered.signature.types], self._avals, self._out_tree)
+        self.has_lean = self._lean_fn is not None
+        self._arm()
+
+    @property
+    def check(self) -> bool:
+        """Whether each call also runs the reference and compares (GLUE_CHECK when compiled)."""
+        return self._check
+
+    @check.setter
+    def check(self, on: bool) -> None:
+        self._check = on
+        self._arm()
+
+    @property
+    def debug(self) -> int:
+        """The GLUE_DEBUG level when compiled: from 1 on, each call logs its times."""
+        return self._debug
+
+    @debug.setter
+    def debug(self, level: int) -> None:
+        self._debug = level
+        self._arm()
+
+    def _arm(self) -> None:
+        """`lean`: the lean call, which serves no call with a reference check or debug timing."""
+        on = self.has_lean and not (self._check or self._debug)
+        self.lean: Callable[[tuple], Any] = self._lean_fn if on else _no_lean
 
     @property
     def kernels(self) -> list[Any]:
@@ -402,7 +436,7 @@ class Compiled:
 
     def call_tree(self, leaves: Sequence[Any]) -> Any:
         """Run on the flat dynamic leaves; the outputs come back in the function's pytree."""
-        if self._plain and not (self.debug or self.check):
+        if self._plain and not (self._debug or self._check):
             outs = wrap_results(self.executable(*buffers_of(leaves)), self._avals)
         else:
             outs = self.call_flat(leaves)
@@ -410,10 +444,10 @@ class Compiled:
 
     def call_flat(self, leaves: Sequence[Any]) -> list[Array]:
         """Run on the flat dynamic leaves; one Array per output."""
-        if self.debug:
+        if self._debug:
             return self._timed_call(leaves)
         buffers = buffers_of(leaves)
-        expected = self._reference(buffers) if self.check else None
+        expected = self._reference(buffers) if self._check else None
         if self._donated:
             self._donate(leaves, buffers)
         args = self._consts + tuple(buffers) if self._consts else buffers
@@ -425,11 +459,11 @@ class Compiled:
     def _timed_call(self, leaves: Sequence[Any]) -> list[Array]:
         """A call under GLUE_DEBUG: its host time, and its time to the results being ready."""
         start = time.perf_counter()
-        self.debug, debug = 0, self.debug
+        self._debug, debug = 0, self._debug  # (the lean call stays off meanwhile)
         try:
             outs = self.call_flat(leaves)
         finally:
-            self.debug = debug
+            self._debug = debug
         queued = time.perf_counter()
         for out in outs:
             out.block_until_ready()
@@ -471,6 +505,59 @@ class Compiled:
                                 f"{self.lowered.backend.name} backend disagrees with the reference: {problem}")
 
 
+def _lean_call(launch: Callable[[list[Any]], list[Any] | None], layout: list[tuple[type, int] | None],
+               arg_avals: list[TensorType], out_avals: list[TensorType], out_tree: PyTreeDef
+               ) -> Callable[[tuple], Any]:
+    """A program's lean call (JAX's C++ dispatch, in Python): `lean(args)` runs a call of the
+    jitted function through the backend's lean call (`launch`: CudaExecutable.lean_call) and
+    returns its results, or returns None, having done nothing, where the call needs the usual
+    path (`Jitted._call`). It is the usual path's signature check cut down to what can differ
+    between a loop's calls; what is checked, and why:
+    - in `Jitted.__call__`: no keywords, and the settings tracing reads unchanged since this
+      program ran (`config.trace_version`), which with the checks here make the call's
+      Signature this program's; no trace open: a jitted call inside a trace is traced through;
+    - in `Compiled`: no donation, constants or effect token (then the backend has more to do
+      than run the program), no static arguments (`_layout`: their values would need comparing)
+      and, while `Compiled.lean` is this, no reference check or debug timing;
+    - here: the arguments in the program's `layout` (lists and tuples of their class and
+      length), every leaf an Array (`device_buffer_of` raises TypeError for anything else) of
+      the program's argument type (a list at a time; a loop's results fed back carry these
+      very type objects, `arg_avals`, so they compare by identity).
+    The backend checks its buffers (see the cuda executor's `_lean_call`). The outputs become
+    Arrays as `wrap_results` makes them; a single output here, without its list and loop (they
+    were a fifth of a tiny call's bytecodes)."""
+    flat = not any(layout)  # every argument a leaf: the arguments are the leaves
+    single = out_tree is LEAF
+    new, out_aval = Array.__new__, out_avals[0] if out_avals else None
+
+    def lean(args: tuple) -> Any:
+        leaves = args if flat else _laid_out(args, layout)
+        try:
+            buffers = list(map(device_buffer_of, leaves))
+        except TypeError:  # a leaf that is not an Array, or arguments not in the layout (None)
+            return None
+        if list(map(_AVAL, leaves)) != arg_avals:
+            return None
+        outputs = launch(buffers)
+        if outputs is None:
+            return None
+        if single:
+            array = new(Array)
+            array._device = outputs[0]
+            array.aval = out_aval
+            array._value = array._donated_to = None
+            return array
+        return tree_unflatten(out_tree, wrap_results(outputs, out_avals))
+
+    return lean
+
+
+def _no_lean(args: tuple) -> None:
+    """`Compiled.lean` where there is no lean call (or while it is off): every call takes the
+    usual path."""
+    return None
+
+
 class Jitted:
     """The callable `glue.jit(f)` returns."""
 
@@ -495,6 +582,8 @@ class Jitted:
         # a call passing Arrays of those types and scalars of those classes in that layout takes
         # the same program.
         self._hot: tuple[Signature | None, Any, tuple | None, int] = (None, None, None, -1)
+        self._latest: tuple[Compiled | None, int] = (None, -1)  # the latest program with a lean call, and
+                                                                # the trace_version then
         self._last: Signature | None = None
 
     @property
@@ -542,6 +631,16 @@ class Jitted:
         return tuple(positions)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # The lean call (`_lean_call`: what it checks and why) of the program the latest call
+        # ran, while the settings tracing reads are as they were then (`version`; -1: none).
+        compiled, version = self._latest
+        if version == config.trace_version and not kwargs and not open_traces.traces:
+            out = compiled.lean(args)
+            if out is not None:
+                return out
+        return self._call(args, kwargs)
+
+    def _call(self, args: tuple, kwargs: dict[str, Any]) -> Any:
         if current_trace() is not None:
             # Inlined by tracing straight through `fn`, so that an enclosing transform sees
             # every call it makes (stop_gradient records its cuts in the transform's trace).
@@ -555,33 +654,45 @@ class Jitted:
                 compiled = self._compiled.get(sig)
                 if compiled is None:
                     compiled = self._compiled[sig] = self.lower(*args, **kwargs).compile()
-            self._hot = (sig, compiled, _array_layout(args, leaves, sig) if not kwargs else None, config.trace_version)
+            version = config.trace_version
+            self._hot = (sig, compiled, _array_layout(leaves, sig), version)
+            self._latest = (compiled, version) if compiled.has_lean else (None, -1)
         if profiler.active() is None:
             return compiled.call_tree(leaves)
         with profiler.span("call", self.name):
             return compiled.call_tree(leaves)
 
 
-def _array_layout(args: tuple, leaves: Sequence[Any], sig: Signature) -> tuple | None:
-    """(layout, classes, array positions, avals) when every argument is a hot leaf (a glue.Array,
-    or a scalar whose class fixes its type: a NumPy scalar, a Python float or bool) or a flat list
-    or tuple of them. The layout is per argument None or that class and length (None throughout:
-    None); then the leaves' classes, where the Arrays are among them (None: everywhere) and their
-    avals. Else None."""
-    if sig.statics:
+def _layout(sig: Signature) -> list[tuple[type, int] | None] | None:
+    """Where a signature's arguments are all positional and dynamic, each a leaf or a flat list
+    or tuple of leaves: per argument None (a leaf) or (list or tuple, length). Else None."""
+    args_tree, kwargs_tree = sig.treedef.children
+    if sig.statics or kwargs_tree.children:
         return None
-    layout = []
-    for a in args:
-        if _hot_leaf(a):
+    layout: list[tuple[type, int] | None] = []
+    for arg in args_tree.children:
+        if arg.kind == "leaf":
             layout.append(None)
-        elif a.__class__ in (list, tuple) and all(map(_hot_leaf, a)):
-            layout.append((a.__class__, len(a)))
+        elif arg.kind in ("list", "tuple") and all(c.kind == "leaf" for c in arg.children):
+            layout.append((list if arg.kind == "list" else tuple, len(arg.children)))
         else:
             return None
+    return layout
+
+
+def _array_layout(leaves: Sequence[Any], sig: Signature) -> tuple | None:
+    """(layout, classes, array positions, avals) when the arguments are laid out as `_layout`
+    allows and every leaf is a hot leaf (a glue.Array, or a scalar whose class fixes its type: a
+    NumPy scalar, a Python float or bool): the layout (None where every argument is a leaf),
+    the leaves' classes, where the Arrays are among them (None: everywhere) and their avals.
+    Else None."""
+    layout = _layout(sig)
+    if layout is None or not all(map(_hot_leaf, leaves)):
+        return None
     classes = [x.__class__ for x in leaves]
     at = [i for i, c in enumerate(classes) if c is Array]
     arrays = [leaves[i] for i in at]
-    return (tuple(layout) if any(layout) else None), classes, (None if len(at) == len(leaves) else at), \
+    return (layout if any(layout) else None), classes, (None if len(at) == len(leaves) else at), \
         list(map(_AVAL, arrays))
 
 
@@ -591,25 +702,28 @@ def _hot_leaf(x: Any) -> bool:
     return x.__class__ is Array or x.__class__ in (float, bool) or isinstance(x, np.generic)
 
 
+def _laid_out(args: tuple, layout: Sequence[tuple[type, int] | None]) -> list[Any] | None:
+    """The leaves of `args` if they have this layout (from `_layout`), else None."""
+    if len(args) != len(layout):
+        return None
+    leaves: list[Any] = []
+    for a, form in zip(args, layout):
+        if form is None:
+            leaves.append(a)
+        elif a.__class__ is form[0] and len(a) == form[1]:
+            leaves.extend(a)
+        else:
+            return None
+    return leaves
+
+
 def _same_arrays(args: tuple, hot: tuple) -> Sequence[Any] | None:
     """The leaves of `args` if they have the layout of `hot` (from `_array_layout`): the same
     classes, and Arrays of the same avals (compared a list at a time: a loop passes back the very
     TensorType objects, which compare by identity before anything else), else None."""
     layout, classes, at, avals = hot
-    if layout is None:  # every argument a leaf
-        leaves: Sequence[Any] = args
-    elif len(args) != len(layout):
-        return None
-    else:
-        leaves = []
-        for a, form in zip(args, layout):
-            if form is None:
-                leaves.append(a)
-            elif a.__class__ is form[0] and len(a) == form[1]:
-                leaves.extend(a)
-            else:
-                return None
-    if list(map(type, leaves)) != classes:
+    leaves = args if layout is None else _laid_out(args, layout)
+    if leaves is None or list(map(type, leaves)) != classes:
         return None
     if list(map(_AVAL, leaves if at is None else map(leaves.__getitem__, at))) != avals:
         return None

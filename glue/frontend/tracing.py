@@ -92,6 +92,11 @@ def current_trace() -> Trace | None:
     return traces[-1] if traces else None
 
 
+# This thread's open traces (`.traces`), for the caller that cannot afford a function call to
+# ask whether one is open: jit's lean call, at every call of a jitted function.
+open_traces = _STACK
+
+
 @contextlib.contextmanager
 def new_trace(name: str) -> Iterator[Trace]:
     trace = Trace(name)

@@ -46,15 +46,18 @@ LAYOUT = [((4,), F32, 16, 0), ((2, 3), F32, 24, 256)]
 @given(st.lists(st.tuples(st.sampled_from(["take", "drop", "drop_one", "other_stream"]), st.integers(0, 9)),
                 max_size=60))
 def test_a_set_goes_out_again_only_when_nothing_else_holds_it(ops):
-    allocator, stream = _Allocator(), _Stream()
-    sets = OutputSets(allocator, LAYOUT, 512, stream)
+    allocator, stream, released = _Allocator(), _Stream(), []
+    sets = OutputSets(allocator, LAYOUT, 512, stream, lambda: released.append(1))
     held: list[list] = []  # what "the user" keeps: some buffers of some calls' outputs
     for op, k in ops:
         if op == "take":
             outputs = sets.take()
+            # every set that left (let go, or freed after another stream used it) was announced
+            assert len(released) == allocator.count - len(sets.sets)
             assert [b.shape for b in outputs] == [(4,), (2, 3)]
             assert outputs[1].ptr - outputs[0].ptr == 256
-            assert all(b.written_on is stream and b.waited_on is None and b.event is None for b in outputs)
+            # pending on the stream, which writes them next (and so is ordered after that write)
+            assert all(b.written_on is stream and b.waited_on is stream and b.event is None for b in outputs)
             # nothing handed out is still held by anyone
             assert not any(b is o for kept in held for b in kept for o in outputs)
             held.append(list(outputs))
@@ -70,6 +73,7 @@ def test_a_set_goes_out_again_only_when_nothing_else_holds_it(ops):
     live_held = {b._block.ptr for kept in held for b in kept}
     assert live_held <= set(allocator.live)  # a held buffer's block is never freed
     sets.close()
+    assert len(released) == allocator.count
     held.clear()
     gc.collect()
     assert not allocator.live, "every block goes back once its buffers are gone"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 from sys import getrefcount
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -54,26 +54,28 @@ class OutputSets:
     held when KEEP newer ones exist is let go: its buffers free their block when the last dies.
     """
 
-    __slots__ = ("allocator", "layout", "nbytes", "stream", "sets", "_unheld")
+    __slots__ = ("allocator", "layout", "nbytes", "stream", "sets", "unheld", "on_release")
     KEEP = 4
 
     def __init__(self, allocator: Any, layout: Sequence[tuple[tuple[int, ...], dt.DType, int, int]],
-                 nbytes: int, stream: Stream):
+                 nbytes: int, stream: Stream, on_release: Callable[[], None] | None = None):
+        """`on_release` is called whenever a set leaves (its block may be freed): whoever keeps
+        sets of its own (the executor's lean calls) forgets them."""
         self.allocator, self.layout, self.nbytes, self.stream = allocator, layout, nbytes, stream
         self.sets: list[list[DeviceBuffer]] = []
-        self._unheld = [_ONLY_IN_A_LIST] * len(layout)  # the counts when only the set holds its buffers
+        self.unheld = [_ONLY_IN_A_LIST] * len(layout)  # `map(getrefcount, a_set)` when only the set holds its buffers
+        self.on_release = on_release
 
     def take(self) -> list[DeviceBuffer]:
         """Buffers for a call's outputs, marked pending on the stream (the call writes them next)."""
         sets, stream = self.sets, self.stream
         for i, outputs in enumerate(sets):
-            if list(map(getrefcount, outputs)) == self._unheld:
-                if outputs[0]._block.other_streams:
-                    self.allocator.free(sets.pop(i)[0]._block)
+            if list(map(getrefcount, outputs)) == self.unheld:
+                if outputs[0]._block.other_streams:  # the allocator orders its reuse after those streams
+                    del sets[i]
+                    self._let_go(outputs)
                     break
-                for buf in outputs:
-                    buf.stream = buf.written_on = stream
-                    buf.event = buf.waited_on = None
+                DeviceBuffer.mark_all_pending(outputs, stream)
                 return outputs
         outputs = DeviceBuffer.carve(self.layout, self.allocator.allocate(self.nbytes, stream), stream)
         sets.append(outputs)
@@ -82,7 +84,9 @@ class OutputSets:
         return outputs
 
     def _let_go(self, outputs: list[DeviceBuffer]) -> None:
-        if list(map(getrefcount, outputs)) == self._unheld:
+        if self.on_release is not None:
+            self.on_release()
+        if list(map(getrefcount, outputs)) == self.unheld:
             self.allocator.free(outputs[0]._block)
         else:
             owner = _Owned(self.allocator, outputs[0]._block)
@@ -119,7 +123,9 @@ class DeviceBuffer:
         self.ptr = self._block.ptr
         self.event: Event | None = None
         self.written_on: Stream | None = None
-        self.waited_on: Stream | None = None  # a stream already prepared (`prepare_for`)
+        # A stream ordered after the last write and known to the block: one `prepare_for`
+        # prepared, or the buffer's own stream when the write was queued there.
+        self.waited_on: Stream | None = None
 
     @classmethod
     def carve(cls, layout: Sequence[tuple[tuple[int, ...], dt.DType, int, int]], block: Block,
@@ -136,8 +142,8 @@ class DeviceBuffer:
             buf.ptr = base + offset
             buf._block = block
             buf._holder = None
-            buf.stream = buf.written_on = stream
-            buf.event = buf.waited_on = None
+            buf.stream = buf.written_on = buf.waited_on = stream
+            buf.event = None
             out.append(buf)
         return out
 
@@ -157,12 +163,20 @@ class DeviceBuffer:
         """Record that work just queued on `stream` (default: the buffer's) writes this buffer."""
         stream = stream or self.stream
         self.event = Event(stream.ctx).record(stream)
-        self.written_on, self.waited_on = stream, None
+        self.written_on, self.waited_on = stream, (stream if stream is self.stream else None)
 
     def mark_pending(self, stream: Stream) -> None:
         """Like `mark_written`, but the event is recorded only when something first waits for
         this buffer (see `ready_event`): a program call then costs no driver call for it."""
-        self.event, self.written_on, self.waited_on = None, stream, None
+        self.event, self.written_on, self.waited_on = None, stream, (stream if stream is self.stream else None)
+
+    @staticmethod
+    def mark_all_pending(buffers: Sequence["DeviceBuffer"], stream: Stream) -> None:
+        """`mark_pending(stream)` for buffers of `stream`'s own (an output set handed out again),
+        in one loop."""
+        for buf in buffers:
+            buf.event = None
+            buf.written_on = buf.waited_on = stream
 
     @staticmethod
     def mark_rewritten(buffers: Sequence["DeviceBuffer"], stream: Stream) -> None:
