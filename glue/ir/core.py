@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Union
 
 import numpy as np
@@ -30,15 +31,24 @@ class TensorType:
     def __hash__(self) -> int:
         return self._hash
 
+    def __eq__(self, other: object) -> bool:
+        return self is other or (type(other) is TensorType and self._hash == other._hash
+                                 and self.dtype is other.dtype and self.shape == other.shape)
+
+    def __reduce__(self):
+        # The hash (and the sizes kept below) are this process's: made again on unpickling.
+        return TensorType, (self.shape, self.dtype)
+
     @property
     def ndim(self) -> int:
         return len(self.shape)
 
-    @property
+    # The passes, fusion and memory planning ask every value's size many times.
+    @cached_property
     def size(self) -> int:
         return math.prod(self.shape)
 
-    @property
+    @cached_property
     def nbytes(self) -> int:
         return self.size * self.dtype.itemsize
 

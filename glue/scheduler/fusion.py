@@ -335,7 +335,9 @@ class _Fuser:
             raise FusionRefused("reductions over different rows")
         outputs = list(group.outputs.values()) + ([var] if output else [])
         domain = kernel_domain(dot, scatter, fold, [v.type.shape for v in outputs])
-        defined = ChainMap({var.id: eqn}, group.defined) if joining else group.defined
+        # a copy (of a few entries, usually) rather than a ChainMap: the walk looks up every
+        # value it meets here, and a ChainMap's lookup costs several of a dict's
+        defined = {**group.defined, var.id: eqn} if joining else group.defined
         above = group.folds_above.get(i, int(bool(primitive(eqn.primitive).fold)) + max(
             (group.folds_above[c] for c in self.consumers.get(var.id, ()) if c in group.members), default=0))
         levels = max(group.levels, above)

@@ -94,20 +94,28 @@ def kernel_domain(dot: Eqn | None, scatter: Eqn | None, reduction: Eqn | None,
         (lhs, _), ((lc, _), _) = dot.inputs, dot.param_dict["dimension_numbers"]
         return Domain("contraction", dot.outvars[0].type.shape, tuple(lhs.type.shape[a] for a in lc), None)
     if scatter is not None:
-        shape = scatter.inputs[2].type.shape
-        return Domain("data", shape, (), shape, tuple(Index.dim(k) for k in range(len(shape))))
+        return _element_domain("data", scatter.inputs[2].type.shape)
     if reduction is not None:
-        shape, axes = row_signature(reduction)
-        kept = [a for a in range(len(shape)) if a not in axes]
-        where = {a: Index.dim(i) for i, a in enumerate(kept)}
-        where.update({a: Index.dim(len(kept) + i) for i, a in enumerate(axes)})
-        return Domain("reduction", tuple(shape[a] for a in kept), tuple(shape[a] for a in axes),
-                      shape, tuple(where[a] for a in range(len(shape))), axes)
+        return _reduction_domain(*row_signature(reduction))
     shapes = set(output_shapes)
     if len(shapes) != 1:
         raise FusionRefused(f"outputs of different shapes {sorted(shapes)}")
-    shape = shapes.pop()
-    return Domain("pointwise", shape, (), shape, tuple(Index.dim(k) for k in range(len(shape))))
+    return _element_domain("pointwise", shapes.pop())
+
+
+# Fusion asks for the domain of every group it tries an equation in, mostly of a few shapes.
+@functools.lru_cache(maxsize=1 << 10)
+def _element_domain(kind: str, shape: tuple[int, ...]) -> Domain:
+    return Domain(kind, shape, (), shape, tuple(Index.dim(k) for k in range(len(shape))))
+
+
+@functools.lru_cache(maxsize=1 << 10)
+def _reduction_domain(shape: tuple[int, ...], axes: tuple[int, ...]) -> Domain:
+    kept = [a for a in range(len(shape)) if a not in axes]
+    where = {a: Index.dim(i) for i, a in enumerate(kept)}
+    where.update({a: Index.dim(len(kept) + i) for i, a in enumerate(axes)})
+    return Domain("reduction", tuple(shape[a] for a in kept), tuple(shape[a] for a in axes),
+                  shape, tuple(where[a] for a in range(len(shape))), axes)
 
 
 def _domain(eqns: Sequence[Eqn], outputs: Sequence[Var]) -> Domain:

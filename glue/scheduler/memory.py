@@ -411,20 +411,22 @@ def _pack(values: list[int], users: dict[int, list[int]], types: dict[int, Tenso
     only slots whose intervals meet are compared."""
     slot_of, slots = _slots(values, users, types, in_place, order)
     placed = _Intervals(len(order.streams))
-    offsets: dict[int, int] = {}
+    extents: dict[int, tuple[int, int]] = {}  # slot -> (offset, end) of its memory, once placed
     end = 0
+    # Each slot is compared with every placed slot alive beside it, which in a deep training
+    # step's backward is most of them: the loop below is the planner's inner loop.
     for r in sorted(slots, key=lambda r: (-slots[r].size, slots[r].first)):
         slot = slots[r]
-        busy = sorted((offsets[o], offsets[o] + slots[o].size)
-                      for o in placed.overlapping(slot.since, slot.last) if not slots[o].disjoint(slot))
-        best, cursor = None, 0
-        for lo, hi in busy + [(None, None)]:
-            gap = (lo if lo is not None else float("inf")) - cursor
-            if gap >= slot.size and (best is None or gap < best[1]):
-                best = (cursor, gap)
-            if hi is not None:
-                cursor = max(cursor, hi)
-        offsets[r] = best[0]
-        end = max(end, best[0] + slot.size)
+        busy = sorted(extents[o] for o in placed.overlapping(slot.since, slot.last) if not slots[o].disjoint(slot))
+        best, smallest, cursor = None, 0, 0  # the offset of the smallest gap that fits, its size
+        for lo, hi in busy:
+            gap = lo - cursor
+            if gap >= slot.size and (best is None or gap < smallest):
+                best, smallest = cursor, gap
+            if hi > cursor:
+                cursor = hi
+        offset = cursor if best is None else best  # else past everything alive beside it
+        extents[r] = (offset, offset + slot.size)
+        end = max(end, offset + slot.size)
         placed.add(slot.since, slot.last, r)
-    return {v: offsets[slot_of[v]] for v in values}, end
+    return {v: extents[slot_of[v]][0] for v in values}, end

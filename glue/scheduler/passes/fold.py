@@ -60,6 +60,8 @@ def _concrete(value: Any, type_: TensorType) -> np.ndarray | None:
 
 def _literal_inputs(graph: Graph, known: dict[int, np.ndarray]) -> tuple[dict[int, Atom], list[Eqn]]:
     """Splat constant inputs as literals (scalars) or broadcast literals, for the ones used."""
+    if not known:  # no constant's value is known (the scheduler's passes): nothing to splat
+        return {}, []
     used = {a.id for e in graph.eqns for a in e.inputs if isinstance(a, Var)}
     used.update(a.id for a in graph.outvars if isinstance(a, Var))
     subst: dict[int, Atom] = {}
@@ -95,18 +97,20 @@ def fold(graph: Graph, consts: Sequence[Any] | None = None) -> Graph:
         return known.get(atom.id)
 
     def rule(eqn: Eqn, ctx: Sweep) -> Replacement:
-        if len(eqn.outvars) > 1 or PRIMITIVES[eqn.primitive].opaque:
+        prim = PRIMITIVES[eqn.primitive]
+        if len(eqn.outvars) > 1 or prim.opaque:
             return None
         out = eqn.outvars[0]
         if eqn.primitive == "broadcast_in_dim" and isinstance(eqn.inputs[0], Literal):
             return None  # already the cheapest form of a splat
         if out.type.size == 0:
             return fill(0, eqn)
-        scalars = [splat(a, ctx) for a in eqn.inputs]
-        if PRIMITIVES[eqn.primitive].kind == "elementwise" and all(s is not None for s in scalars):
-            result = _evaluate(eqn, [_read(s) for s in scalars])
-            return None if result is None else fill(result[()], eqn)
-        if any(t.size > FOLD_LIMIT for t in (out.type, *(a.type for a in eqn.inputs))):
+        if prim.kind == "elementwise":
+            scalars = [splat(a, ctx) for a in eqn.inputs]
+            if all(s is not None for s in scalars):
+                result = _evaluate(eqn, [_read(s) for s in scalars])
+                return None if result is None else fill(result[()], eqn)
+        if out.type.size > FOLD_LIMIT or any(a.type.size > FOLD_LIMIT for a in eqn.inputs):
             return None
         values = [value_of(a, ctx) for a in eqn.inputs]
         if any(v is None for v in values):

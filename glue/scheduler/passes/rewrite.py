@@ -64,7 +64,7 @@ def sweep(graph: Graph, rule: Rule, subst: Mapping[int, Atom] | None = None,
     for eqn in graph.eqns:
         if env:  # nothing to substitute until some rule has replaced a value
             inputs = tuple(map(read, eqn.inputs))
-            if any(a is not b for a, b in zip(inputs, eqn.inputs)):
+            if inputs != eqn.inputs:  # Vars compare by identity: some input was replaced
                 eqn = Eqn(eqn.primitive, inputs, eqn.params, eqn.outvars, eqn.source)
                 changed = True
         out = rule(eqn, ctx)
