@@ -9,12 +9,26 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Any, Union
 
 import numpy as np
 
 from glue.ir.dtypes import DType
+
+
+class _kept:
+    """A property worked out on first use and kept in the instance's dict, where later reads
+    find it first: functools.cached_property without the lock Python 3.11 takes each time
+    (what is worked out here is the same in every thread)."""
+
+    def __init__(self, fn: Any) -> None:
+        self.fn, self.name = fn, fn.__name__
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        if obj is None:
+            return self
+        value = obj.__dict__[self.name] = self.fn(obj)
+        return value
 
 
 @dataclass(frozen=True)
@@ -44,11 +58,11 @@ class TensorType:
         return len(self.shape)
 
     # The passes, fusion and memory planning ask every value's size many times.
-    @cached_property
+    @_kept
     def size(self) -> int:
         return math.prod(self.shape)
 
-    @cached_property
+    @_kept
     def nbytes(self) -> int:
         return self.size * self.dtype.itemsize
 

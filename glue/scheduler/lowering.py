@@ -530,7 +530,7 @@ class SiteWalk:
             if eqn is None:
                 self.reads.setdefault(atom.id, {})[key[1:]] = None
                 continue
-            if self.visited(key):
+            if key in self.sites or self.base is not None and self.base.visited(key):
                 continue
             self.sites.add(key)
             stack.extend(reversed(operand_reads(self.domain, eqn, key[1], mask)))

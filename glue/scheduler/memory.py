@@ -249,16 +249,19 @@ def _matching(candidates: dict[int, list[int]]) -> dict[int, int]:
 
 
 class _Loads:
-    """Each kernel's loads, found once."""
+    """Each kernel's loads, found once for each computation: a model's layers repeat theirs
+    (kernels that differ only in their buffers, whose loads read the same slots)."""
 
     def __init__(self, kernels: Sequence[Kernel]):
         self.kernels = kernels
-        self.found: dict[int, list[Load]] = {}
+        self.found: dict[tuple, list[Load]] = {}
 
     def __getitem__(self, k: int) -> list[Load]:
-        if k not in self.found:
-            self.found[k] = loads_under(self.kernels[k].roots)
-        return self.found[k]
+        kernel = self.kernels[k]
+        computation = kernel.reductions, kernel.stores
+        if computation not in self.found:
+            self.found[computation] = loads_under(kernel.roots)
+        return self.found[computation]
 
 
 def _dead_by(touching: Sequence[int], k: int, order: StreamPlan) -> bool:

@@ -90,11 +90,11 @@ def fold(graph: Graph, consts: Sequence[Any] | None = None) -> Graph:
         if array is not None:
             known[var.id] = array
 
-    def value_of(atom: Atom, ctx: Sweep) -> np.ndarray | None:
-        lit = splat(atom, ctx)
+    def value_of(atom: Atom, lit: Literal | None) -> np.ndarray:
+        """The value of `atom`, known: `lit` is its splat, if it is one."""
         if lit is not None:  # a literal, or a broadcast one: the view the reference makes
             return np.broadcast_to(_read(lit), atom.type.shape)
-        return known.get(atom.id)
+        return known[atom.id]
 
     def rule(eqn: Eqn, ctx: Sweep) -> Replacement:
         prim = PRIMITIVES[eqn.primitive]
@@ -112,10 +112,10 @@ def fold(graph: Graph, consts: Sequence[Any] | None = None) -> Graph:
                 return None if result is None else fill(result[()], eqn)
         if out.type.size > FOLD_LIMIT or any(a.type.size > FOLD_LIMIT for a in eqn.inputs):
             return None
-        values = [value_of(a, ctx) for a in eqn.inputs]
-        if any(v is None for v in values):
+        splats = [splat(a, ctx) for a in eqn.inputs]
+        if any(lit is None and a.id not in known for a, lit in zip(eqn.inputs, splats)):
             return None
-        result = _evaluate(eqn, values)
+        result = _evaluate(eqn, [value_of(a, lit) for a, lit in zip(eqn.inputs, splats)])
         if result is None:
             return None
         known[out.id] = result
