@@ -36,7 +36,7 @@ from __future__ import annotations
 import heapq
 from collections import ChainMap
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Container, Iterable, Iterator
 
 from glue.ir import Eqn, Graph, Var, primitive
 from glue.ir.printer import format_param, graph_var_names
@@ -44,7 +44,7 @@ from glue.scheduler.calls import lower_call
 from glue.scheduler.dag import KernelDag
 from glue.scheduler.kernel_ir import Kernel
 from glue.scheduler.lowering import (Domain, FusionRefused, GroupLowering, SiteWalk, check_contents,
-                                     check_scatter_target, contraction_reads, group_shape, kernel_domain,
+                                     check_scatter_target, contraction_reads, kernel_domain,
                                      placement, reduction_read, root_reads, row_signature, scatter_reads)
 
 # A kernel launch costs about the time it takes to move this many bytes (a few microseconds of
@@ -213,40 +213,48 @@ class _Fuser:
         self.home: dict[int, int] = {}  # var id -> group that writes it to memory
         self.dag = KernelDag()
         self.refusals: list[Refusal] = []
+        self._sources: dict[int, set[int]] = {}  # see `sources`
+        self.lower = GroupLowering()  # each distinct group lowered once
 
     # --- what kernels read and write ------------------------------------------------------------
     def readers(self, var: Var, computing: Iterable[int] = ()) -> set[int]:
         """The groups that read `var` from memory: those holding a consumer but not its producer
         (nor in `computing`, groups about to compute it)."""
+        return set(self._readers(var, set(computing)))
+
+    def _readers(self, var: Var, skip: Container[int]) -> Iterator[int]:
         i = self.producer[var.id]
-        skip = set(computing)
-        return {g for c in self.consumers.get(var.id, ()) for g in self.groups_of.get(c, ())
-                if g not in skip and i not in self.groups[g].members}
+        return (g for c in self.consumers.get(var.id, ()) for g in self.groups_of.get(c, ())
+                if g not in skip and i not in self.groups[g].members)
 
     def needed(self, var: Var, writer: int) -> bool:
         """Whether group `writer`, computing `var`, must write it."""
-        return var.id in self.external or bool(self.readers(var, (writer,)))
+        return var.id in self.external or next(self._readers(var, (writer,)), None) is not None
 
     def nbytes(self, vid: int) -> int:
         return self.vars[vid].type.nbytes
 
-    def sources(self, eqn: Eqn) -> set[int]:
-        """The values a kernel reads from memory to compute `eqn` if it also computes the cheap
-        work `eqn` is made from (fusion recomputes such work where it is needed): the results of
-        expensive work, reductions, contractions and gathers, and the program's inputs (the
-        search stops after SOURCE_DEPTH equations; what it has not expanded counts as read)."""
-        found: set[int] = set()
-        stack = [a for a in eqn.inputs if isinstance(a, Var)]
+    def sources(self, i: int) -> set[int]:
+        """The values a kernel reads from memory to compute equation i if it also computes the
+        cheap work the equation is made from (fusion recomputes such work where it is needed):
+        the results of expensive work, reductions, contractions and gathers, and the program's
+        inputs (the search stops after SOURCE_DEPTH equations; what it has not expanded counts
+        as read). Found once per equation: each kernel that might recompute it asks."""
+        found = self._sources.get(i)
+        if found is not None:
+            return found
+        found = self._sources[i] = set()
+        stack = [a for a in self.eqns[i].inputs if isinstance(a, Var)]
         expanded = 0
         while stack:
             var = stack.pop()
-            i = self.producer.get(var.id)
-            if i is None or expanded == SOURCE_DEPTH or _never_copied(self.eqns[i].primitive) \
-                    or _own_kernel(self.eqns[i]):
+            j = self.producer.get(var.id)
+            if j is None or expanded == SOURCE_DEPTH or _never_copied(self.eqns[j].primitive) \
+                    or _own_kernel(self.eqns[j]):
                 found.add(var.id)
                 continue
             expanded += 1
-            stack.extend(a for a in self.eqns[i].inputs if isinstance(a, Var))
+            stack.extend(a for a in self.eqns[j].inputs if isinstance(a, Var))
         return found
 
     def _new_bytes(self, values: Iterable[int], group: _Group) -> tuple[int, int]:
@@ -430,7 +438,7 @@ class _Fuser:
         # Against reading the value from memory: that read, and the write it needs (the other
         # consumers are asked the same), for what computing it here reads (the cheap work it is
         # made from is recomputed here too) and the work done again.
-        _, new = self._new_bytes(self.sources(eqn), group)
+        _, new = self._new_bytes(self.sources(i), group)
         work = var.type.size * RECOMPUTE_BYTES_PER_ELEMENT
         saved = read_back + size
         return saved - new - work, (f"recomputing {eqn.primitive} of {var.type} here reads {new} bytes of "
@@ -649,7 +657,7 @@ class _Fuser:
         apart."""
         if len(a.members) != len(b.members) or len(a.outputs) != len(b.outputs):
             return False
-        shapes = [group_shape([self.eqns[i] for i in sorted(g.members)], list(g.outputs.values()))[0]
+        shapes = [self.lower.shape([self.eqns[i] for i in sorted(g.members)], list(g.outputs.values()))[0]
                   for g in (a, b)]
         return shapes[0] == shapes[1]
 
@@ -742,11 +750,10 @@ class _Fuser:
         groups = [sorted(self.groups[g].members) for g in order]
         outputs = [self.outputs(g) for g in order]
         kernels = []
-        lower = GroupLowering()  # each distinct group lowered once
         for k, (gid, eqns, outs) in enumerate(zip(order, groups, outputs)):
             call = self._call(self.groups[gid])
             kernels.append(lower_call(call, str(k)) if call is not None else
-                           lower([self.eqns[i] for i in eqns], outs, str(k)))
+                           self.lower([self.eqns[i] for i in eqns], outs, str(k)))
         return Fusion(self.graph, groups, outputs, kernels, self.refusals)
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, replace
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from glue.ir import PRIMITIVES, Eqn, Literal, RuleTable, TensorType, Var, primitive
 from glue.ir.core import Atom, strides
@@ -700,11 +700,17 @@ def lower_group(eqns: Sequence[Eqn], outputs: Sequence[Var], name: str) -> Kerne
                   tuple(lw.reductions), tuple(stores), ops, init, _sources(eqns), precision)
 
 
-def group_shape(eqns: Sequence[Eqn], outputs: Sequence[Var]) -> tuple[tuple, list[int]]:
+def params_text(params: tuple[tuple[str, Any], ...]) -> tuple[tuple[str, str], ...]:
+    """An equation's params in their lossless text form."""
+    return tuple((key, format_param(value)) for key, value in params)
+
+
+def group_shape(eqns: Sequence[Eqn], outputs: Sequence[Var],
+                text: Callable[[tuple], tuple] = params_text) -> tuple[tuple, list[int]]:
     """A group of equations up to the ids of its values: each equation's primitive, params (in
-    their lossless text form), operand types and which values it reads and makes, each value
-    numbered by its first appearance, then which of them are the outputs. Also the value ids
-    in that numbering."""
+    their lossless text form, `text`), operand types and which values it reads and makes, each
+    value numbered by its first appearance, then which of them are the outputs. Also the value
+    ids in that numbering."""
     number: dict[int, int] = {}
     ids: list[int] = []
 
@@ -717,8 +723,7 @@ def group_shape(eqns: Sequence[Eqn], outputs: Sequence[Var]) -> tuple[tuple, lis
     parts: list[tuple] = []
     for e in eqns:
         args = tuple((slot(a), a.type) if isinstance(a, Var) else (str(a), a.type) for a in e.inputs)
-        params = tuple((key, format_param(value)) for key, value in e.params)
-        parts.append((e.primitive, params, args, tuple((slot(v), v.type) for v in e.outvars)))
+        parts.append((e.primitive, text(e.params), args, tuple((slot(v), v.type) for v in e.outvars)))
     parts.append(tuple(slot(v) for v in outputs))
     return tuple(parts), ids
 
@@ -731,9 +736,22 @@ class GroupLowering:
 
     def __init__(self) -> None:
         self._lowered: dict[tuple, tuple[Kernel, list[int]]] = {}
+        # id(params) -> (params, their text): equations share params objects (a recomputed copy
+        # its original's, a layer's attention tiles the first layer's), kept so the id stays theirs
+        self._texts: dict[int, tuple[tuple, tuple]] = {}
+
+    def shape(self, eqns: Sequence[Eqn], outputs: Sequence[Var]) -> tuple[tuple, list[int]]:
+        """`group_shape`, each params object written once."""
+        return group_shape(eqns, outputs, self._text)
+
+    def _text(self, params: tuple) -> tuple:
+        found = self._texts.get(id(params))
+        if found is None:
+            found = self._texts[id(params)] = params, params_text(params)
+        return found[1]
 
     def __call__(self, eqns: Sequence[Eqn], outputs: Sequence[Var], name: str) -> Kernel:
-        shape, ids = group_shape(eqns, outputs)
+        shape, ids = self.shape(eqns, outputs)
         earlier = self._lowered.get(shape)
         if earlier is None:
             kernel = lower_group(eqns, outputs, name)
