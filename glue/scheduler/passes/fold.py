@@ -105,11 +105,9 @@ def fold(graph: Graph, consts: Sequence[Any] | None = None) -> Graph:
             return None  # already the cheapest form of a splat
         if out.type.size == 0:
             return fill(0, eqn)
-        if prim.kind == "elementwise":
-            scalars = [splat(a, ctx) for a in eqn.inputs]
-            if all(s is not None for s in scalars):
-                result = _evaluate(eqn, [_read(s) for s in scalars])
-                return None if result is None else fill(result[()], eqn)
+        if prim.kind == "elementwise" and all(splat(a, ctx) is not None for a in eqn.inputs):
+            result = _evaluate(eqn, [_read(splat(a, ctx)) for a in eqn.inputs])
+            return None if result is None else fill(result[()], eqn)
         if out.type.size > FOLD_LIMIT or any(a.type.size > FOLD_LIMIT for a in eqn.inputs):
             return None
         splats = [splat(a, ctx) for a in eqn.inputs]
