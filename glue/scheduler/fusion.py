@@ -36,7 +36,7 @@ from __future__ import annotations
 import heapq
 from collections import ChainMap
 from dataclasses import dataclass, field
-from typing import Container, Iterable, Iterator
+from typing import Callable, Container, Iterable, Iterator
 
 from glue.ir import Eqn, Graph, Var, primitive
 from glue.ir.printer import format_param, graph_var_names
@@ -327,6 +327,7 @@ class _Fuser:
         """What equation i joining `group` makes of it; FusionRefused if it cannot."""
         eqn = self.eqns[i]
         (var,) = eqn.outvars
+        reduces = bool(primitive(eqn.primitive).fold)
         joining = i not in group.members
         output = as_home and var.id not in group.outputs and self.needed(var, group.gid)
         dot, scatter, fold = group.dot, group.scatter, group.fold
@@ -336,17 +337,17 @@ class _Fuser:
                 dot, dots = eqn, dots + 1
             elif eqn.primitive == "scatter_add":
                 scatter, scatters = eqn, scatters + 1
-            elif primitive(eqn.primitive).fold:
+            elif reduces:
                 fold, folds = fold or eqn, folds + 1
         check_contents(dots, scatters, folds)
-        if joining and primitive(eqn.primitive).fold and row_signature(eqn) != row_signature(fold):
+        if joining and reduces and row_signature(eqn) != row_signature(fold):
             raise FusionRefused("reductions over different rows")
         outputs = list(group.outputs.values()) + ([var] if output else [])
         domain = kernel_domain(dot, scatter, fold, [v.type.shape for v in outputs])
         # a copy (of a few entries, usually) rather than a ChainMap: the walk looks up every
         # value it meets here, and a ChainMap's lookup costs several of a dict's
         defined = {**group.defined, var.id: eqn} if joining else group.defined
-        above = group.folds_above.get(i, int(bool(primitive(eqn.primitive).fold)) + max(
+        above = group.folds_above.get(i, int(reduces) + max(
             (group.folds_above[c] for c in self.consumers.get(var.id, ()) if c in group.members), default=0))
         levels = max(group.levels, above)
         if domain != group.domain:
@@ -359,7 +360,7 @@ class _Fuser:
         if joining:
             if eqn.primitive == "dot_general":
                 requests.extend(contraction_reads(domain, eqn))
-            elif primitive(eqn.primitive).fold:
+            elif reduces:
                 requests.append(reduction_read(domain, eqn))
             requests.extend((var, index, mask) for index, mask in group.walk.reads.get(var.id, ()))
         if group.scatter is not None and joining:
@@ -411,7 +412,7 @@ class _Fuser:
             return self.refuse(i, group, self._too_large(trial.size))
         score, why = self._join_score(i, group, as_home)
         if score <= 0:
-            return self.refuse(i, group, f"not profitable: {why}")
+            return self.refuse(i, group, f"not profitable: {why()}")
         self._take(i, group, trial, copy=not as_home)
         if as_home:
             self.home[eqn.outvars[0].id] = gid
@@ -422,8 +423,9 @@ class _Fuser:
         return (f"not profitable: the kernel would compute {size} values per point (counting each pass "
                 f"over a row), past {MAX_KERNEL_SIZE} it compiles slower than fusing saves")
 
-    def _join_score(self, i: int, group: _Group, as_home: bool) -> tuple[float, str]:
-        """Bytes saved by equation i joining `group`, and what they are made of."""
+    def _join_score(self, i: int, group: _Group, as_home: bool) -> tuple[float, Callable[[], str]]:
+        """Bytes saved by equation i joining `group`, and what they are made of (written out when
+        asked: only a refusal shows it)."""
         eqn = self.eqns[i]
         var = eqn.outvars[0]
         size = var.type.nbytes
@@ -434,15 +436,15 @@ class _Fuser:
             operands, new = self._new_bytes({a.id for a in eqn.inputs if isinstance(a, Var)}, group)
             written = 0 if self.needed(var, group.gid) else size
             saved = LAUNCH_BYTES + written + read_back + operands - new - self._delayed_bytes(i, group)
-            return saved, f"saves {saved} bytes"
+            return saved, lambda: f"saves {saved} bytes"
         # Against reading the value from memory: that read, and the write it needs (the other
         # consumers are asked the same), for what computing it here reads (the cheap work it is
         # made from is recomputed here too) and the work done again.
         _, new = self._new_bytes(self.sources(i), group)
         work = var.type.size * RECOMPUTE_BYTES_PER_ELEMENT
         saved = read_back + size
-        return saved - new - work, (f"recomputing {eqn.primitive} of {var.type} here reads {new} bytes of "
-                                    f"operands and costs {work:g} bytes of work to save {saved} bytes")
+        return saved - new - work, lambda: (f"recomputing {eqn.primitive} of {var.type} here reads {new} bytes "
+                                            f"of operands and costs {work:g} bytes of work to save {saved} bytes")
 
     # --- the walk from the outputs back ---------------------------------------------------------
     def place(self, i: int) -> None:
