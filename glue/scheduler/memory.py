@@ -122,14 +122,16 @@ def reads_only_where_written(kernel: Kernel, input_slot: int, output_slot: int,
 class Loads:
     """The loads of kernels, all of them or those under their reductions or their element
     stores, found once for each computation: planning asks of a kernel once per input and
-    output it pairs, and a model's layers repeat their kernels (which differ only in their
-    buffers, so their loads read the same slots)."""
+    output it pairs, and a model's layers repeat their kernels (lowered once, the copies share
+    their reductions and stores and differ only in their buffers, so their loads read the same
+    slots). Computations are told apart by identity: comparing equal expressions walks them."""
 
     def __init__(self) -> None:
-        self.found: dict[tuple, list[Load]] = {}
+        # (id of reductions, id of stores, part) -> (the kernel, which keeps those ids its, the loads)
+        self.found: dict[tuple[int, int, str], tuple[Kernel, list[Load]]] = {}
 
     def under(self, kernel: Kernel, part: str) -> list[Load]:
-        key = kernel.reductions, kernel.stores, part
+        key = id(kernel.reductions), id(kernel.stores), part
         found = self.found.get(key)
         if found is None:
             if part == "reductions":
@@ -138,8 +140,8 @@ class Loads:
                 exprs = [s.value for s in kernel.stores if s.level == "element"]
             else:
                 exprs = kernel.roots
-            found = self.found[key] = loads_under(exprs)
-        return found
+            found = self.found[key] = kernel, loads_under(exprs)
+        return found[1]
 
 
 def plan_memory(graph: Graph, kernels: Sequence[Kernel], donated: Sequence[int] = (),
