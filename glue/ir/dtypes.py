@@ -194,6 +194,8 @@ _UPPER = {node: _upper_set(node) for node in _ABOVE}
 
 def _join(a: DType | str, b: DType | str) -> DType | str:
     """The least upper bound of two lattice nodes (the lattice makes it unique)."""
+    if a == b:  # most operands already share a dtype
+        return a
     common = _UPPER[a] & _UPPER[b]
     return next(n for n in common if _UPPER[n] == common)
 
