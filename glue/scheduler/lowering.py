@@ -233,13 +233,14 @@ def _operand_value(lw, eqn, index, mask, reads, values) -> Expr:
 
 def _broadcast_reads(domain, eqn, index, mask) -> list[Read]:
     (x,), p = eqn.inputs, eqn.param_dict
-    inner = tuple(index[d] if n == p["shape"][d] else Index() for n, d in zip(x.type.shape, p["dims"]))
+    shape = p["shape"]
+    inner = tuple(index[d] if n == shape[d] else Index.zero() for n, d in zip(x.type.shape, p["dims"]))
     return [(x, inner, mask)]
 
 
 def _transpose_reads(domain, eqn, index, mask) -> list[Read]:
     perm = eqn.param_dict["permutation"]
-    inner = [Index()] * len(perm)
+    inner = [Index.zero()] * len(perm)
     for i, p in enumerate(perm):
         inner[p] = index[i]
     return [(eqn.inputs[0], tuple(inner), mask)]
@@ -454,7 +455,7 @@ def placement(domain: Domain, var: Var) -> tuple[str, tuple[Index, ...]]:
     if domain.reduced_axes and shape == tuple(1 if a in domain.reduced_axes else n
                                               for a, n in enumerate(domain.element_shape)):
         # A row value kept with its reduced axes as size 1 (keepdims=True).
-        return "row", tuple(Index() if a in domain.reduced_axes else i
+        return "row", tuple(Index.zero() if a in domain.reduced_axes else i
                             for a, i in enumerate(domain.element_index))
     raise FusionRefused(f"an output of shape {shape} does not fit a kernel over {domain.parallel}"
                         f"{' x ' + str(domain.reduce) if domain.reduce else ''}")
