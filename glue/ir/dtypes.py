@@ -20,7 +20,6 @@ int64 and uint64 to their 32-bit kin, and the defaults are int32 and float32. Th
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
 
 import numpy as np
 
@@ -55,7 +54,7 @@ class DType:
             return np.dtype(ml_dtypes.bfloat16)
         return np.dtype(self.numpy_name)
 
-    @cached_property
+    @property
     def itemsize(self) -> int:
         return max(1, self.bits // 8)
 
