@@ -154,7 +154,8 @@ def infer_type(name: str, in_types: tuple[TensorType, ...], params: dict[str, An
     except RuleError as err:
         operands = ", ".join(map(str, in_types)) or "no operands"
         shown = " ".join(f"{k}={v}" for k, v in params.items())
-        raise GlueTypeError(f"{name}{'[' + shown + ']' if shown else ''} on ({operands}): {err}{_where(source)}") from None
+        raise GlueTypeError(f"{name}{'[' + shown + ']' if shown else ''} on ({operands}): {err}"
+                            f"{_where(source)}") from None
     except (TypeError, ValueError, IndexError, KeyError, AttributeError, OverflowError) as err:
         # A wrong number of operands, missing params, or params of the wrong kind (a rule
         # unpacks and indexes them): the rule met something it was not written for.
