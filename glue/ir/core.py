@@ -16,6 +16,21 @@ import numpy as np
 from glue.ir.dtypes import DType
 
 
+class _kept:
+    """A property worked out on first use and kept in the instance's dict, where later reads
+    find it first: functools.cached_property without the lock Python 3.11 takes each time
+    (what is worked out here is the same in every thread)."""
+
+    def __init__(self, fn: Any) -> None:
+        self.fn, self.name = fn, fn.__name__
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        if obj is None:
+            return self
+        value = obj.__dict__[self.name] = self.fn(obj)
+        return value
+
+
 @dataclass(frozen=True)
 class TensorType:
     """A static shape and an element type."""
@@ -30,15 +45,24 @@ class TensorType:
     def __hash__(self) -> int:
         return self._hash
 
+    def __eq__(self, other: object) -> bool:
+        return self is other or (type(other) is TensorType and self._hash == other._hash
+                                 and self.dtype is other.dtype and self.shape == other.shape)
+
+    def __reduce__(self):
+        # The hash (and the sizes kept below) are this process's: made again on unpickling.
+        return TensorType, (self.shape, self.dtype)
+
     @property
     def ndim(self) -> int:
         return len(self.shape)
 
-    @property
+    # The passes, fusion and memory planning ask every value's size many times.
+    @_kept
     def size(self) -> int:
         return math.prod(self.shape)
 
-    @property
+    @_kept
     def nbytes(self) -> int:
         return self.size * self.dtype.itemsize
 

@@ -26,17 +26,23 @@ import numpy as np
 from glue.settings import config
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class DType:
     """An element type; `name` is its short IR spelling (f32, bf16, i32, u8, bool, ...).
     `signed` says whether its values compare and widen as signed numbers (floats and signed
-    ints; bool and unsigned ints do not)."""
+    ints; bool and unsigned ints do not).
+
+    There is one DType object per type (the constants below; unpickling gives them back), so
+    equality and hashing are by identity: every type, literal and compiler table hashes one."""
 
     name: str
     kind: str  # "bool" | "int" | "float"
     bits: int
     numpy_name: str
     signed: bool = True
+
+    def __reduce__(self):
+        return _named, (self.name,)
 
     @property
     def numpy(self) -> np.dtype:
@@ -90,6 +96,12 @@ INT_DTYPES: tuple[DType, ...] = SIGNED_INT_DTYPES + UNSIGNED_INT_DTYPES
 FLOAT_DTYPES: tuple[DType, ...] = (float16, bfloat16, float32, float64)
 ALL_DTYPES: tuple[DType, ...] = (bool_,) + INT_DTYPES + FLOAT_DTYPES
 BY_NAME: dict[str, DType] = {d.name: d for d in ALL_DTYPES}
+
+
+def _named(name: str) -> DType:
+    """The DType called `name` (how a pickled DType comes back)."""
+    return BY_NAME[name]
+
 
 # bfloat16 joins on its first lookup (its NumPy dtype is ml_dtypes', imported then)
 _BY_NUMPY: dict[np.dtype, DType] = {d.numpy: d for d in ALL_DTYPES if d.name != "bf16"}
@@ -181,6 +193,8 @@ _UPPER = {node: _upper_set(node) for node in _ABOVE}
 
 def _join(a: DType | str, b: DType | str) -> DType | str:
     """The least upper bound of two lattice nodes (the lattice makes it unique)."""
+    if a == b:  # most operands already share a dtype
+        return a
     common = _UPPER[a] & _UPPER[b]
     return next(n for n in common if _UPPER[n] == common)
 

@@ -131,14 +131,18 @@ def infer_types(name: str, in_types: tuple[TensorType, ...], params: dict[str, A
     return out if isinstance(out, tuple) else (out,)
 
 
+def _where(source: str | None) -> str:
+    """The user's line for an error message (read from the file only when a rule fails)."""
+    return f" {describe_location(source)}" if source else ""
+
+
 def infer_type(name: str, in_types: tuple[TensorType, ...], params: dict[str, Any],
                source: str | None = None) -> TensorType | tuple[TensorType, ...]:
     """The output type of `name` applied to operands of `in_types` (a tuple of types for a
     primitive with multiple results); a GlueTypeError if ill-typed."""
-    where = f" {describe_location(source)}" if source else ""
     prim = PRIMITIVES.get(name)
     if prim is None:
-        raise GlueTypeError(f"unknown primitive '{name}'{where}")
+        raise GlueTypeError(f"unknown primitive '{name}'{_where(source)}")
     try:
         out = prim.rule(*in_types, **params)
         for result in out if isinstance(out, tuple) else (out,):
@@ -150,12 +154,13 @@ def infer_type(name: str, in_types: tuple[TensorType, ...], params: dict[str, An
     except RuleError as err:
         operands = ", ".join(map(str, in_types)) or "no operands"
         shown = " ".join(f"{k}={v}" for k, v in params.items())
-        raise GlueTypeError(f"{name}{'[' + shown + ']' if shown else ''} on ({operands}): {err}{where}") from None
+        raise GlueTypeError(f"{name}{'[' + shown + ']' if shown else ''} on ({operands}): {err}"
+                            f"{_where(source)}") from None
     except (TypeError, ValueError, IndexError, KeyError, AttributeError, OverflowError) as err:
         # A wrong number of operands, missing params, or params of the wrong kind (a rule
         # unpacks and indexes them): the rule met something it was not written for.
         raise GlueTypeError(f"{name}: bad operands or parameters ({len(in_types)} operands, params "
-                            f"{sorted(params)}): {type(err).__name__}: {err}{where}") from None
+                            f"{sorted(params)}): {type(err).__name__}: {err}{_where(source)}") from None
 
 
 def _require(cond: bool, message: str) -> None:

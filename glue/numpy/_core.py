@@ -140,6 +140,8 @@ def _promote(xs: Sequence[Any], dtype: DType | None = None, fn: str = "promote")
 
 def _broadcast_shape(*shapes: Shape) -> Shape | None:
     """NumPy's broadcast of `shapes`, or None when they do not broadcast together."""
+    if shapes and builtins.all(s == shapes[0] for s in shapes):  # the usual case, at once
+        return shapes[0]
     rank = builtins.max((len(s) for s in shapes), default=0)
     out = []
     for i in range(rank):

@@ -26,6 +26,7 @@ from typing import Any, Callable, Sequence
 from glue.ir import Eqn, Graph, Literal, TensorType, Var, infer_types, params_tuple, primitive
 from glue.ir import dtypes as dt
 from glue.ir.primitives import attention_accumulator, attention_dims
+from glue.ir.printer import format_param
 from glue.scheduler.fusion import Fusion, fuse
 from glue.scheduler.passes import optimize
 from glue.scheduler.passes.attention import recognize_attention
@@ -710,17 +711,51 @@ def expand_attention(graph: Graph, policy: AttentionPolicy = AttentionPolicy()) 
     eqns: list[Eqn] = []
     notes = []
     expanded = False
+    # A model's layers repeat their attention: each structure is expanded once, and the
+    # expansion copied for the equations like it (its body Graphs shared, not rebuilt).
+    made: dict[tuple, tuple[Eqn, str, list[Eqn] | None]] = {}
     for eqn in graph.eqns:
         if eqn.primitive not in EXPANSIONS:
             eqns.append(eqn)
             continue
-        how, replacement = policy.expansion(eqn)
+        key = _structure(eqn)
+        if key in made:
+            first, how, replacement = made[key]
+            replacement = None if replacement is None else _renamed(replacement, first, eqn)
+        else:
+            how, replacement = policy.expansion(eqn)
+            made[key] = eqn, how, replacement
         notes.append(how)
         eqns.extend([eqn] if replacement is None else replacement)
         expanded = expanded or replacement is not None
     if not expanded:
         return graph, tuple(notes)
     return Graph(graph.constvars, graph.invars, tuple(eqns), graph.outvars), tuple(notes)
+
+
+def _structure(eqn: Eqn) -> tuple:
+    """All an attention equation's expansion depends on: its primitive, params (in their
+    lossless text form), source line and operands, up to the identity of its values (which
+    operands are one value stays in)."""
+    first = {id(a): k for k, a in reversed(list(enumerate(eqn.inputs)))}
+    operands = tuple((a.type, str(a) if isinstance(a, Literal) else first[id(a)]) for a in eqn.inputs)
+    return eqn.primitive, format_param(eqn.params), eqn.source, operands
+
+
+def _renamed(expansion: list[Eqn], was: Eqn, now: Eqn) -> list[Eqn]:
+    """`expansion`, the equations replacing `was`, as those replacing `now` (an equation of
+    the same structure): `now`'s operands and results in place of `was`'s, every other value
+    made afresh (in the same order)."""
+    values: dict[int, Var] = {a.id: b for a, b in zip(was.inputs, now.inputs) if isinstance(a, Var)}
+    values.update((a.id, b) for a, b in zip(was.outvars, now.outvars))
+    copies = []
+    for e in expansion:
+        for v in e.outvars:
+            if v.id not in values:
+                values[v.id] = Var(v.type)
+        copies.append(Eqn(e.primitive, tuple(values[a.id] if isinstance(a, Var) else a for a in e.inputs),
+                          e.params, tuple(values[v.id] for v in e.outvars), e.source))
+    return copies
 
 
 @dataclass(frozen=True)

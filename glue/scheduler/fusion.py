@@ -36,7 +36,7 @@ from __future__ import annotations
 import heapq
 from collections import ChainMap
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Callable, Container, Iterable, Iterator
 
 from glue.ir import Eqn, Graph, Var, primitive
 from glue.ir.printer import format_param, graph_var_names
@@ -44,7 +44,7 @@ from glue.scheduler.calls import lower_call
 from glue.scheduler.dag import KernelDag
 from glue.scheduler.kernel_ir import Kernel
 from glue.scheduler.lowering import (Domain, FusionRefused, GroupLowering, SiteWalk, check_contents,
-                                     check_scatter_target, contraction_reads, group_shape, kernel_domain,
+                                     check_scatter_target, contraction_reads, kernel_domain,
                                      placement, reduction_read, root_reads, row_signature, scatter_reads)
 
 # A kernel launch costs about the time it takes to move this many bytes (a few microseconds of
@@ -213,40 +213,48 @@ class _Fuser:
         self.home: dict[int, int] = {}  # var id -> group that writes it to memory
         self.dag = KernelDag()
         self.refusals: list[Refusal] = []
+        self._sources: dict[int, set[int]] = {}  # see `sources`
+        self.lower = GroupLowering()  # each distinct group lowered once
 
     # --- what kernels read and write ------------------------------------------------------------
     def readers(self, var: Var, computing: Iterable[int] = ()) -> set[int]:
         """The groups that read `var` from memory: those holding a consumer but not its producer
         (nor in `computing`, groups about to compute it)."""
+        return set(self._readers(var, set(computing)))
+
+    def _readers(self, var: Var, skip: Container[int]) -> Iterator[int]:
         i = self.producer[var.id]
-        skip = set(computing)
-        return {g for c in self.consumers.get(var.id, ()) for g in self.groups_of.get(c, ())
-                if g not in skip and i not in self.groups[g].members}
+        return (g for c in self.consumers.get(var.id, ()) for g in self.groups_of.get(c, ())
+                if g not in skip and i not in self.groups[g].members)
 
     def needed(self, var: Var, writer: int) -> bool:
         """Whether group `writer`, computing `var`, must write it."""
-        return var.id in self.external or bool(self.readers(var, (writer,)))
+        return var.id in self.external or next(self._readers(var, (writer,)), None) is not None
 
     def nbytes(self, vid: int) -> int:
         return self.vars[vid].type.nbytes
 
-    def sources(self, eqn: Eqn) -> set[int]:
-        """The values a kernel reads from memory to compute `eqn` if it also computes the cheap
-        work `eqn` is made from (fusion recomputes such work where it is needed): the results of
-        expensive work, reductions, contractions and gathers, and the program's inputs (the
-        search stops after SOURCE_DEPTH equations; what it has not expanded counts as read)."""
-        found: set[int] = set()
-        stack = [a for a in eqn.inputs if isinstance(a, Var)]
+    def sources(self, i: int) -> set[int]:
+        """The values a kernel reads from memory to compute equation i if it also computes the
+        cheap work the equation is made from (fusion recomputes such work where it is needed):
+        the results of expensive work, reductions, contractions and gathers, and the program's
+        inputs (the search stops after SOURCE_DEPTH equations; what it has not expanded counts
+        as read). Found once per equation: each kernel that might recompute it asks."""
+        found = self._sources.get(i)
+        if found is not None:
+            return found
+        found = self._sources[i] = set()
+        stack = [a for a in self.eqns[i].inputs if isinstance(a, Var)]
         expanded = 0
         while stack:
             var = stack.pop()
-            i = self.producer.get(var.id)
-            if i is None or expanded == SOURCE_DEPTH or _never_copied(self.eqns[i].primitive) \
-                    or _own_kernel(self.eqns[i]):
+            j = self.producer.get(var.id)
+            if j is None or expanded == SOURCE_DEPTH or _never_copied(self.eqns[j].primitive) \
+                    or _own_kernel(self.eqns[j]):
                 found.add(var.id)
                 continue
             expanded += 1
-            stack.extend(a for a in self.eqns[i].inputs if isinstance(a, Var))
+            stack.extend(a for a in self.eqns[j].inputs if isinstance(a, Var))
         return found
 
     def _new_bytes(self, values: Iterable[int], group: _Group) -> tuple[int, int]:
@@ -319,6 +327,7 @@ class _Fuser:
         """What equation i joining `group` makes of it; FusionRefused if it cannot."""
         eqn = self.eqns[i]
         (var,) = eqn.outvars
+        reduces = bool(primitive(eqn.primitive).fold)
         joining = i not in group.members
         output = as_home and var.id not in group.outputs and self.needed(var, group.gid)
         dot, scatter, fold = group.dot, group.scatter, group.fold
@@ -328,15 +337,17 @@ class _Fuser:
                 dot, dots = eqn, dots + 1
             elif eqn.primitive == "scatter_add":
                 scatter, scatters = eqn, scatters + 1
-            elif primitive(eqn.primitive).fold:
+            elif reduces:
                 fold, folds = fold or eqn, folds + 1
         check_contents(dots, scatters, folds)
-        if joining and primitive(eqn.primitive).fold and row_signature(eqn) != row_signature(fold):
+        if joining and reduces and row_signature(eqn) != row_signature(fold):
             raise FusionRefused("reductions over different rows")
         outputs = list(group.outputs.values()) + ([var] if output else [])
         domain = kernel_domain(dot, scatter, fold, [v.type.shape for v in outputs])
-        defined = ChainMap({var.id: eqn}, group.defined) if joining else group.defined
-        above = group.folds_above.get(i, int(bool(primitive(eqn.primitive).fold)) + max(
+        # a copy (of a few entries, usually) rather than a ChainMap: the walk looks up every
+        # value it meets here, and a ChainMap's lookup costs several of a dict's
+        defined = {**group.defined, var.id: eqn} if joining else group.defined
+        above = group.folds_above.get(i, int(reduces) + max(
             (group.folds_above[c] for c in self.consumers.get(var.id, ()) if c in group.members), default=0))
         levels = max(group.levels, above)
         if domain != group.domain:
@@ -349,7 +360,7 @@ class _Fuser:
         if joining:
             if eqn.primitive == "dot_general":
                 requests.extend(contraction_reads(domain, eqn))
-            elif primitive(eqn.primitive).fold:
+            elif reduces:
                 requests.append(reduction_read(domain, eqn))
             requests.extend((var, index, mask) for index, mask in group.walk.reads.get(var.id, ()))
         if group.scatter is not None and joining:
@@ -401,7 +412,7 @@ class _Fuser:
             return self.refuse(i, group, self._too_large(trial.size))
         score, why = self._join_score(i, group, as_home)
         if score <= 0:
-            return self.refuse(i, group, f"not profitable: {why}")
+            return self.refuse(i, group, f"not profitable: {why()}")
         self._take(i, group, trial, copy=not as_home)
         if as_home:
             self.home[eqn.outvars[0].id] = gid
@@ -412,8 +423,9 @@ class _Fuser:
         return (f"not profitable: the kernel would compute {size} values per point (counting each pass "
                 f"over a row), past {MAX_KERNEL_SIZE} it compiles slower than fusing saves")
 
-    def _join_score(self, i: int, group: _Group, as_home: bool) -> tuple[float, str]:
-        """Bytes saved by equation i joining `group`, and what they are made of."""
+    def _join_score(self, i: int, group: _Group, as_home: bool) -> tuple[float, Callable[[], str]]:
+        """Bytes saved by equation i joining `group`, and what they are made of (written out when
+        asked: only a refusal shows it)."""
         eqn = self.eqns[i]
         var = eqn.outvars[0]
         size = var.type.nbytes
@@ -424,15 +436,15 @@ class _Fuser:
             operands, new = self._new_bytes({a.id for a in eqn.inputs if isinstance(a, Var)}, group)
             written = 0 if self.needed(var, group.gid) else size
             saved = LAUNCH_BYTES + written + read_back + operands - new - self._delayed_bytes(i, group)
-            return saved, f"saves {saved} bytes"
+            return saved, lambda: f"saves {saved} bytes"
         # Against reading the value from memory: that read, and the write it needs (the other
         # consumers are asked the same), for what computing it here reads (the cheap work it is
         # made from is recomputed here too) and the work done again.
-        _, new = self._new_bytes(self.sources(eqn), group)
+        _, new = self._new_bytes(self.sources(i), group)
         work = var.type.size * RECOMPUTE_BYTES_PER_ELEMENT
         saved = read_back + size
-        return saved - new - work, (f"recomputing {eqn.primitive} of {var.type} here reads {new} bytes of "
-                                    f"operands and costs {work:g} bytes of work to save {saved} bytes")
+        return saved - new - work, lambda: (f"recomputing {eqn.primitive} of {var.type} here reads {new} bytes "
+                                            f"of operands and costs {work:g} bytes of work to save {saved} bytes")
 
     # --- the walk from the outputs back ---------------------------------------------------------
     def place(self, i: int) -> None:
@@ -647,7 +659,7 @@ class _Fuser:
         apart."""
         if len(a.members) != len(b.members) or len(a.outputs) != len(b.outputs):
             return False
-        shapes = [group_shape([self.eqns[i] for i in sorted(g.members)], list(g.outputs.values()))[0]
+        shapes = [self.lower.shape([self.eqns[i] for i in sorted(g.members)], list(g.outputs.values()))[0]
                   for g in (a, b)]
         return shapes[0] == shapes[1]
 
@@ -740,11 +752,10 @@ class _Fuser:
         groups = [sorted(self.groups[g].members) for g in order]
         outputs = [self.outputs(g) for g in order]
         kernels = []
-        lower = GroupLowering()  # each distinct group lowered once
         for k, (gid, eqns, outs) in enumerate(zip(order, groups, outputs)):
             call = self._call(self.groups[gid])
             kernels.append(lower_call(call, str(k)) if call is not None else
-                           lower([self.eqns[i] for i in eqns], outs, str(k)))
+                           self.lower([self.eqns[i] for i in eqns], outs, str(k)))
         return Fusion(self.graph, groups, outputs, kernels, self.refusals)
 
 

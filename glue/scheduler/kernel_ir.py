@@ -146,6 +146,11 @@ class Index(_Node):
         return found
 
     @staticmethod
+    def zero() -> "Index":
+        """The constant index 0 (a broadcast dimension's), one object as `dim` makes."""
+        return _ZERO_INDEX
+
+    @staticmethod
     def of(atom: IndexAtom) -> "Index":
         return Index(((atom, 1),))
 
@@ -159,7 +164,7 @@ class Index(_Node):
 
     def __mul__(self, factor: int) -> "Index":
         if factor == 0:
-            return Index()
+            return Index.zero()
         return Index(tuple((a, c * factor) for a, c in self.terms), self.const * factor)
 
     @property
@@ -169,6 +174,7 @@ class Index(_Node):
 
 # Index.dim(k) is made everywhere; one object per k makes comparing indices mostly identity checks.
 _DIM_INDICES: dict[int, Index] = {}
+_ZERO_INDEX = Index()
 
 
 Ranges = tuple[tuple[int, int], ...]  # inclusive (lo, hi) per domain dim

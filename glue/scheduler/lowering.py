@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, replace
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from glue.ir import PRIMITIVES, Eqn, Literal, RuleTable, TensorType, Var, primitive
 from glue.ir.core import Atom, strides
@@ -94,20 +94,28 @@ def kernel_domain(dot: Eqn | None, scatter: Eqn | None, reduction: Eqn | None,
         (lhs, _), ((lc, _), _) = dot.inputs, dot.param_dict["dimension_numbers"]
         return Domain("contraction", dot.outvars[0].type.shape, tuple(lhs.type.shape[a] for a in lc), None)
     if scatter is not None:
-        shape = scatter.inputs[2].type.shape
-        return Domain("data", shape, (), shape, tuple(Index.dim(k) for k in range(len(shape))))
+        return _element_domain("data", scatter.inputs[2].type.shape)
     if reduction is not None:
-        shape, axes = row_signature(reduction)
-        kept = [a for a in range(len(shape)) if a not in axes]
-        where = {a: Index.dim(i) for i, a in enumerate(kept)}
-        where.update({a: Index.dim(len(kept) + i) for i, a in enumerate(axes)})
-        return Domain("reduction", tuple(shape[a] for a in kept), tuple(shape[a] for a in axes),
-                      shape, tuple(where[a] for a in range(len(shape))), axes)
+        return _reduction_domain(*row_signature(reduction))
     shapes = set(output_shapes)
     if len(shapes) != 1:
         raise FusionRefused(f"outputs of different shapes {sorted(shapes)}")
-    shape = shapes.pop()
-    return Domain("pointwise", shape, (), shape, tuple(Index.dim(k) for k in range(len(shape))))
+    return _element_domain("pointwise", shapes.pop())
+
+
+# Fusion asks for the domain of every group it tries an equation in, mostly of a few shapes.
+@functools.lru_cache(maxsize=1 << 10)
+def _element_domain(kind: str, shape: tuple[int, ...]) -> Domain:
+    return Domain(kind, shape, (), shape, tuple(Index.dim(k) for k in range(len(shape))))
+
+
+@functools.lru_cache(maxsize=1 << 10)
+def _reduction_domain(shape: tuple[int, ...], axes: tuple[int, ...]) -> Domain:
+    kept = [a for a in range(len(shape)) if a not in axes]
+    where = {a: Index.dim(i) for i, a in enumerate(kept)}
+    where.update({a: Index.dim(len(kept) + i) for i, a in enumerate(axes)})
+    return Domain("reduction", tuple(shape[a] for a in kept), tuple(shape[a] for a in axes),
+                  shape, tuple(where[a] for a in range(len(shape))), axes)
 
 
 def _domain(eqns: Sequence[Eqn], outputs: Sequence[Var]) -> Domain:
@@ -225,13 +233,14 @@ def _operand_value(lw, eqn, index, mask, reads, values) -> Expr:
 
 def _broadcast_reads(domain, eqn, index, mask) -> list[Read]:
     (x,), p = eqn.inputs, eqn.param_dict
-    inner = tuple(index[d] if n == p["shape"][d] else Index() for n, d in zip(x.type.shape, p["dims"]))
+    shape = p["shape"]
+    inner = tuple(index[d] if n == shape[d] else Index.zero() for n, d in zip(x.type.shape, p["dims"]))
     return [(x, inner, mask)]
 
 
 def _transpose_reads(domain, eqn, index, mask) -> list[Read]:
     perm = eqn.param_dict["permutation"]
-    inner = [Index()] * len(perm)
+    inner = [Index.zero()] * len(perm)
     for i, p in enumerate(perm):
         inner[p] = index[i]
     return [(eqn.inputs[0], tuple(inner), mask)]
@@ -446,7 +455,7 @@ def placement(domain: Domain, var: Var) -> tuple[str, tuple[Index, ...]]:
     if domain.reduced_axes and shape == tuple(1 if a in domain.reduced_axes else n
                                               for a, n in enumerate(domain.element_shape)):
         # A row value kept with its reduced axes as size 1 (keepdims=True).
-        return "row", tuple(Index() if a in domain.reduced_axes else i
+        return "row", tuple(Index.zero() if a in domain.reduced_axes else i
                             for a, i in enumerate(domain.element_index))
     raise FusionRefused(f"an output of shape {shape} does not fit a kernel over {domain.parallel}"
                         f"{' x ' + str(domain.reduce) if domain.reduce else ''}")
@@ -522,7 +531,7 @@ class SiteWalk:
             if eqn is None:
                 self.reads.setdefault(atom.id, {})[key[1:]] = None
                 continue
-            if self.visited(key):
+            if key in self.sites or self.base is not None and self.base.visited(key):
                 continue
             self.sites.add(key)
             stack.extend(reversed(operand_reads(self.domain, eqn, key[1], mask)))
@@ -692,11 +701,17 @@ def lower_group(eqns: Sequence[Eqn], outputs: Sequence[Var], name: str) -> Kerne
                   tuple(lw.reductions), tuple(stores), ops, init, _sources(eqns), precision)
 
 
-def group_shape(eqns: Sequence[Eqn], outputs: Sequence[Var]) -> tuple[tuple, list[int]]:
+def params_text(params: tuple[tuple[str, Any], ...]) -> tuple[tuple[str, str], ...]:
+    """An equation's params in their lossless text form."""
+    return tuple((key, format_param(value)) for key, value in params)
+
+
+def group_shape(eqns: Sequence[Eqn], outputs: Sequence[Var],
+                text: Callable[[tuple], tuple] = params_text) -> tuple[tuple, list[int]]:
     """A group of equations up to the ids of its values: each equation's primitive, params (in
-    their lossless text form), operand types and which values it reads and makes, each value
-    numbered by its first appearance, then which of them are the outputs. Also the value ids
-    in that numbering."""
+    their lossless text form, `text`), operand types and which values it reads and makes, each
+    value numbered by its first appearance, then which of them are the outputs. Also the value
+    ids in that numbering."""
     number: dict[int, int] = {}
     ids: list[int] = []
 
@@ -709,8 +724,7 @@ def group_shape(eqns: Sequence[Eqn], outputs: Sequence[Var]) -> tuple[tuple, lis
     parts: list[tuple] = []
     for e in eqns:
         args = tuple((slot(a), a.type) if isinstance(a, Var) else (str(a), a.type) for a in e.inputs)
-        params = tuple((key, format_param(value)) for key, value in e.params)
-        parts.append((e.primitive, params, args, tuple((slot(v), v.type) for v in e.outvars)))
+        parts.append((e.primitive, text(e.params), args, tuple((slot(v), v.type) for v in e.outvars)))
     parts.append(tuple(slot(v) for v in outputs))
     return tuple(parts), ids
 
@@ -723,9 +737,22 @@ class GroupLowering:
 
     def __init__(self) -> None:
         self._lowered: dict[tuple, tuple[Kernel, list[int]]] = {}
+        # id(params) -> (params, their text): equations share params objects (a recomputed copy
+        # its original's, a layer's attention tiles the first layer's), kept so the id stays theirs
+        self._texts: dict[int, tuple[tuple, tuple]] = {}
+
+    def shape(self, eqns: Sequence[Eqn], outputs: Sequence[Var]) -> tuple[tuple, list[int]]:
+        """`group_shape`, each params object written once."""
+        return group_shape(eqns, outputs, self._text)
+
+    def _text(self, params: tuple) -> tuple:
+        found = self._texts.get(id(params))
+        if found is None:
+            found = self._texts[id(params)] = params, params_text(params)
+        return found[1]
 
     def __call__(self, eqns: Sequence[Eqn], outputs: Sequence[Var], name: str) -> Kernel:
-        shape, ids = group_shape(eqns, outputs)
+        shape, ids = self.shape(eqns, outputs)
         earlier = self._lowered.get(shape)
         if earlier is None:
             kernel = lower_group(eqns, outputs, name)

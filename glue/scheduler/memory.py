@@ -92,7 +92,7 @@ _IN_PLACE_LEVELS = {"pointwise": ("element",), "reduction": ("element", "row"), 
 
 
 def reads_only_where_written(kernel: Kernel, input_slot: int, output_slot: int,
-                             loads: Sequence[Load] | None = None) -> bool:
+                             loads: "Loads | None" = None) -> bool:
     """True when the kernel reads input `input_slot` only at the points it writes output
     `output_slot`, so both may share memory. A row kernel qualifies too: it finishes reading a
     row for its reductions before it writes that row, and no other row reads it. So does a
@@ -106,18 +106,42 @@ def reads_only_where_written(kernel: Kernel, input_slot: int, output_slot: int,
     and a fold of that row may read the input there too (the bias inside the gradient it
     sums); no other row reads it. Its element stores may not: on the GPU the threads of a row
     store their elements after the row's folds meet, each at its own pace, and one of them
-    then stores the row's values. `loads` are the kernel's loads, when already known."""
+    then stores the row's values. `loads` finds the kernel's loads (and keeps them)."""
     stores = [s for s in kernel.stores if s.output == output_slot]
     if len(stores) != 1 or stores[0].mode != "set" or stores[0].level not in _IN_PLACE_LEVELS.get(kernel.kind, ()):
         return False
-    if kernel.kind == "contraction" and any(ld.input == input_slot
-                                            for ld in loads_under(r.value for r in kernel.reductions)):
+    loads = loads or Loads()
+    if kernel.kind == "contraction" and any(ld.input == input_slot for ld in loads.under(kernel, "reductions")):
         return False
-    if stores[0].level == "row" and any(ld.input == input_slot for ld in loads_under(
-            s.value for s in kernel.stores if s.level == "element")):
+    if stores[0].level == "row" and any(ld.input == input_slot for ld in loads.under(kernel, "element stores")):
         return False
-    mine = [ld for ld in (loads_under(kernel.roots) if loads is None else loads) if ld.input == input_slot]
+    mine = [ld for ld in loads.under(kernel, "all") if ld.input == input_slot]
     return all(ld.index == stores[0].index and not ld.mask for ld in mine)
+
+
+class Loads:
+    """The loads of kernels, all of them or those under their reductions or their element
+    stores, found once for each computation: planning asks of a kernel once per input and
+    output it pairs, and a model's layers repeat their kernels (lowered once, the copies share
+    their reductions and stores and differ only in their buffers, so their loads read the same
+    slots). Computations are told apart by identity: comparing equal expressions walks them."""
+
+    def __init__(self) -> None:
+        # (id of reductions, id of stores, part) -> (the kernel, which keeps those ids its, the loads)
+        self.found: dict[tuple[int, int, str], tuple[Kernel, list[Load]]] = {}
+
+    def under(self, kernel: Kernel, part: str) -> list[Load]:
+        key = id(kernel.reductions), id(kernel.stores), part
+        found = self.found.get(key)
+        if found is None:
+            if part == "reductions":
+                exprs = [r.value for r in kernel.reductions]
+            elif part == "element stores":
+                exprs = [s.value for s in kernel.stores if s.level == "element"]
+            else:
+                exprs = kernel.roots
+            found = self.found[key] = kernel, loads_under(exprs)
+        return found[1]
 
 
 def plan_memory(graph: Graph, kernels: Sequence[Kernel], donated: Sequence[int] = (),
@@ -147,7 +171,7 @@ def plan_memory(graph: Graph, kernels: Sequence[Kernel], donated: Sequence[int] 
     # A donated argument the program also returns keeps its values: its buffer is no donor.
     returned = {a.id for a in graph.outvars if isinstance(a, Var)}
     donors = {graph.invars[i].id: len(graph.constvars) + i for i in donated if graph.invars[i].id not in returned}
-    loads = _Loads(kernels)
+    loads = Loads()
     # Outputs first take a donor their own kernel reads where it writes (a weight update takes
     # the old weight's buffer): as many as can, matched, then any donor dead by then, greedily
     # in output order. Each output prefers its own donor: the k-th output of a type the k-th
@@ -248,26 +272,13 @@ def _matching(candidates: dict[int, list[int]]) -> dict[int, int]:
     return match
 
 
-class _Loads:
-    """Each kernel's loads, found once."""
-
-    def __init__(self, kernels: Sequence[Kernel]):
-        self.kernels = kernels
-        self.found: dict[int, list[Load]] = {}
-
-    def __getitem__(self, k: int) -> list[Load]:
-        if k not in self.found:
-            self.found[k] = loads_under(self.kernels[k].roots)
-        return self.found[k]
-
-
 def _dead_by(touching: Sequence[int], k: int, order: StreamPlan) -> bool:
     """Whether every kernel of `touching` other than k finishes before kernel k starts."""
     return all(j == k or order.before(j, k) for j in touching)
 
 
 def _free_by(donor: int, vid: int, kernels: Sequence[Kernel], users: dict[int, list[int]], k: int,
-             order: StreamPlan, loads: _Loads) -> bool:
+             order: StreamPlan, loads: Loads) -> bool:
     """Whether the donated argument `donor` is dead when kernel `k` writes `vid`: read only by
     kernels that finish before k, or by kernel k itself only where it writes `vid`."""
     if not _dead_by(users.get(donor, ()), k, order):
@@ -275,11 +286,11 @@ def _free_by(donor: int, vid: int, kernels: Sequence[Kernel], users: dict[int, l
     kernel = kernels[k]
     slots = [i for i, b in enumerate(kernel.inputs) if b.value_id == donor]
     out = next(o for o, b in enumerate(kernel.outputs) if b.value_id == vid)
-    return all(reads_only_where_written(kernel, i, out, loads[k]) for i in slots)
+    return all(reads_only_where_written(kernel, i, out, loads) for i in slots)
 
 
 def _in_place_pairs(kernels: Sequence[Kernel], intermediates: list[int], users: dict[int, list[int]],
-                    order: StreamPlan, loads: _Loads) -> dict[int, int]:
+                    order: StreamPlan, loads: Loads) -> dict[int, int]:
     """output value -> input value whose memory it may take over."""
     candidates = set(intermediates)
     pairs: dict[int, int] = {}
@@ -295,7 +306,7 @@ def _in_place_pairs(kernels: Sequence[Kernel], intermediates: list[int], users: 
             for i in by_size.get(out.type.nbytes, ()):
                 inp = kernel.inputs[i].value_id
                 if inp not in taken and _dead_by(users[inp], k, order) \
-                        and reads_only_where_written(kernel, i, o, loads[k]):
+                        and reads_only_where_written(kernel, i, o, loads):
                     pairs[out.value_id] = inp
                     taken.add(inp)
                     break
@@ -411,20 +422,26 @@ def _pack(values: list[int], users: dict[int, list[int]], types: dict[int, Tenso
     only slots whose intervals meet are compared."""
     slot_of, slots = _slots(values, users, types, in_place, order)
     placed = _Intervals(len(order.streams))
-    offsets: dict[int, int] = {}
+    extents: dict[int, tuple[int, int]] = {}  # slot -> (offset, end) of its memory, once placed
     end = 0
+    # On one stream a slot's interval is exactly the span of its kernels, so every slot whose
+    # interval meets it conflicts with it: only several streams need the finer test.
+    one_stream = order.n_streams == 1
+    # Each slot is compared with every placed slot alive beside it, which in a deep training
+    # step's backward is most of them: the loop below is the planner's inner loop.
     for r in sorted(slots, key=lambda r: (-slots[r].size, slots[r].first)):
         slot = slots[r]
-        busy = sorted((offsets[o], offsets[o] + slots[o].size)
-                      for o in placed.overlapping(slot.since, slot.last) if not slots[o].disjoint(slot))
-        best, cursor = None, 0
-        for lo, hi in busy + [(None, None)]:
-            gap = (lo if lo is not None else float("inf")) - cursor
-            if gap >= slot.size and (best is None or gap < best[1]):
-                best = (cursor, gap)
-            if hi is not None:
-                cursor = max(cursor, hi)
-        offsets[r] = best[0]
-        end = max(end, best[0] + slot.size)
+        alive = placed.overlapping(slot.since, slot.last)
+        busy = sorted(extents[o] for o in alive if one_stream or not slots[o].disjoint(slot))
+        best, smallest, cursor = None, 0, 0  # the offset of the smallest gap that fits, its size
+        for lo, hi in busy:
+            gap = lo - cursor
+            if gap >= slot.size and (best is None or gap < smallest):
+                best, smallest = cursor, gap
+            if hi > cursor:
+                cursor = hi
+        offset = cursor if best is None else best  # else past everything alive beside it
+        extents[r] = (offset, offset + slot.size)
+        end = max(end, offset + slot.size)
         placed.add(slot.since, slot.last, r)
-    return {v: offsets[slot_of[v]] for v in values}, end
+    return {v: extents[slot_of[v]][0] for v in values}, end

@@ -35,7 +35,7 @@ from glue.frontend.transforms.core import (Env, add, aval, broadcast, convert, d
                                            reshape, source_line, sub, sum_to, transpose, zeros)
 from glue.frontend.tracing import results_of
 from glue.frontend.transforms.stop_gradient import Stopped, stop_gradient
-from glue.ir import PRIMITIVES, ClosedGraph, Graph, RuleTable, Var, every_primitive
+from glue.ir import PRIMITIVES, ClosedGraph, Eqn, Graph, RuleTable, Var, every_primitive
 from glue.scheduler.passes.attention import recognize_attention
 from glue.settings import config
 
@@ -489,7 +489,11 @@ def with_attention(closed: ClosedGraph) -> ClosedGraph:
             atom = stopped[atom.id]
         return atom
 
-    seen = tuple(replace(e, inputs=tuple(map(source, e.inputs))) if stopped else e for e in graph.eqns)
+    def reading_sources(e: Eqn) -> Eqn:
+        inputs = tuple(map(source, e.inputs))
+        return e if inputs == e.inputs else replace(e, inputs=inputs)
+
+    seen = tuple(map(reading_sources, graph.eqns)) if stopped else graph.eqns
     recognised, _ = recognize_attention(replace(graph, eqns=seen, outvars=tuple(map(source, graph.outvars))))
     if recognised.eqns is seen:
         return closed

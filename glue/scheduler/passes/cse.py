@@ -26,13 +26,20 @@ def _atom_key(atom: Atom) -> Hashable:
 
 def cse(graph: Graph, consts: Sequence[Any] | None = None) -> Graph:
     """`graph` with each repeated computation done once."""
+    # Equations are told apart by primitive and operands first: most are alone there, and
+    # their params (the dear part of the key) are compared only among those that are not.
+    alone: dict[Hashable, Eqn] = {}
     first: dict[Hashable, Var] = {}
 
     def rule(eqn: Eqn, ctx: Sweep) -> Replacement:
         if len(eqn.outvars) > 1:
             return None  # a sweep replaces one output at a time
-        key = (eqn.primitive, _frozen(eqn.params), tuple(map(_atom_key, eqn.inputs)))
-        out = first.setdefault(key, eqn.outvars[0])
+        operands = (eqn.primitive, tuple(map(_atom_key, eqn.inputs)))
+        earlier = alone.setdefault(operands, eqn)
+        if earlier is eqn:
+            return None
+        first.setdefault((operands, _frozen(earlier.params)), earlier.outvars[0])
+        out = first.setdefault((operands, _frozen(eqn.params)), eqn.outvars[0])
         return None if out is eqn.outvars[0] else out
 
     return sweep(graph, rule)

@@ -60,6 +60,8 @@ def _concrete(value: Any, type_: TensorType) -> np.ndarray | None:
 
 def _literal_inputs(graph: Graph, known: dict[int, np.ndarray]) -> tuple[dict[int, Atom], list[Eqn]]:
     """Splat constant inputs as literals (scalars) or broadcast literals, for the ones used."""
+    if not known:  # no constant's value is known (the scheduler's passes): nothing to splat
+        return {}, []
     used = {a.id for e in graph.eqns for a in e.inputs if isinstance(a, Var)}
     used.update(a.id for a in graph.outvars if isinstance(a, Var))
     subst: dict[int, Atom] = {}
@@ -88,30 +90,30 @@ def fold(graph: Graph, consts: Sequence[Any] | None = None) -> Graph:
         if array is not None:
             known[var.id] = array
 
-    def value_of(atom: Atom, ctx: Sweep) -> np.ndarray | None:
-        lit = splat(atom, ctx)
+    def value_of(atom: Atom, lit: Literal | None) -> np.ndarray:
+        """The value of `atom`, known: `lit` is its splat, if it is one."""
         if lit is not None:  # a literal, or a broadcast one: the view the reference makes
             return np.broadcast_to(_read(lit), atom.type.shape)
-        return known.get(atom.id)
+        return known[atom.id]
 
     def rule(eqn: Eqn, ctx: Sweep) -> Replacement:
-        if len(eqn.outvars) > 1 or PRIMITIVES[eqn.primitive].opaque:
+        prim = PRIMITIVES[eqn.primitive]
+        if len(eqn.outvars) > 1 or prim.opaque:
             return None
         out = eqn.outvars[0]
         if eqn.primitive == "broadcast_in_dim" and isinstance(eqn.inputs[0], Literal):
             return None  # already the cheapest form of a splat
         if out.type.size == 0:
             return fill(0, eqn)
-        scalars = [splat(a, ctx) for a in eqn.inputs]
-        if PRIMITIVES[eqn.primitive].kind == "elementwise" and all(s is not None for s in scalars):
-            result = _evaluate(eqn, [_read(s) for s in scalars])
+        if prim.kind == "elementwise" and all(splat(a, ctx) is not None for a in eqn.inputs):
+            result = _evaluate(eqn, [_read(splat(a, ctx)) for a in eqn.inputs])
             return None if result is None else fill(result[()], eqn)
-        if any(t.size > FOLD_LIMIT for t in (out.type, *(a.type for a in eqn.inputs))):
+        if out.type.size > FOLD_LIMIT or any(a.type.size > FOLD_LIMIT for a in eqn.inputs):
             return None
-        values = [value_of(a, ctx) for a in eqn.inputs]
-        if any(v is None for v in values):
+        splats = [splat(a, ctx) for a in eqn.inputs]
+        if any(lit is None and a.id not in known for a, lit in zip(eqn.inputs, splats)):
             return None
-        result = _evaluate(eqn, values)
+        result = _evaluate(eqn, [value_of(a, lit) for a, lit in zip(eqn.inputs, splats)])
         if result is None:
             return None
         known[out.id] = result

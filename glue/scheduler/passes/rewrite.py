@@ -9,7 +9,7 @@ recognises its fixed point.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Sequence, Union
+from typing import Any, Callable, Container, Mapping, Sequence, Union
 
 from glue.ir import Eqn, Graph, Literal, TensorType, Var, params_tuple
 from glue.ir.core import Atom
@@ -48,9 +48,10 @@ Pass = Callable[..., Graph]
 
 
 def sweep(graph: Graph, rule: Rule, subst: Mapping[int, Atom] | None = None,
-          prologue: Sequence[Eqn] = ()) -> Graph:
-    """`graph` with `rule` applied to every equation in order; `subst` replaces uses of vars from
-    the start, and `prologue` equations (which may define its replacements) come first."""
+          prologue: Sequence[Eqn] = (), only: Container[str] | None = None) -> Graph:
+    """`graph` with `rule` applied to every equation in order (or to those of the primitives
+    `only` names); `subst` replaces uses of vars from the start, and `prologue` equations
+    (which may define its replacements) come first."""
     env: dict[int, Atom] = dict(subst or {})
     ctx = Sweep(graph)
     eqns = list(prologue)
@@ -64,10 +65,10 @@ def sweep(graph: Graph, rule: Rule, subst: Mapping[int, Atom] | None = None,
     for eqn in graph.eqns:
         if env:  # nothing to substitute until some rule has replaced a value
             inputs = tuple(map(read, eqn.inputs))
-            if any(a is not b for a, b in zip(inputs, eqn.inputs)):
+            if inputs != eqn.inputs:  # Vars compare by identity: some input was replaced
                 eqn = Eqn(eqn.primitive, inputs, eqn.params, eqn.outvars, eqn.source)
                 changed = True
-        out = rule(eqn, ctx)
+        out = rule(eqn, ctx) if only is None or eqn.primitive in only else None
         if out is None:
             eqns.append(eqn)
             ctx.add(eqn)
@@ -87,8 +88,7 @@ def sweep(graph: Graph, rule: Rule, subst: Mapping[int, Atom] | None = None,
 def table_pass(rules: Mapping[str, Rule]) -> Pass:
     """A pass that applies the rule its table holds for each equation's primitive."""
     def run(graph: Graph, consts: Sequence[Any] | None = None) -> Graph:
-        return sweep(graph, lambda eqn, ctx: rules[eqn.primitive](eqn, ctx)
-                     if eqn.primitive in rules else None)
+        return sweep(graph, lambda eqn, ctx: rules[eqn.primitive](eqn, ctx), only=rules)
     return run
 
 
