@@ -53,6 +53,7 @@ from glue.settings import config
 WARPGROUP, CONSUMERS = hp.WARPGROUP, hp.CONSUMERS  # (consumer warpgroups: 64 rows each)
 BM = 64 * CONSUMERS       # a block's own rows: queries (forward) or keys (dkv)
 BN = BM                   # keys of a forward tile (BM == BN: a causal block masks only its last tile)
+DQ_KEYS = 64              # keys of a dq tile
 DKV_QUERIES = 64          # queries of a dkv step
 ATOM = 64                 # columns of one 128-byte swizzled box of 16-bit elements
 ROW_BYTES = hp.SWIZZLE_BYTES
@@ -60,7 +61,6 @@ HEADS = (64, 128)         # head sizes served
 MAX_STAGES = 4
 SHARED_LIMIT = 227 << 10  # dynamic shared memory a block may opt into on the H100/H200
 _TYPES = {dt.bfloat16: "bf16", dt.float16: "f16"}
-DQ_KEYS = 64              # keys of a dq tile
 # each part's tensor maps: (operand, its index in the equation's inputs, rows a box brings)
 _MAPS = {"forward": (("q", 0, BM), ("k", 1, BN), ("v", 2, BN)),
          "dq": (("q", 0, BM), ("k", 1, DQ_KEYS), ("v", 2, DQ_KEYS), ("dout", 5, BM)),
@@ -74,8 +74,8 @@ _LAYOUTS = {"forward": ({"q": BM}, [{"k": BN}, {"v": BN}]),
 
 @dataclass(frozen=True)
 class HopperFlashPlan:
-    """Flash kernel `part` (forward | dkv) of `spec` on warpgroups: `stages` stages, and the
-    tensor maps of its operands (kernel map parameters in `_MAPS`'s order)."""
+    """Flash kernel `part` (forward | dq | dkv) of `spec` on warpgroups: `stages` stages, and
+    the tensor maps of its operands (kernel map parameters in `_MAPS`'s order)."""
 
     spec: Spec
     part: str
@@ -104,9 +104,9 @@ class HopperFlashPlan:
         return f"f32.{name}.{name}"
 
     def __str__(self) -> str:
-        spec = self.spec
-        shape = f"{BM}x{ {'forward': BN, 'dq': DQ_KEYS, 'dkv': DKV_QUERIES}[self.part]}"
-        return (f"flash {self.part} {_TYPES[spec.dtype]} wgmma {shape} h{spec.h} tma {self.stages} stages "
+        spec, (_, groups) = self.spec, _LAYOUTS[self.part]
+        walked = max(groups[0].values())  # the rows of the tiles it walks
+        return (f"flash {self.part} {_TYPES[spec.dtype]} wgmma {BM}x{walked} h{spec.h} tma {self.stages} stages "
                 f"warp-specialized {CONSUMERS}+1 warpgroups{' causal' if spec.causal else ''}")
 
 
@@ -126,7 +126,7 @@ def _rows_map(param: int, spec: Spec, heads: int, length: int, rows: int) -> hp.
 def hopper_flash_plan(eqn: Eqn, part: str, places: tuple[Place, ...], inputs: tuple[Place, ...], arch: str,
                       aligned: bool) -> HopperFlashPlan | None:
     """The warpgroup kernel for flash kernel `part` of `eqn`, or None where flash.py's
-    `mma.sync` kernel serves it (not sm_90a, the dq part, float32, another head size)."""
+    `mma.sync` kernel serves it (not sm_90a, float32, another head size, float16's backward)."""
     if part not in _MAPS or not (arch.endswith("a") and sm_number(arch) == 90 and aligned and config.cuda_wgmma):
         return None
     spec = flash_spec(eqn)
@@ -158,25 +158,18 @@ class _Ring:
 
     def __init__(self, ke: KernelEmitter, plan: HopperFlashPlan):
         self.b, self.stages = ke.b, plan.stages
-        stages = plan.stages
-        own_rows, group_rows = _LAYOUTS[plan.part]
-        own = {name: _bytes(plan.spec, rows) for name, rows in own_rows.items()}
-        groups = [{name: _bytes(plan.spec, rows) for name, rows in group.items()} for group in group_rows]
-        self.at: dict[str, int] = {}
+        own, groups = _LAYOUTS[plan.part]
+        self.at: dict[str, int] = {}  # a tile's offset: in the block's memory, or in a stage
         offset = 0
-        for name, size in own.items():
-            self.at[name], offset = offset, offset + size
-        self.first_stage = offset
-        self.group_of: dict[str, int] = {}
-        stage = 0
-        for g, group in enumerate(groups):
-            for name, size in group.items():
-                self.at[name], self.group_of[name], stage = stage, g, stage + size
-        self.stage_bytes, self.groups = stage, len(groups)
-        barriers = self.first_stage + stages * stage
-        self._own = barriers
-        base = ke.dynamic_shared(barriers + hp.SWIZZLE_ATOM + 8 * (1 + stages * (self.groups + 1)))
-        raw = hp.shared_u32(self.b, base)
+        for name, rows in own.items():
+            self.at[name], offset = offset, offset + _bytes(plan.spec, rows)
+        self.first_stage, self.stage_bytes, self.groups = offset, 0, len(groups)
+        for group in groups:
+            for name, rows in group.items():
+                self.at[name], self.stage_bytes = self.stage_bytes, self.stage_bytes + _bytes(plan.spec, rows)
+        self.barriers = self.first_stage + self.stages * self.stage_bytes
+        memory = ke.dynamic_shared(self.barriers + hp.SWIZZLE_ATOM + 8 * (1 + self.stages * (self.groups + 1)))
+        raw = hp.shared_u32(self.b, memory)
         self.base = self.b.and_(self.b.add(raw, self.c(hp.SWIZZLE_ATOM - 1)), self.c(-hp.SWIZZLE_ATOM))
 
     @staticmethod
@@ -192,10 +185,10 @@ class _Ring:
 
     @property
     def own_full(self) -> ir.Value:
-        return self.b.add(self.base, self.c(self._own))
+        return self.b.add(self.base, self.c(self.barriers))
 
     def full(self, group: int, s: ir.Value) -> ir.Value:
-        return self.b.add(self.base, self.b.add(self.c(self._own + 8 + 8 * group * self.stages),
+        return self.b.add(self.base, self.b.add(self.c(self.barriers + 8 + 8 * group * self.stages),
                                                 self.b.mul(s, self.c(8))))
 
     def empty(self, s: ir.Value) -> ir.Value:
