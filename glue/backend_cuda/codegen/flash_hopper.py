@@ -284,7 +284,9 @@ def _consume_forward(fl: Flash, plan: HopperFlashPlan, ring: _Ring, consumer: ir
     q_rows = b.add(ring.own("q"), b.mul(consumer, c32(64 * ROW_BYTES)))
     first_lane = b.icmp_unsigned("==", fl.lane, c64(0))
     # logits to log2 units: folded into the exponent's multiply-add where the scale is positive
-    factor = spec.scale * LOG2E if spec.scale > 0 else 1.0
+    # (the running max of the raw logits is then the max in those units), else applied first
+    folded = spec.scale > 0
+    factor = spec.scale * LOG2E if folded else 1.0
     rows = [b.add(q0, fl.row_of(2 * half)) for half in range(2)]
     # Only a block's last key tile can hold logits that do not count (keys past S; under the
     # causal rule, after the block's first query: BM == BN), and its first where it is the last.
@@ -305,7 +307,7 @@ def _consume_forward(fl: Flash, plan: HopperFlashPlan, ring: _Ring, consumer: ir
     def softmax(acc: list[ir.Value], j: ir.Value, m: list[ir.Value], l: list[ir.Value], masked: bool):
         """The online softmax of tile j's scores: (P as A fragments, m, l, alpha)."""
         s = [acc[4 * f:4 * f + 4] for f in range(BN // 8)]
-        if factor == 1.0:
+        if not folded:
             s = [[b.fmul(x, fl.f(spec.scale * LOG2E)) for x in regs] for regs in s]
         if masked:
             s = _masked(fl, s, rows, b.mul(j, c64(BN)))
@@ -350,13 +352,13 @@ def _consume_forward(fl: Flash, plan: HopperFlashPlan, ring: _Ring, consumer: ir
     if masks:  # the last tile, where it is not the first
         values = _when(b, b.icmp_unsigned(">", n_tiles, c64(1)), lambda: tile(last, values, True), values)
     m, l, o, p = values[0:2], values[2:4], values[4:4 + n_o], values[4 + n_o:]
-    last, last_parity = ring.position(last)
-    hp.wait_parity(b, ring.full(1, last), last_parity)
+    s_last, parity_last = ring.position(last)
+    hp.wait_parity(b, ring.full(1, s_last), parity_last)
     o, p = _before_fence(b, o, p)
-    o = issue_values(p, o, last)
+    o = issue_values(p, o, s_last)
     hp.wgmma_wait(b, 0)
     o = hp.hold(b, o)
-    free(last)
+    free(s_last)
     store_forward(fl, [o[4 * e:4 * e + 4] for e in range(spec.h // 8)], m, l, batch, head, q0)
 
 
@@ -495,8 +497,8 @@ def _consume_dq(fl: Flash, plan: HopperFlashPlan, ring: _Ring, consumer: ir.Valu
     hp.wgmma_wait(b, 0)
     dq = hp.hold(b, dq + fragments)[:n_q]
     free(last)
-    fl.store_rows([dq[4 * e:4 * e + 4] for e in range(spec.h // 8)], fl.rows_of(ke.out_ptrs[0], batch, head, spec.n,
-                                                                                 spec.t), q0, spec.t, fl.f(spec.scale))
+    dq_rows = fl.rows_of(ke.out_ptrs[0], batch, head, spec.n, spec.t)
+    fl.store_rows([dq[4 * e:4 * e + 4] for e in range(spec.h // 8)], dq_rows, q0, spec.t, fl.f(spec.scale))
 
 
 def _key_block(fl: Flash) -> tuple[ir.Value, ...]:
@@ -577,18 +579,18 @@ def _consume_dkv(fl: Flash, plan: HopperFlashPlan, ring: _Ring, consumer: ir.Val
         hp.wgmma_commit(b)
         hp.wgmma_wait(b, 0)
         first = b.mul(b.add(b.mul(batch, c64(spec.n)), head), c64(spec.t))
-        rows = {}  # each of this thread's queries' lse and delta (L1 hits: the block's warps read the same 64)
+        per_query = {}  # this thread's queries' lse and delta (L1 hits: the block's warps read the same 64)
         for f in range(DKV_QUERIES // 8):
             for r in range(2):
                 query = b.add(q_start, fl.col_of(f, r))
-                rows[f, r] = [fl.load_row_value(ptr, first, query, spec.t) for ptr in (lse_ptr, delta_ptr)]
+                per_query[f, r] = [fl.load_row_value(ptr, first, query, spec.t) for ptr in (lse_ptr, delta_ptr)]
         held = hp.hold(b, st + dpt)
         st, dpt = held[:DKV_QUERIES // 2], held[DKV_QUERIES // 2:]
         p, ds = [], []
         for f in range(DKV_QUERIES // 8):
             for r in range(4):
                 col = fl.col_of(f, r)
-                lse, delta = rows[f, r % 2]
+                lse, delta = per_query[f, r % 2]
                 x = exp2_ftz(b, b.fsub(b.fmul(st[4 * f + r], scale), b.fmul(lse, fl.f(LOG2E))))
                 query = b.add(q_start, col)
                 ok = b.icmp_unsigned("<", query, c64(spec.t)) if spec.t % DKV_QUERIES else None
@@ -599,10 +601,8 @@ def _consume_dkv(fl: Flash, plan: HopperFlashPlan, ring: _Ring, consumer: ir.Val
                     x = b.select(ok, x, fl.f(0.0))
                 p.append(x)
                 ds.append(b.fmul(x, b.fsub(dpt[4 * f + r], delta)))
-        p_frags, ds_frags = _fragments(fl, p), _fragments(fl, ds)
-        held = hp.hold(b, dk + dv)
-        frags = hp.copied(b, p_frags + ds_frags)
-        hp.wgmma_fence(b)
+        p_frags = _fragments(fl, p)
+        held, frags = _before_fence(b, dk + dv, p_frags + _fragments(fl, ds))
         dv = issue_rows(frags[:len(p_frags)], held[n_o:], s, "dout")
         dk = issue_rows(frags[len(p_frags):], held[:n_o], s, "q")
         hp.wgmma_commit(b)
@@ -653,14 +653,15 @@ def _times_rows(b: ir.IRBuilder, plan: HopperFlashPlan, fragments: list[ir.Value
     return acc
 
 
-def _before_fence(b: ir.IRBuilder, o: list[ir.Value], p: list[ir.Value]) -> tuple[list[ir.Value], list[ir.Value]]:
-    """`wgmma.fence` with O and P's fragments in their registers before it: a register that an
-    instruction other than `wgmma` writes inside the stage (the rescaling of O or the rounding
-    of P, sunk to where their values are first used; a copy of loop-carried P) serialises
-    every `wgmma`."""
-    o, p = hp.hold(b, o), hp.copied(b, p)
+def _before_fence(b: ir.IRBuilder, acc: list[ir.Value], fragments: list[ir.Value]
+                  ) -> tuple[list[ir.Value], list[ir.Value]]:
+    """`wgmma.fence` with the accumulators and the A fragments of the products it starts in
+    their registers before it: a register that an instruction other than `wgmma` writes inside
+    the stage (a rescaling of O or a rounding of P the compiler sinks to where their values are
+    first used; a copy of loop-carried fragments) serialises every `wgmma`."""
+    acc, fragments = hp.hold(b, acc), hp.copied(b, fragments)
     hp.wgmma_fence(b)
-    return o, p
+    return acc, fragments
 
 
 def _masked(fl: Flash, s: list[list[ir.Value]], rows: list[ir.Value], j0: ir.Value) -> list[list[ir.Value]]:
