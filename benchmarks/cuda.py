@@ -344,7 +344,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--results", default=os.path.join(os.path.dirname(__file__), "RESULTS.md"),
                         help="markdown file the table is appended to")
     parser.add_argument("--peers", default="torch,torch.compile,jax",
-                        help="comma-separated peers: torch, torch.compile, jax (or none)")
+                        help="comma-separated peers: torch, torch.compile, jax, glue-mma (attention suite: "
+                             "glue's mma.sync flash kernels) (or none)")
     parser.add_argument("--only", default=None, help="run the workloads whose label contains this")
     parser.add_argument("--suite", default="all", choices=("all", "bandwidth", "loops", "matmul", "step", "attention"),
                         help="the memory-bound kernels, the small-launch loops (cuda_loops.py), both (all), "

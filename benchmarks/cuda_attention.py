@@ -2,7 +2,8 @@
 of B=4, H=16 heads, T in {1024, 2048, 4096, 8192}, head size D in {64, 128}, causal and not,
 (B, T, H, D) layout, forward and forward+backward, in glue (`glue.nn.dot_product_attention`,
 the flash kernels), torch (`scaled_dot_product_attention` on its flash backend) and jax.jit
-(`jax.nn.dot_product_attention`), in one process.
+(`jax.nn.dot_product_attention`), in one process; the peer "glue-mma" is glue with its flash
+kernels on mma.sync (`GLUE_CUDA_WGMMA=0`), beside the warpgroup kernels an H100/H200 runs.
 
 Per row: ms per call (the median of 3 loops of CALLS calls, one sync per loop, after a warm-up
 call) and TFLOP/s counting 4 B H T^2 D for the forward's two products (half of it under the
@@ -58,6 +59,14 @@ def _glue(t: int, d: int, causal: bool, backward: bool) -> float:
     return _timed(lambda: fn(q, k, v), lambda out: glue.block_until_ready(out))
 
 
+def _glue_mma(t: int, d: int, causal: bool, backward: bool) -> float:
+    """glue with its flash kernels on mma.sync, where the GPU has warpgroups too (`GLUE_CUDA_WGMMA=0`)."""
+    import glue
+
+    with glue.config.override(cuda_wgmma=False):  # (compiled inside: the first call)
+        return _glue(t, d, causal, backward)
+
+
 def _torch(t: int, d: int, causal: bool, backward: bool) -> float:
     import torch
     import torch.nn.functional as F
@@ -94,7 +103,7 @@ def _jax(t: int, d: int, causal: bool, backward: bool) -> float:
     return _timed(lambda: fn(q, k, v), jax.block_until_ready)
 
 
-IMPLS = {"glue": _glue, "torch": _torch, "jax": _jax}
+IMPLS = {"glue": _glue, "glue-mma": _glue_mma, "torch": _torch, "jax": _jax}
 
 
 def run(peers: set[str], lengths: list[int], heads: list[int]) -> list[dict]:
@@ -104,7 +113,7 @@ def run(peers: set[str], lengths: list[int], heads: list[int]) -> list[dict]:
             for causal in (False, True):
                 flops = 4 * B * HEADS * t * t * d * (0.5 if causal else 1.0)
                 for backward in (False, True):
-                    for impl in ["glue"] + [p for p in ("torch", "jax") if p in peers]:
+                    for impl in ["glue"] + [p for p in ("glue-mma", "torch", "jax") if p in peers]:
                         try:
                             ms = IMPLS[impl](t, d, causal, backward)
                         except Exception:  # a peer that cannot run this shape: say so, go on
