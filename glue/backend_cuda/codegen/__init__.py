@@ -120,7 +120,8 @@ class _Recipe:
             if self.kernel.kind == "contraction" else None
         hopper_flash = hopper_flash_plan(self.kernel.call, self.part, places, self.inputs, self.arch, self.aligned) \
             if self.kernel.kind == "attention" else None
-        maps = (warpgroups or hopper_flash).tensor_maps if warpgroups or hopper_flash else ()
+        on_warpgroups = warpgroups or hopper_flash  # (at most one applies: a contraction, or attention)
+        maps = on_warpgroups.tensor_maps if on_warpgroups is not None else ()
         ke = KernelEmitter(module, self.kernel, self.symbol, list(self.inputs), list(self.outputs), self.arch,
                            self.written, list(self.extra), self.aligned, len(maps))
         if self.columns:

@@ -14,10 +14,9 @@ encodes it from the buffer's address when it fills the launch's parameters
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 from llvmlite import ir
-
-from typing import Callable
 
 from glue.backend_cuda.codegen.common import VOID, WARP, KernelEmitter
 from glue.codegen.types import F32, I32, I64

@@ -157,7 +157,9 @@ def wgmma_plan(kernel: Kernel, places: tuple[Place, ...], inputs: tuple[Place, .
                aligned: bool) -> WgmmaPlan | None:
     """The warpgroup kernel for a contraction, or None where it does not apply (not sm_90a,
     operand types or layouts TMA cannot load, a product too small)."""
-    if not (arch.endswith("a") and sm_number(arch) == 90 and aligned and config.cuda_tensor_cores and config.cuda_wgmma):
+    if not (arch.endswith("a") and sm_number(arch) == 90 and aligned):
+        return None
+    if not (config.cuda_tensor_cores and config.cuda_wgmma):
         return None
     if config.cuda_mma_tile:  # a named mma.sync tile: that kernel was asked for
         return None
