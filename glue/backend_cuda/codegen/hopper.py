@@ -1,5 +1,7 @@
-"""sm_90a's asynchronous machinery as inline PTX: mbarriers, TMA tile loads, `wgmma`, and the
-shared-memory matrix descriptors `wgmma` reads its operands through.
+"""sm_90a's asynchronous machinery as inline PTX: mbarriers, TMA tile loads, `wgmma` (A from
+shared memory or from registers), the shared-memory matrix descriptors `wgmma` reads its
+operands through, and the warp-specialized block (a producer warpgroup, consumer warpgroups)
+the warpgroup kernels (wgmma.py, flash_hopper.py) are built on.
 
 LLVM 22 has intrinsics for some of these, not for `wgmma.mma_async` itself; writing all of them
 as inline PTX keeps one spelling, the PTX ISA's, for the whole mainloop. Shared addresses are
