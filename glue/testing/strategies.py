@@ -693,8 +693,9 @@ def _build(choices: _Drawn | _Seeded, cfg: _Config, min_inputs: int, max_inputs:
                     TensorType(choices.shape(0, cfg.max_rank, cfg.max_side), choices.sample(cfg.dtypes)))
     _step(b)
     attempts = 1
-    # A step may be refused and add nothing, so a seeded build stops after enough attempts.
-    while len(b.eqns) < cfg.max_eqns and attempts < 20 * cfg.max_eqns and choices.go_on():
+    # A step may be refused and add nothing, so a build stops after enough attempts; until one
+    # step is taken it goes on without asking (a program has at least one equation).
+    while len(b.eqns) < cfg.max_eqns and attempts < 20 * cfg.max_eqns and (not b.eqns or choices.go_on()):
         _step(b)
         attempts += 1
     return b.graph()
@@ -704,7 +705,7 @@ def programs(*, min_inputs: int = 1, max_inputs: int = 3, max_eqns: int = 8,
              dtypes: Sequence[Any] = (dt.float32, dt.int32, dt.bool_), primitives: Iterable[str] | None = None,
              max_rank: int = 3, max_side: int = 4, math_ulps: float = 2.0,
              scale: float = 1.0, max_size: int | None = None) -> st.SearchStrategy[Graph]:
-    """Random well-typed Graphs: DAGs of up to `max_eqns` equations over `primitives` (default:
+    """Random well-typed Graphs: DAGs of 1 to `max_eqns` equations over `primitives` (default:
     every primitive but the opaque ones, control flow and calls, which have tests of their own) on `min_inputs`..`max_inputs` inputs of `dtypes`; every unused result is an output.
 
     Run them on inputs from `graph_inputs`: then no domain error occurs (log, sqrt, rsqrt, pow and
