@@ -531,7 +531,7 @@ class SiteWalk:
             if eqn is None:
                 self.reads.setdefault(atom.id, {})[key[1:]] = None
                 continue
-            if key in self.sites or self.base is not None and self.base.visited(key):
+            if key in self.sites or self.base is not None and self.base.visited(key):  # (`visited`, inlined)
                 continue
             self.sites.add(key)
             stack.extend(reversed(operand_reads(self.domain, eqn, key[1], mask)))

@@ -127,7 +127,7 @@ class Loads:
     slots). Computations are told apart by identity: comparing equal expressions walks them."""
 
     def __init__(self) -> None:
-        # (id of reductions, id of stores, part) -> (the kernel, which keeps those ids its, the loads)
+        # (id of reductions, id of stores, part) -> (the kernel, held so that those ids stay its; the loads)
         self.found: dict[tuple[int, int, str], tuple[Kernel, list[Load]]] = {}
 
     def under(self, kernel: Kernel, part: str) -> list[Load]:

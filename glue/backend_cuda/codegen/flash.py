@@ -307,13 +307,15 @@ class Flash:
             value = self.b.select(self.b.fcmp_ordered(">", other, value), other, value)
         return value
 
-    def keep(self, row: ir.Value, col: ir.Value, cols: int, tile: int = ROWS) -> ir.Value | None:
-        """Whether the logit at (query row, key col) counts: col inside `cols` (whose tiles of
-        `tile` keys may run past it), and under the causal rule col <= row (None: always)."""
+    def keep(self, query: ir.Value, key: ir.Value, walked: ir.Value, length: int, tile: int = ROWS
+             ) -> ir.Value | None:
+        """Whether the logit of (query, key) counts: `walked` (the query or the key, whichever
+        the kernel walks in tiles of `tile`, which may run past its `length`) inside `length`,
+        and under the causal rule key <= query (None: always)."""
         b = self.b
-        ok = b.icmp_unsigned("<", col, self.c(cols)) if cols % tile else None
+        ok = b.icmp_unsigned("<", walked, self.c(length)) if length % tile else None
         if self.spec.causal:
-            before = b.icmp_unsigned("<=", col, row)
+            before = b.icmp_unsigned("<=", key, query)
             ok = before if ok is None else b.and_(ok, before)
         return ok
 
@@ -426,7 +428,8 @@ def _forward(fl: Flash, tiles: list[ir.Value], floats: ir.Value) -> None:
         for f, regs in enumerate(s):
             for r in range(4):
                 x = b.fmul(regs[r], fl.f(scale))
-                ok = fl.keep(rows[r // 2], b.add(j0, fl.col_of(f, r)), spec.s)
+                key = b.add(j0, fl.col_of(f, r))
+                ok = fl.keep(rows[r // 2], key, key, spec.s)
                 regs[r] = x if ok is None else b.select(ok, x, inf)
         p, m_new, l_new, alpha = softmax_step(fl, s, m_old, l_old, 1.0)
         o = [[b.fmul(regs[r], alpha[r // 2]) for r in range(4)] for regs in o]
@@ -551,8 +554,12 @@ def _dq(fl: Flash, tiles: list[ir.Value], floats: ir.Value) -> None:
         acc = [values[4 * e:4 * e + 4] for e in range(n_out)]
         j0 = b.mul(j, c(ROWS))
         s, dp = fl.times_rows(qf, k_tile), fl.times_rows(dof, v_tile)
-        _, ds = _softmax_grad(fl, s, dp, lambda f, r: lse2[r // 2], lambda f, r: deltas[r // 2],
-                              lambda f, r: fl.keep(rows[r // 2], b.add(j0, fl.col_of(f, r)), spec.s))
+
+        def keep(f: int, r: int) -> ir.Value | None:
+            key = b.add(j0, fl.col_of(f, r))
+            return fl.keep(rows[r // 2], key, key, spec.s)
+
+        _, ds = _softmax_grad(fl, s, dp, lambda f, r: lse2[r // 2], lambda f, r: deltas[r // 2], keep)
         acc = fl.times_tile(ds, k_tile, acc)
         return [x for regs in acc for x in regs]
 
@@ -623,11 +630,7 @@ def _dkv(fl: Flash, tiles: list[ir.Value], floats: ir.Value) -> None:
 
         def keep(f: int, r: int) -> ir.Value | None:
             query = b.add(q_start, fl.col_of(f, r))
-            ok = b.icmp_unsigned("<", query, c(spec.t)) if spec.t % ROWS else None
-            if spec.causal:
-                after = b.icmp_unsigned("<=", keys[r // 2], query)
-                ok = after if ok is None else b.and_(ok, after)
-            return ok
+            return fl.keep(query, keys[r // 2], query, spec.t)
 
         st, dpt = fl.times_rows(kf, q_tile), fl.times_rows(vf, do_tile)
         lse = column(lse_at)

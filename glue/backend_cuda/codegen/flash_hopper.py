@@ -443,7 +443,8 @@ def _consume_dq(fl: Flash, plan: HopperFlashPlan, ring: _Ring, consumer: ir.Valu
             f, r = divmod(i, 4)
             p = exp2_ftz(b, b.fsub(b.fmul(products[i], scale), lse2[r // 2]))
             if masked:
-                ok = fl.keep(rows[r // 2], b.add(b.mul(j, c64(DQ_KEYS)), fl.col_of(f, r)), spec.s, DQ_KEYS)
+                key = b.add(b.mul(j, c64(DQ_KEYS)), fl.col_of(f, r))
+                ok = fl.keep(rows[r // 2], key, key, spec.s, DQ_KEYS)
                 p = p if ok is None else b.select(ok, p, fl.f(0.0))
             ds.append(b.fmul(p, b.fsub(products[DQ_KEYS // 2 + i], deltas[r // 2])))
         return _fragments(fl, ds)
@@ -593,10 +594,7 @@ def _consume_dkv(fl: Flash, plan: HopperFlashPlan, ring: _Ring, consumer: ir.Val
                 lse, delta = per_query[f, r % 2]
                 x = exp2_ftz(b, b.fsub(b.fmul(st[4 * f + r], scale), b.fmul(lse, fl.f(LOG2E))))
                 query = b.add(q_start, col)
-                ok = b.icmp_unsigned("<", query, c64(spec.t)) if spec.t % DKV_QUERIES else None
-                if spec.causal:
-                    after = b.icmp_unsigned("<=", keys[r // 2], query)
-                    ok = after if ok is None else b.and_(ok, after)
+                ok = fl.keep(query, keys[r // 2], query, spec.t, DKV_QUERIES)
                 if ok is not None:
                     x = b.select(ok, x, fl.f(0.0))
                 p.append(x)
@@ -670,7 +668,8 @@ def _masked(fl: Flash, s: list[list[ir.Value]], rows: list[ir.Value], j0: ir.Val
     b, inf = fl.b, fl.f(float("-inf"))
     masked = []
     for f, regs in enumerate(s):
-        oks = [fl.keep(rows[r // 2], b.add(j0, fl.col_of(f, r)), fl.spec.s, BN) for r in range(4)]
+        keys = [b.add(j0, fl.col_of(f, r)) for r in range(4)]
+        oks = [fl.keep(rows[r // 2], keys[r], keys[r], fl.spec.s, BN) for r in range(4)]
         masked.append([x if ok is None else b.select(ok, x, inf) for x, ok in zip(regs, oks)])
     return masked
 
