@@ -318,6 +318,12 @@ def _render_svg(dot_path: str) -> list[str]:
     return [svg]
 
 
+def _resident(backend: Backend, value: Any) -> Any:
+    """`value` (a captured constant) as a buffer of `backend`'s memory."""
+    buffer = value.buffer if isinstance(value, Array) else value
+    return buffer if backend.holds(buffer) else backend.device_put(buffer)
+
+
 class Compiled:
     """A program compiled for one signature; calling it runs it on the backend."""
 
@@ -326,14 +332,17 @@ class Compiled:
         self.executable = executable
         self._check: bool = config.check
         self._debug: int = config.debug
-        self._consts = tuple(lowered.closed.consts)
+        self._backend = lowered.backend
+        # Captured values, put in the backend's memory once (jax.jit makes them constants of the
+        # program): a captured NumPy value, or an Array whose buffer a call would not take as it
+        # is, would otherwise be copied in again at every call.
+        self._consts = tuple(_resident(self._backend, c) for c in lowered.closed.consts)
         self._out_tree = lowered.out_tree
         # A program that prints returns its effect token last; the caller does not see it.
         self._n_results = lowered.out_tree.num_leaves
         self._donated = lowered.donated
         # what a donated Array says it went to, made once (a step donates a hundred leaves a call)
         self._donated_to = [f"{lowered.name} (argument {i} of its flattened inputs)" for i in lowered.donated]
-        self._backend = lowered.backend
         # An output whose type equals an argument type gets that very TensorType object as its
         # aval, so when a loop feeds it back in, the cache lookup compares types by identity.
         arg_types = {t: t for t in lowered.signature.types}

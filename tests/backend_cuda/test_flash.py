@@ -70,8 +70,10 @@ def _check(closed, args, outs, label):
     dtypes = tolerance_dtypes(closed.graph, tf32=True)
     for i, (got, w) in enumerate(zip(outs, want)):
         # P and dS round to the 16-bit type before their products, as FlashAttention's do: a
-        # gradient sums hundreds of such products
-        problem = mismatch(got, w, dtypes[i], scale=4.0 if i == 0 and len(outs) == 1 else 8.0)
+        # gradient sums hundreds of such products, and is off by about an ulp of its largest
+        # element (float16's tolerance allows 0.8 of one at a scale of 8, bfloat16's 1.0)
+        scale = 4.0 if i == 0 and len(outs) == 1 else 16.0 if dtypes[i] == dt.float16 else 8.0
+        problem = mismatch(got, w, dtypes[i], scale=scale)
         assert problem is None, f"{label}, output {i}: {problem}"
 
 
@@ -238,11 +240,12 @@ def test_the_sm90a_kernels_assemble_without_spills_or_serialised_wgmma(h, causal
         text = low["ptx"].modules[launch.symbol]
         assert "wgmma.mma_async" in text and "cp.async.bulk.tensor" in text
         report = assemble(text, "sm_90a")
-        # every thread starts with 168 registers and the consumers take 232 (`setmaxnreg` applied)
+        # every thread starts with 168 registers and the consumers take 240 (`setmaxnreg` applied)
         assert "Used 168 registers" in report and "ignored" not in report and "serialized" not in report, report
         spilled = int(re.search(r"(\d+) bytes spill stores", report).group(1))
-        # (dK, dV, S^T, dP^T and the queries' lse and delta of a head of 128 take more than 232)
-        assert spilled <= (96 if "dkv" in launch.strategy and h == 128 else 0), report
+        # (dK, dV, S^T, dP^T and the queries' lse and delta of a head of 128 take more than 240
+        # where a causal step masks: a few registers, reloaded once a step)
+        assert spilled <= (48 if "dkv" in launch.strategy and h == 128 and causal else 0), report
 
 
 @pytest.mark.skipif(not ptxas_available(), reason="needs ptxas")
@@ -259,7 +262,7 @@ def test_warpgroup_kernels_start_with_the_registers_their_consumers_take(t, h):
     assert len(launches) == 3
     for launch in launches:
         text = low["ptx"].modules[launch.symbol]
-        assert ".maxnreg 168" in text and "setmaxnreg.inc.sync.aligned.u32 232;" in text, launch.strategy
+        assert ".maxnreg 168" in text and "setmaxnreg.inc.sync.aligned.u32 240;" in text, launch.strategy
         assert "Used 168 registers" in assemble(text, "sm_90a"), launch.strategy
 
 
@@ -285,7 +288,6 @@ def test_on_the_gpu_the_sm90a_kernels_compute_the_reference(b, n, kv, t, s, h, l
     closed = glue.make_ir(_program(causal, layout, backward, w))(*args)
     with glue.config.override(cuda_poison=0xFF):
         low = CudaBackend().lower(closed.graph, name="flash", gemm="codegen")
-        # (float16's backward stays on mma.sync until it has run on a GPU)
-        on_warpgroups = ["forward", "dq", "dkv"] if backward and dtype == BF16 else ["forward"]
+        on_warpgroups = ["forward", "dq", "dkv"] if backward else ["forward"]
         assert [p.split()[1] for p in _flash(low) if "wgmma" in p] == on_warpgroups
         _runs_the_reference(closed, args, low, f"{(b, n, kv, t, s, h)} {layout} causal={causal} backward={backward}")

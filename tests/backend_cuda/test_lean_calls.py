@@ -369,3 +369,18 @@ def test_on_the_gpu_a_loop_of_lean_calls_computes_what_numpy_does():
     assert lean_calls >= 6  # (7 with the stub driver: the calls after a kept result take the usual path)
     np.testing.assert_allclose(np.asarray(h), want_h, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(np.asarray(kept), kept_want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("captured", ["device Array", "NumPy array"])
+def test_captured_values_are_copied_in_once(stub, captured):
+    """A function that closes over a value (a loss's weights, a mask) gets it as a constant of
+    the program: later calls copy nothing in, as with an argument already on the device (a
+    captured device Array went through the host and back at every call)."""
+    w = np.arange(4096, dtype=np.float32)
+    w = device(w) if captured == "device Array" else w
+    f = glue.jit(lambda v: v * w, backend="cuda")
+    z = warm_loop(f, device(np.ones(4096)))
+    copies = {k: stub.calls[k] for k in ("cuMemcpyHtoDAsync", "cuMemcpyDtoHAsync")}
+    for _ in range(3):
+        z = f(z)
+    assert {k: stub.calls[k] for k in copies} == copies

@@ -50,7 +50,7 @@ from glue.backend_cuda.codegen.common import TENSOR_MAP_ARG, KernelEmitter, Laun
 from glue.backend_cuda.codegen.contraction import emit_contraction
 from glue.backend_cuda.codegen.data import emit_data
 from glue.backend_cuda.codegen.flash import PARTS, emit_flash, flash_spec
-from glue.backend_cuda.codegen.flash_hopper import emit_hopper_flash, hopper_flash_plan
+from glue.backend_cuda.codegen.flash_hopper import emit_hopper_flash, hopper_flash_plan, row_values_bytes
 from glue.backend_cuda.codegen.hopper import TensorMap
 from glue.backend_cuda.codegen.library import LIBRARY_VARIANTS, kmajor_copy_side, library_launches, library_only
 from glue.backend_cuda.codegen.pointwise import emit_pointwise
@@ -460,7 +460,9 @@ class _Builder:
         eqn = kernel.call
         extra = ()
         if eqn.primitive == "attention_bwd":
-            extra = (memory.claim_scratch(stream, eqn.inputs[4].type.nbytes),)  # delta: lse's shape
+            # each query's delta (flash.py: lse's shape), or its (lse, delta) pair (flash_hopper.py)
+            nbytes = max(eqn.inputs[4].type.nbytes, row_values_bytes(flash_spec(eqn)))
+            extra = (memory.claim_scratch(stream, nbytes),)
         launches = []
         for part in PARTS[eqn.primitive]:
             code = self.code(kernel, inputs, outputs, extra=extra, part=part)

@@ -5,7 +5,7 @@ fragments from registers where they are computed. The three kernels are flash.py
 dq; dk, dv), with its results, softmax and block order.
 
 Served: bfloat16 or float16 q, k, v of one head size, 64 or 128, either layout, grouped-query
-heads, causal or not; the backward in bfloat16 (float16's has not yet run on a GPU). flash.py
+heads, causal or not, forward and backward. flash.py
 serves the rest (other head sizes, float32 on TF32, GPUs before Hopper).
 
 Every kernel is a block of 3 warpgroups; a block's own rows (128: 64 per consumer) are loaded
@@ -14,7 +14,7 @@ once, and its producer thread streams the other operand's tiles into the next fr
 writes 128-byte rows with the 128-byte swizzle (a head of 128 is two boxes of 64 columns) and
 fills rows past T or S with zeros. An operand whose rows are the product's depth is read
 MN-major (`wgmma`'s transpose flag), so nothing is ever transposed. A thread starts with 168
-registers (`.maxnreg`), the producers give theirs up and the consumers take 232.
+registers (`.maxnreg`), the producers give theirs up and the consumers take 240.
 
 - forward: 128 queries over tiles of 128 keys. For tile j a consumer issues O += P_{j-1} V_{j-1}
   and S_j = Q K_j^T as one group, waits, frees tile j-1's stage and runs the online softmax of
@@ -26,10 +26,13 @@ registers (`.maxnreg`), the producers give theirs up and the consumers take 232.
   keys past S), and its first where that is the last.
 - dq: 128 queries over tiles of 64 keys: dQ += dS_{j-1} K_{j-1} with S_j = Q K_j^T and
   dP_j = dO V_j^T as one group, then P_j = exp(S_j scale - lse) and dS_j = P_j (dP_j - delta).
-  The block first works out its rows' delta = rowsum(dO O) - d_lse (kept for dk, dv).
+  The block first works out its rows' delta = rowsum(dO O) - d_lse, and writes it with the
+  rows' lse (in log2 units) as a pair per query for dk, dv (`row_values_bytes`).
 - dk, dv: 128 keys of a kv head over steps of 64 queries of each query head of the group (under
   the causal rule from the block's first key on): S^T = K Q^T and dP^T = V dO^T, then P^T and
-  dS^T on the CUDA cores, then dV += P^T dO and dK += dS^T Q.
+  dS^T on the CUDA cores, then dV += P^T dO and dK += dS^T Q. The producer copies each step's
+  512 bytes of query pairs into the stage with its tiles (a bulk copy), so the consumers read
+  them from shared memory; only the steps on the causal diagonal and past T compare indices.
 """
 from __future__ import annotations
 
@@ -55,6 +58,7 @@ BM = 64 * CONSUMERS       # a block's own rows: queries (forward) or keys (dkv)
 BN = BM                   # keys of a forward tile (BM == BN: a causal block masks only its last tile)
 DQ_KEYS = 64              # keys of a dq tile
 DKV_QUERIES = 64          # queries of a dkv step
+ROW_VALUES = 8            # bytes of a query's (lse in log2 units, delta) pair, which dq writes for dkv
 ATOM = 64                 # columns of one 128-byte swizzled box of 16-bit elements
 ROW_BYTES = hp.SWIZZLE_BYTES
 HEADS = (64, 128)         # head sizes served
@@ -70,6 +74,8 @@ _MAPS = {"forward": (("q", 0, BM), ("k", 1, BN), ("v", 2, BN)),
 _LAYOUTS = {"forward": ({"q": BM}, [{"k": BN}, {"v": BN}]),
             "dq": ({"q": BM, "dout": BM}, [{"k": DQ_KEYS}, {"v": DQ_KEYS}]),
             "dkv": ({"k": BM, "v": BM}, [{"q": DKV_QUERIES, "dout": DKV_QUERIES}])}
+# each part's row values a stage brings beside its tiles (bytes): a dkv step's queries' pairs
+_STAGE_ROW_VALUES = {"forward": 0, "dq": 0, "dkv": DKV_QUERIES * ROW_VALUES}
 
 
 @dataclass(frozen=True)
@@ -126,20 +132,18 @@ def _rows_map(param: int, spec: Spec, heads: int, length: int, rows: int) -> hp.
 def hopper_flash_plan(eqn: Eqn, part: str, places: tuple[Place, ...], inputs: tuple[Place, ...], arch: str,
                       aligned: bool) -> HopperFlashPlan | None:
     """The warpgroup kernel for flash kernel `part` of `eqn`, or None where flash.py's
-    `mma.sync` kernel serves it (not sm_90a, float32, another head size, float16's backward)."""
+    `mma.sync` kernel serves it (not sm_90a, float32, another head size)."""
     if part not in _MAPS or not (arch.endswith("a") and sm_number(arch) == 90 and aligned and config.cuda_wgmma):
         return None
     spec = flash_spec(eqn)
     if spec.dtype not in _TYPES or spec.h != spec.hv or spec.h not in HEADS:
         return None
-    if part != "forward" and spec.dtype != dt.bfloat16:
-        return None  # (float16's backward on warpgroups has not yet run on a GPU)
     maps = []
     for name, i, rows in _MAPS[part]:
         heads, length = (spec.n, spec.t) if name in ("q", "dout") else (spec.kv, spec.s)
         maps.append(_rows_map(places.index(inputs[i]), spec, heads, length, rows))
     own, groups = _LAYOUTS[part]
-    stage = sum(_bytes(spec, rows) for group in groups for rows in group.values())
+    stage = sum(_bytes(spec, rows) for group in groups for rows in group.values()) + _STAGE_ROW_VALUES[part]
     free = SHARED_LIMIT - hp.SWIZZLE_ATOM - 256 - sum(_bytes(spec, rows) for rows in own.values())
     stages = min(MAX_STAGES, free // stage)
     return HopperFlashPlan(spec, part, stages, tuple(maps))
@@ -150,11 +154,24 @@ def _bytes(spec: Spec, rows: int) -> int:
     return spec.h // ATOM * rows * ROW_BYTES
 
 
+def _padded_queries(spec: Spec) -> int:
+    """Queries of a (batch, head) in the row-value scratch: T rounded up to a dkv step, so that
+    each step's pairs are one aligned run of bytes (those past T are zeros)."""
+    return -(-spec.t // DKV_QUERIES) * DKV_QUERIES
+
+
+def row_values_bytes(spec: Spec) -> int:
+    """The backward's scratch: each query's (lse in log2 units, delta) pair, which the dq
+    kernel works out and the dkv kernel's producer copies beside each step's tiles."""
+    return spec.b * spec.n * _padded_queries(spec) * ROW_VALUES
+
+
 class _Ring:
     """Shared memory, 1 KiB aligned (as the swizzle pattern needs): the block's own tiles,
     loaded once under one `own` mbarrier; then the stages, each some groups of tiles under a
     `full` mbarrier each, and freed by their `empty` mbarrier (an arrival per consumer warp);
-    then the mbarriers. Offsets are in bytes, addresses the 32-bit shared ones."""
+    then each stage's row values (under its first group's barrier); then the mbarriers.
+    Offsets are in bytes, addresses the 32-bit shared ones."""
 
     def __init__(self, ke: KernelEmitter, plan: HopperFlashPlan):
         self.b, self.stages = ke.b, plan.stages
@@ -167,10 +184,12 @@ class _Ring:
         for group in groups:
             for name, rows in group.items():
                 self.at[name], self.stage_bytes = self.stage_bytes, self.stage_bytes + _bytes(plan.spec, rows)
-        self.barriers = self.first_stage + self.stages * self.stage_bytes
-        memory = ke.dynamic_shared(self.barriers + hp.SWIZZLE_ATOM + 8 * (1 + self.stages * (self.groups + 1)))
-        raw = hp.shared_u32(self.b, memory)
-        self.base = self.b.and_(self.b.add(raw, self.c(hp.SWIZZLE_ATOM - 1)), self.c(-hp.SWIZZLE_ATOM))
+        self.row_values, self.row_value_bytes = self.first_stage + self.stages * self.stage_bytes, \
+            _STAGE_ROW_VALUES[plan.part]
+        self.barriers = self.row_values + self.stages * self.row_value_bytes
+        self.memory = ke.dynamic_shared(self.barriers + hp.SWIZZLE_ATOM + 8 * (1 + self.stages * (self.groups + 1)))
+        self.raw = hp.shared_u32(self.b, self.memory)
+        self.base = self.b.and_(self.b.add(self.raw, self.c(hp.SWIZZLE_ATOM - 1)), self.c(-hp.SWIZZLE_ATOM))
 
     @staticmethod
     def c(value: int) -> ir.Value:
@@ -201,6 +220,15 @@ class _Ring:
         """Stage `s`'s tile `name`."""
         return self.b.add(self.base, self.b.add(self.c(self.first_stage + self.at[name]),
                                                 self.b.mul(s, self.c(self.stage_bytes))))
+
+    def stage_row_values(self, s: ir.Value) -> ir.Value:
+        """Stage `s`'s row values (a shared address)."""
+        return self.b.add(self.base, self.b.add(self.c(self.row_values), self.b.mul(s, self.c(self.row_value_bytes))))
+
+    def pointer(self, address: ir.Value) -> ir.Value:
+        """A shared address as a pointer plain loads take."""
+        return self.b.gep(self.memory, [self.b.zext(self.b.sub(address, self.raw), I64)], inbounds=True,
+                          source_etype=ir.IntType(8))
 
     def position(self, i: ir.Value) -> tuple[ir.Value, ir.Value]:
         """(stage, phase parity) of the block's i-th staged step."""
@@ -376,16 +404,17 @@ def _dq_block(fl: Flash) -> tuple[ir.Value, ...]:
     return batch, head, kv_head, q0, n_tiles, masked_from
 
 
-def _row_deltas(fl: Flash, batch: ir.Value, head: ir.Value, q0: ir.Value) -> list[ir.Value]:
+def _row_deltas(fl: Flash, batch: ir.Value, head: ir.Value, q0: ir.Value, lse2: list[ir.Value]) -> list[ir.Value]:
     """delta = rowsum(dO * O) - d_lse of this thread's two rows (0 past T): the four lanes that
-    hold a row each sum a quarter of it, 16 bytes a load; written to the scratch the dkv kernel
-    reads."""
+    hold a row each sum a quarter of it, 16 bytes a load; written with the rows' `lse2` (lse
+    in log2 units) as the row-value pairs the dkv kernel reads (`row_values_bytes`)."""
     b, spec, c = fl.b, fl.spec, fl.c
     ke = fl.ke
     out_ptr, dout_ptr, dlse_ptr = ke.in_ptrs[3], ke.in_ptrs[5], ke.in_ptrs[6]
     (delta_ptr,) = ke.extra_ptrs
     (o_base, stride), (do_base, _) = (fl.rows_of(p, batch, head, spec.n, spec.t) for p in (out_ptr, dout_ptr))
     first = b.mul(b.add(b.mul(batch, c(spec.n)), head), c(spec.t))
+    first_pair = b.mul(b.add(b.mul(batch, c(spec.n)), head), c(_padded_queries(spec)))
     per_lane = spec.h // 4
     vector = ir.VectorType(memory_type(spec.dtype), 8)
     deltas = []
@@ -404,8 +433,12 @@ def _row_deltas(fl: Flash, batch: ir.Value, head: ir.Value, q0: ir.Value) -> lis
                 total = b.fadd(total, b.fmul(x, y))
         total = b.fsub(fl.quad_sum(total), fl.load_row_value(dlse_ptr, first, row, spec.t))
         deltas.append(b.select(ok, total, fl.f(0.0)))
-        with b.if_then(b.and_(ok, b.icmp_unsigned("==", fl.quad, c(0)))):
-            b.store(deltas[-1], b.gep(delta_ptr, [b.add(first, row)], inbounds=True, source_etype=F32))
+        pair = b.insert_element(b.insert_element(ir.Constant(ir.VectorType(F32, 2), None), lse2[half],
+                                                 ir.Constant(I32, 0)), deltas[-1], ir.Constant(I32, 1))
+        in_scratch = b.icmp_unsigned("<", row, c(_padded_queries(spec)))
+        with b.if_then(b.and_(in_scratch, b.icmp_unsigned("==", fl.quad, c(0)))):
+            at = b.gep(delta_ptr, [b.mul(b.add(first_pair, row), c(2))], inbounds=True, source_etype=F32)
+            b.store(pair, at, align=8)
     return deltas
 
 
@@ -422,7 +455,7 @@ def _consume_dq(fl: Flash, plan: HopperFlashPlan, ring: _Ring, consumer: ir.Valu
     rows = [b.add(q0, fl.row_of(2 * half)) for half in range(2)]
     first = b.mul(b.add(b.mul(batch, c64(spec.n)), head), c64(spec.t))
     lse2 = [b.fmul(fl.load_row_value(ke.in_ptrs[4], first, row, spec.t), fl.f(LOG2E)) for row in rows]
-    deltas = _row_deltas(fl, batch, head, q0)
+    deltas = _row_deltas(fl, batch, head, q0, lse2)
     scale = fl.f(spec.scale * LOG2E)
     n_q = spec.h // 2
     masks = spec.causal or spec.s % DQ_KEYS != 0
@@ -527,9 +560,10 @@ def _query_step(b: ir.IRBuilder, spec: Spec, kv_head: ir.Value, first_q: ir.Valu
 
 def _produce_dkv(ke: KernelEmitter, plan: HopperFlashPlan, ring: _Ring, batch, kv_head, k0, first_q, per_head,
                  steps) -> None:
-    """The producer thread: the block's K and V, then each step's Q and dO into the next stage
-    once the consumers have freed it."""
+    """The producer thread: the block's K and V, then each step's Q and dO, and its queries'
+    row values (one bulk copy), into the next stage once the consumers have freed it."""
     b, spec = ke.b, plan.spec
+    c = lambda v: ir.Constant(I64, v)  # noqa: E731
     hp.arrive_expect_bytes(b, ring.own_full, 2 * plan.tile_bytes(BM))
     for name in ("k", "v"):
         _load_rows(ke, plan, name, BM, ring.own(name), ring.own_full, kv_head, k0, batch)
@@ -539,9 +573,12 @@ def _produce_dkv(ke: KernelEmitter, plan: HopperFlashPlan, ring: _Ring, batch, k
         s, _ = ring.position(i)
         full = ring.full(0, s)
         head, q_start = _query_step(b, spec, kv_head, first_q, per_head, i)
-        hp.arrive_expect_bytes(b, full, 2 * plan.tile_bytes(DKV_QUERIES))
+        hp.arrive_expect_bytes(b, full, 2 * plan.tile_bytes(DKV_QUERIES) + ring.row_value_bytes)
         for name in ("q", "dout"):
             _load_rows(ke, plan, name, DKV_QUERIES, ring.tile(name, s), full, head, q_start, batch)
+        pair = b.add(b.mul(b.add(b.mul(batch, c(spec.n)), head), c(_padded_queries(spec))), q_start)
+        source = b.gep(ke.extra_ptrs[0], [b.mul(pair, c(2))], inbounds=True, source_etype=F32)
+        hp.bulk_load(b, ring.stage_row_values(s), source, ring.row_value_bytes, full)
         return []
 
     loop(b, 0, steps, step, [], name="produce", vectorize=False, unroll=1)
@@ -552,7 +589,10 @@ def _consume_dkv(fl: Flash, plan: HopperFlashPlan, ring: _Ring, consumer: ir.Val
     """A consumer warpgroup's 64 keys over every step: S^T = K Q^T and dP^T = V dO^T in one
     group of `wgmma`s, then P^T = exp(S^T scale - lse) (masked), dS^T = P^T (dP^T - delta)
     on the CUDA cores, then dV += P^T dO and dK += dS^T Q with P^T and dS^T as A fragments
-    from registers, Q and dO read MN-major; dK scaled by the softmax scale at the end."""
+    from registers, Q and dO read MN-major; dK scaled by the softmax scale at the end.
+
+    Only a head's first steps (the causal diagonal: queries of the block's own 128) and its
+    last (queries past T) mask; the others run without the comparisons."""
     b, spec, ke = fl.b, plan.spec, fl.ke
     c32, c64 = ring.c, fl.c
     own_rows = b.mul(consumer, c32(64 * ROW_BYTES))
@@ -560,7 +600,7 @@ def _consume_dkv(fl: Flash, plan: HopperFlashPlan, ring: _Ring, consumer: ir.Val
     keys = [b.add(k0, fl.row_of(2 * half)) for half in range(2)]
     n_o = spec.h // 2
     scale = fl.f(spec.scale * LOG2E)
-    lse_ptr, (delta_ptr,) = ke.in_ptrs[4], ke.extra_ptrs
+    pair_type = ir.VectorType(F32, 2)
 
     def issue_transposed(own: str, s: ir.Value, other: str) -> list[ir.Value]:
         """Start (own rows) x (stage tile `other`)^T: 64 x 64."""
@@ -570,33 +610,36 @@ def _consume_dkv(fl: Flash, plan: HopperFlashPlan, ring: _Ring, consumer: ir.Val
         """Start acc += (64 x 64 A fragments) x (stage tile `other`, its 64 rows the depth)."""
         return _times_rows(b, plan, fragments, acc, ring.tile(other, s), DKV_QUERIES)
 
-    def step(b: ir.IRBuilder, i: ir.Value, values: list[ir.Value]) -> list[ir.Value]:
+    def row_values(s: ir.Value) -> dict[tuple[int, int], list[ir.Value]]:
+        """(lse in log2 units, delta) of this thread's 16 queries of stage `s`, by (fragment, register)."""
+        pairs = ring.pointer(ring.stage_row_values(s))
+        out = {}
+        for f in range(DKV_QUERIES // 8):
+            for r in range(2):
+                at = b.gep(pairs, [b.mul(fl.col_of(f, r), c64(ROW_VALUES))], inbounds=True, source_etype=ir.IntType(8))
+                pair = b.load(at, typ=pair_type, align=ROW_VALUES)
+                out[f, r] = [b.extract_element(pair, ir.Constant(I32, e)) for e in range(2)]
+        return out
+
+    def step(i: ir.Value, q_start: ir.Value, values: list[ir.Value], masked: bool) -> list[ir.Value]:
         dk, dv = values[:n_o], values[n_o:]
         s, parity = ring.position(i)
-        head, q_start = _query_step(b, spec, kv_head, first_q, per_head, i)
         hp.wait_parity(b, ring.full(0, s), parity)
         hp.wgmma_fence(b)
         st, dpt = issue_transposed("k", s, "q"), issue_transposed("v", s, "dout")
         hp.wgmma_commit(b)
         hp.wgmma_wait(b, 0)
-        first = b.mul(b.add(b.mul(batch, c64(spec.n)), head), c64(spec.t))
-        per_query = {}  # this thread's queries' lse and delta (L1 hits: the block's warps read the same 64)
-        for f in range(DKV_QUERIES // 8):
-            for r in range(2):
-                query = b.add(q_start, fl.col_of(f, r))
-                per_query[f, r] = [fl.load_row_value(ptr, first, query, spec.t) for ptr in (lse_ptr, delta_ptr)]
+        per_query = row_values(s)
         held = hp.hold(b, st + dpt)
         st, dpt = held[:DKV_QUERIES // 2], held[DKV_QUERIES // 2:]
+        keep = _step_mask(fl, q_start, keys) if masked else None
         p, ds = [], []
         for f in range(DKV_QUERIES // 8):
             for r in range(4):
-                col = fl.col_of(f, r)
-                lse, delta = per_query[f, r % 2]
-                x = exp2_ftz(b, b.fsub(b.fmul(st[4 * f + r], scale), b.fmul(lse, fl.f(LOG2E))))
-                query = b.add(q_start, col)
-                ok = fl.keep(query, keys[r // 2], query, spec.t, DKV_QUERIES)
-                if ok is not None:
-                    x = b.select(ok, x, fl.f(0.0))
+                lse2, delta = per_query[f, r % 2]
+                x = exp2_ftz(b, b.fsub(b.fmul(st[4 * f + r], scale), lse2))
+                if keep:
+                    x = b.select(keep(f, r), x, fl.f(0.0))
                 p.append(x)
                 ds.append(b.fmul(x, b.fsub(dpt[4 * f + r], delta)))
         p_frags = _fragments(fl, p)
@@ -610,12 +653,51 @@ def _consume_dkv(fl: Flash, plan: HopperFlashPlan, ring: _Ring, consumer: ir.Val
             hp.arrive(b, ring.empty(s))
         return held[:2 * n_o]
 
+    # a head's steps [0, plain_from) meet the diagonal, [plain_to, per_head) run past T
+    diagonal = BM // DKV_QUERIES if spec.causal else 0
+    plain_from = b.select(b.icmp_unsigned("<", per_head, c64(diagonal)), per_head, c64(diagonal))
+    plain_to = b.sub(per_head, c64(1)) if spec.t % DKV_QUERIES else per_head
+    plain_to = b.select(b.icmp_unsigned("<", plain_to, plain_from), plain_from, plain_to)
+
+    def head_steps(b: ir.IRBuilder, g: ir.Value, values: list[ir.Value]) -> list[ir.Value]:
+        """The steps of the group's g-th query head."""
+        def steps_of(lo: ir.Value, hi: ir.Value, values: list[ir.Value], masked: bool) -> list[ir.Value]:
+            return loop(b, lo, hi, lambda b, n, v: step(b.add(b.mul(g, per_head), n),
+                                                        b.mul(b.add(first_q, n), c64(DKV_QUERIES)), v, masked),
+                        values, name="q_masked" if masked else "q", vectorize=False, unroll=1)
+        if diagonal:
+            values = steps_of(c64(0), plain_from, values, True)
+        values = steps_of(plain_from, plain_to, values, False)
+        if spec.t % DKV_QUERIES:
+            values = steps_of(plain_to, per_head, values, True)
+        return values
+
     hp.wait_parity(b, ring.own_full, c32(0))
-    values = loop(b, 0, steps, step, [fl.f(0.0)] * (2 * n_o), name="q", vectorize=False, unroll=1)
+    values = loop(b, 0, b.udiv(steps, per_head), head_steps, [fl.f(0.0)] * (2 * n_o), name="head",
+                  vectorize=False, unroll=1)
     dk_ptr, dv_ptr = ke.out_ptrs[1:3]
     for acc, ptr, factor in ((values[:n_o], dk_ptr, spec.scale), (values[n_o:], dv_ptr, 1.0)):
         rows = fl.rows_of(ptr, batch, kv_head, spec.kv, spec.s)
         fl.store_rows([acc[4 * e:4 * e + 4] for e in range(spec.h // 8)], rows, k0, spec.s, fl.f(factor))
+
+
+def _step_mask(fl: Flash, q_start: ir.Value, keys: list[ir.Value]) -> Callable[[int, int], ir.Value]:
+    """Whether a dkv step's (query, key) of register r of fragment f counts (Flash.keep's rule),
+    as one compare each against a constant: a query is q_start + 2 quad + 8 f + r % 2, so
+    key <= query and query < T hold where the per-thread bases below clear 8 f + r % 2."""
+    b, spec = fl.b, fl.spec
+    c = lambda v: ir.Constant(I32, v)  # noqa: E731
+    first = b.trunc(b.add(q_start, b.mul(fl.quad, fl.c(2))), I32)      # the thread's first query
+    ahead = [b.sub(first, b.trunc(key, I32)) for key in keys]           # query - key at f = r = 0
+
+    def keep(f: int, r: int) -> ir.Value:
+        column = 8 * f + r % 2
+        ok = b.icmp_signed("<", first, c(spec.t - column)) if spec.t % DKV_QUERIES else None
+        if spec.causal:
+            before = b.icmp_signed(">=", ahead[r // 2], c(-column))
+            ok = before if ok is None else b.and_(ok, before)
+        return ok if ok is not None else ir.Constant(ir.IntType(1), 1)
+    return keep
 
 
 def _fragments(fl: Flash, values: list[ir.Value]) -> list[ir.Value]:
@@ -690,4 +772,4 @@ def _when(b: ir.IRBuilder, condition: ir.Value, then: Callable[[], list[ir.Value
     return merged
 
 
-__all__ = ["HopperFlashPlan", "emit_hopper_flash", "hopper_flash_plan"]
+__all__ = ["HopperFlashPlan", "emit_hopper_flash", "hopper_flash_plan", "row_values_bytes"]

@@ -1,7 +1,7 @@
-"""sm_90a's asynchronous machinery as inline PTX: mbarriers, TMA tile loads, `wgmma` (A from
-shared memory or from registers), the shared-memory matrix descriptors `wgmma` reads its
-operands through, and the warp-specialized block (a producer warpgroup, consumer warpgroups)
-the warpgroup kernels (wgmma.py, flash_hopper.py) are built on.
+"""sm_90a's asynchronous machinery as inline PTX: mbarriers, TMA tile loads and bulk copies,
+`wgmma` (A from shared memory or from registers), the shared-memory matrix descriptors `wgmma`
+reads its operands through, and the warp-specialized block (a producer warpgroup, consumer
+warpgroups) the warpgroup kernels (wgmma.py, flash_hopper.py) are built on.
 
 LLVM 22 has intrinsics for some of these, not for `wgmma.mma_async` itself; writing all of them
 as inline PTX keeps one spelling, the PTX ISA's, for the whole mainloop. Shared addresses are
@@ -27,7 +27,7 @@ SWIZZLE_BYTES = 128  # TMA writes and wgmma reads 128-byte rows, 16-byte chunks 
 SWIZZLE_ATOM = 8 * SWIZZLE_BYTES  # the 8 rows one swizzle pattern spans: tiles start aligned to it
 WARPGROUP = 4 * WARP
 CONSUMERS = 2             # consumer warpgroups of a warp-specialized block, after one producer
-PRODUCER_REGISTERS, CONSUMER_REGISTERS = 40, 232  # 128 x 40 + 256 x 232 <= 64K registers
+PRODUCER_REGISTERS, CONSUMER_REGISTERS = 24, 240  # 128 x 24 + 256 x 240 <= 64K registers
 LAUNCH_REGISTERS = 168    # a thread's at launch: 65536 / 384, rounded down to 8
 
 
@@ -95,6 +95,13 @@ def tma_load(b: ir.IRBuilder, target: ir.Value, tensor_map: ir.Value, coords: li
     text = (f"cp.async.bulk.tensor.{rank}d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
             f"[$0], [$1, {{{places}}}], [${rank + 2}];")
     _asm(b, text, "r,l," + "r," * rank + "r,~{memory}", [target, b.ptrtoint(tensor_map, I64), *coords, barrier])
+
+
+def bulk_load(b: ir.IRBuilder, target: ir.Value, source: ir.Value, nbytes: int, barrier: ir.Value) -> None:
+    """Start a TMA copy of `nbytes` contiguous bytes (a multiple of 16) from global `source`
+    (16-byte aligned) into shared `target`, completing bytes on `barrier`."""
+    text = f"cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [$0], [$1], {nbytes}, [$2];"
+    _asm(b, text, "r,l,r,~{memory}", [target, b.ptrtoint(source, I64), barrier])
 
 
 def set_max_registers(b: ir.IRBuilder, count: int, grow: bool) -> None:
@@ -219,7 +226,7 @@ def copied(b: ir.IRBuilder, values: list[ir.Value]) -> list[ir.Value]:
     return [b.extract_value(got, i) for i in range(n)]
 
 
-__all__ = ["SWIZZLE_ATOM", "SWIZZLE_BYTES", "TensorMap", "arrive", "arrive_expect_bytes", "copied",
+__all__ = ["SWIZZLE_ATOM", "SWIZZLE_BYTES", "TensorMap", "arrive", "arrive_expect_bytes", "bulk_load", "copied",
            "fence_barrier_init", "hold", "matrix_descriptor", "mbarrier_init", "set_max_registers", "shared_u32",
            "tma_load", "wait_parity", "warp_specialized", "wgmma", "wgmma_commit", "wgmma_fence",
            "wgmma_from_registers", "wgmma_wait"]
