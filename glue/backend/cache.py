@@ -48,7 +48,7 @@ def code_version() -> str:
 
 @dataclass
 class DiskCache:
-    """One namespace of the disk cache ("cpu" object code, "cuda" cubins, "autotune" choices)."""
+    """One namespace of the disk cache ("cpu" object code, "cuda-ptx" kernels, "gemm" choices, "plan"s)."""
 
     namespace: str
     counts: dict[str, int] = field(default_factory=lambda: {"hits": 0, "misses": 0, "rejected": 0,

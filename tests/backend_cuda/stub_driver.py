@@ -102,16 +102,7 @@ class StubDriver:
     def cuMemsetD8Async(self, ptr, value, n, stream): return self._queue("cuMemsetD8Async", stream)
 
     # --- modules and launches
-    def cuLinkCreate(self, n, options, values): return (_OK, self._handle())
-    def cuLinkAddData(self, state, kind, data, size, name, n, options, values): return (_OK,)
-    def cuLinkDestroy(self, state): return (_OK,)
-
-    def cuLinkComplete(self, state):
-        cubin = ctypes.create_string_buffer(b"stub cubin", 10)
-        self._host[ctypes.addressof(cubin)] = cubin
-        return (_OK, ctypes.addressof(cubin), 10)
-
-    def cuModuleLoadData(self, image): return (_OK, self._handle())
+    def cuModuleLoadDataEx(self, image, n, options, values): return (_OK, self._handle())
     def cuModuleGetFunction(self, module, name): return (_OK, self._handle())
     def cuFuncSetAttribute(self, function, attr, value): return (_OK,)
     def cuFuncGetAttribute(self, attr, function): return (_OK, 0)

@@ -1,9 +1,9 @@
-"""PTX modules: JIT-compiled once, cached in memory and on disk, and their kernels launched.
+"""PTX modules: JIT-compiled once, cached in memory, and their kernels launched.
 
-`ModuleCache.load(ptx)` compiles PTX to a cubin with the driver's JIT linker (errors come back
-with ptxas's log), keeps the loaded module in memory and the cubin in the disk cache
-(`glue.backend.cache`, namespace "cuda"), keyed by the PTX, the device's arch and the driver
-version, so a later process skips the JIT. A program's PTX (`ptx.ProgramPtx`) is one module per
+`ModuleCache.load(ptx)` has the driver compile PTX as a whole program and load it (errors come
+back with ptxas's log) and keeps the module in memory, keyed by the PTX, the device's arch and
+the driver version; a later process finds the machine code in the driver's own JIT cache
+(`CUDA_CACHE_PATH`, `CUDA_CACHE_MAXSIZE`). A program's PTX (`ptx.ProgramPtx`) is one module per
 distinct kernel: each is cached on its own, so programs share their identical kernels and a
 changed program JIT-compiles only its new ones, several at a time on host threads (the driver's
 JIT runs outside the GIL); `load` then returns a `ProgramModule` that finds each kernel in its
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
 from glue import profiler
-from glue.backend.cache import DiskCache, digest
+from glue.backend.cache import digest
 from glue.backend.contract import KernelStats
 from glue.backend.workers import worker_count
 from glue.backend_cuda.ptx import ProgramPtx
@@ -38,7 +38,6 @@ if TYPE_CHECKING:
     from glue.backend_cuda.runtime.stream import Stream
 
 _LOG_BYTES = 1 << 16
-DISK = DiskCache("cuda")
 
 # PTX parameter type -> struct format; `.ptr`-qualified u64 params take device pointers.
 _FORMATS = {"u8": "B", "s8": "b", "b8": "B", "u16": "H", "s16": "h", "b16": "H", "f16": "e",
@@ -274,91 +273,66 @@ class ProgramModule:
 
 
 class ModuleCache:
-    """Loaded modules of one context, by PTX; compiled cubins on disk."""
+    """Loaded modules of one context, by PTX."""
 
     def __init__(self, ctx: Context):
         self.ctx = ctx
         self._modules: dict[bytes, Module] = {}
         self._lock = threading.Lock()
-        self.counts = {"memory_hits": 0, "disk_hits": 0, "compiles": 0, "loads": 0}
+        self.counts = {"memory_hits": 0, "loads": 0}
 
     def key(self, ptx: str) -> bytes:
-        return digest("cuda cubin", self.ctx.device.arch, str(drv.version()), ptx)
+        return digest("cuda module", self.ctx.device.arch, str(drv.version()), ptx)
 
     def load(self, ptx: str | ProgramPtx, name: str = "glue",
              stats: dict[str, KernelStats] | None = None) -> Module | ProgramModule:
         """The module for `ptx` (for a program's PTX, one per kernel), compiling and loading
-        each only the first time; `stats` receives each kernel's cache and JIT seconds."""
+        each only the first time; `stats` receives each kernel's JIT seconds."""
         if isinstance(ptx, str):
             return self._load_all({name: ptx}, {})[name]
         return ProgramModule(self._load_all(ptx.modules, {} if stats is None else stats))
 
     def _load_all(self, sources: dict[str, str], stats: dict[str, KernelStats]) -> dict[str, Module]:
-        def note(symbol: str, step: str, seconds: float) -> None:
-            if symbol in stats:
-                stats[symbol].add(step, seconds)
-
         with self._lock:
-            modules, cubins = {}, {}
             keys = {symbol: self.key(ptx) for symbol, ptx in sources.items()}
-            for symbol, key in keys.items():
-                modules[symbol] = self._modules.get(key)
-                if modules[symbol] is not None:
-                    self.counts["memory_hits"] += 1
-                    continue
-                start = time.perf_counter()
-                cubins[symbol] = DISK.load(key)
-                note(symbol, "cubin cache", time.perf_counter() - start)
-                self.counts["disk_hits"] += cubins[symbol] is not None
-            missing = [symbol for symbol, cubin in cubins.items() if cubin is None]
-            self.counts["compiles"] += len(missing)
-            for symbol, (cubin, seconds) in zip(missing, self._compile_all([(sources[s], s) for s in missing])):
-                cubins[symbol] = cubin
-                note(symbol, "driver jit", seconds)
-                DISK.store(keys[symbol], cubin)
-            self.ctx.make_current()
-            for symbol, cubin in cubins.items():
-                start = time.perf_counter()
-                handle = drv.call(drv.load().cuModuleLoadData, cubin, kernel=symbol)
-                self.counts["loads"] += 1
-                modules[symbol] = self._modules[keys[symbol]] = Module(self.ctx, int(handle), sources[symbol],
+            modules = {symbol: self._modules.get(key) for symbol, key in keys.items()}
+            missing = [symbol for symbol, module in modules.items() if module is None]
+            self.counts["memory_hits"] += len(modules) - len(missing)
+            self.counts["loads"] += len(missing)
+            for symbol, (handle, seconds) in zip(missing, self._load_each([(sources[s], s) for s in missing])):
+                modules[symbol] = self._modules[keys[symbol]] = Module(self.ctx, handle, sources[symbol],
                                                                        keys[symbol])
-                note(symbol, "module load", time.perf_counter() - start)
+                if symbol in stats:
+                    stats[symbol].add("driver jit", seconds)
             return modules
 
-    def _compile_all(self, jobs: list[tuple[str, str]]) -> list[tuple[bytes, float]]:
-        """Cubins of (ptx, name) pairs, several JIT links at a time when there are several."""
+    def _load_each(self, jobs: list[tuple[str, str]]) -> list[tuple[int, float]]:
+        """Modules of (ptx, name) pairs, several JIT compiles at a time when there are several."""
         threads = min(len(jobs), worker_count())
         if threads <= 1:
-            return [self._timed_compile(ptx, name) for ptx, name in jobs]
+            return [self._timed_load(ptx, name) for ptx, name in jobs]
         with ThreadPoolExecutor(threads, thread_name_prefix="glue-jit") as pool:
-            return list(pool.map(lambda job: self._timed_compile(*job), jobs))
+            return list(pool.map(lambda job: self._timed_load(*job), jobs))
 
-    def _timed_compile(self, ptx: str, name: str) -> tuple[bytes, float]:
+    def _timed_load(self, ptx: str, name: str) -> tuple[int, float]:
         start = time.perf_counter()
         with profiler.span("compile", f"driver jit {name}"):
-            cubin = self._compile(ptx, name)
-        return cubin, time.perf_counter() - start
+            handle = self._load(ptx, name)
+        return handle, time.perf_counter() - start
 
-    def _compile(self, ptx: str, name: str) -> bytes:
-        """PTX -> cubin with the driver's JIT linker; a failure carries ptxas's error log."""
+    def _load(self, ptx: str, name: str) -> int:
+        """PTX compiled by the driver's JIT as a whole program and loaded; a failure carries
+        ptxas's error log. (The JIT linker, `cuLink*`, compiles PTX as relocatable code, where
+        ptxas allocates registers worse: it spilled 348 bytes of the flash dk/dv kernel's, which
+        as a whole program spills none.)"""
         driver = drv.load()
         self.ctx.make_current()
         opt = driver.CUjit_option
-        errors = bytearray(_LOG_BYTES)  # must outlive the link state: the driver writes into it
-        state = drv.call(driver.cuLinkCreate, 2,
-                         [opt.CU_JIT_ERROR_LOG_BUFFER, opt.CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES],
-                         [errors, _LOG_BYTES])
-        try:
-            data = ptx.encode() + b"\0"
-            call, result = "cuLinkAddData", driver.cuLinkAddData(
-                state, driver.CUjitInputType.CU_JIT_INPUT_PTX, data, len(data), f"{name}.ptx".encode(),
-                0, None, None)
-            if not result[0]:
-                call, result = "cuLinkComplete", driver.cuLinkComplete(state)
-            if result[0]:
-                log = bytes(errors).split(b"\0", 1)[0].decode(errors="replace").strip()
-                raise drv.error_for(call, result[0], name, f"JIT log:\n{log}" if log else "")
-            return ctypes.string_at(int(result[1]), result[2])
-        finally:
-            driver.cuLinkDestroy(state)
+        errors = bytearray(_LOG_BYTES)  # must outlive the call: the driver writes into it
+        data = ptx.encode() + b"\0"
+        result = driver.cuModuleLoadDataEx(data, 2, [opt.CU_JIT_ERROR_LOG_BUFFER, opt.CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES],
+                                           [errors, _LOG_BYTES])
+        if result[0]:
+            log = bytes(errors).split(b"\0", 1)[0].decode(errors="replace").strip()
+            raise drv.error_for("cuModuleLoadDataEx", result[0], name, f"JIT log:\n{log}" if log else "")
+        return int(result[1])
