@@ -119,7 +119,8 @@ def child(spec: dict) -> dict:
 
 
 def _run_child(spec: dict, cache_dir: str, timeout: float) -> dict:
-    env = dict(os.environ, GLUE_CACHE_DIR=cache_dir)
+    # (the CUDA driver keeps the machine code it JIT-compiles from PTX in a cache of its own)
+    env = dict(os.environ, GLUE_CACHE_DIR=cache_dir, CUDA_CACHE_PATH=os.path.join(cache_dir, "cuda-driver"))
     command = [sys.executable, "-m", "benchmarks", "compile", "--child", json.dumps(spec)]
     try:
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
