@@ -166,6 +166,14 @@ def row_values_bytes(spec: Spec) -> int:
     return spec.b * spec.n * _padded_queries(spec) * ROW_VALUES
 
 
+def _row_value_pair(ke: KernelEmitter, spec: Spec, batch: ir.Value, head: ir.Value, query: ir.Value) -> ir.Value:
+    """The address of query `query`'s pair in the row-value scratch (i64 indices)."""
+    c = lambda v: ir.Constant(I64, v)  # noqa: E731
+    b = ke.b
+    at = b.add(b.mul(b.add(b.mul(batch, c(spec.n)), head), c(_padded_queries(spec))), query)
+    return b.gep(ke.extra_ptrs[0], [b.mul(at, c(2))], inbounds=True, source_etype=F32)
+
+
 class _Ring:
     """Shared memory, 1 KiB aligned (as the swizzle pattern needs): the block's own tiles,
     loaded once under one `own` mbarrier; then the stages, each some groups of tiles under a
@@ -411,10 +419,8 @@ def _row_deltas(fl: Flash, batch: ir.Value, head: ir.Value, q0: ir.Value, lse2: 
     b, spec, c = fl.b, fl.spec, fl.c
     ke = fl.ke
     out_ptr, dout_ptr, dlse_ptr = ke.in_ptrs[3], ke.in_ptrs[5], ke.in_ptrs[6]
-    (delta_ptr,) = ke.extra_ptrs
     (o_base, stride), (do_base, _) = (fl.rows_of(p, batch, head, spec.n, spec.t) for p in (out_ptr, dout_ptr))
     first = b.mul(b.add(b.mul(batch, c(spec.n)), head), c(spec.t))
-    first_pair = b.mul(b.add(b.mul(batch, c(spec.n)), head), c(_padded_queries(spec)))
     per_lane = spec.h // 4
     vector = ir.VectorType(memory_type(spec.dtype), 8)
     deltas = []
@@ -437,8 +443,7 @@ def _row_deltas(fl: Flash, batch: ir.Value, head: ir.Value, q0: ir.Value, lse2: 
                                                  ir.Constant(I32, 0)), deltas[-1], ir.Constant(I32, 1))
         in_scratch = b.icmp_unsigned("<", row, c(_padded_queries(spec)))
         with b.if_then(b.and_(in_scratch, b.icmp_unsigned("==", fl.quad, c(0)))):
-            at = b.gep(delta_ptr, [b.mul(b.add(first_pair, row), c(2))], inbounds=True, source_etype=F32)
-            b.store(pair, at, align=8)
+            b.store(pair, _row_value_pair(ke, spec, batch, head, row), align=ROW_VALUES)
     return deltas
 
 
@@ -563,7 +568,6 @@ def _produce_dkv(ke: KernelEmitter, plan: HopperFlashPlan, ring: _Ring, batch, k
     """The producer thread: the block's K and V, then each step's Q and dO, and its queries'
     row values (one bulk copy), into the next stage once the consumers have freed it."""
     b, spec = ke.b, plan.spec
-    c = lambda v: ir.Constant(I64, v)  # noqa: E731
     hp.arrive_expect_bytes(b, ring.own_full, 2 * plan.tile_bytes(BM))
     for name in ("k", "v"):
         _load_rows(ke, plan, name, BM, ring.own(name), ring.own_full, kv_head, k0, batch)
@@ -576,16 +580,15 @@ def _produce_dkv(ke: KernelEmitter, plan: HopperFlashPlan, ring: _Ring, batch, k
         hp.arrive_expect_bytes(b, full, 2 * plan.tile_bytes(DKV_QUERIES) + ring.row_value_bytes)
         for name in ("q", "dout"):
             _load_rows(ke, plan, name, DKV_QUERIES, ring.tile(name, s), full, head, q_start, batch)
-        pair = b.add(b.mul(b.add(b.mul(batch, c(spec.n)), head), c(_padded_queries(spec))), q_start)
-        source = b.gep(ke.extra_ptrs[0], [b.mul(pair, c(2))], inbounds=True, source_etype=F32)
-        hp.bulk_load(b, ring.stage_row_values(s), source, ring.row_value_bytes, full)
+        hp.bulk_load(b, ring.stage_row_values(s), _row_value_pair(ke, spec, batch, head, q_start),
+                     ring.row_value_bytes, full)
         return []
 
     loop(b, 0, steps, step, [], name="produce", vectorize=False, unroll=1)
 
 
 def _consume_dkv(fl: Flash, plan: HopperFlashPlan, ring: _Ring, consumer: ir.Value, batch, kv_head, k0, first_q,
-                 per_head, steps) -> None:
+                 per_head, n_steps) -> None:
     """A consumer warpgroup's 64 keys over every step: S^T = K Q^T and dP^T = V dO^T in one
     group of `wgmma`s, then P^T = exp(S^T scale - lse) (masked), dS^T = P^T (dP^T - delta)
     on the CUDA cores, then dV += P^T dO and dK += dS^T Q with P^T and dS^T as A fragments
@@ -659,21 +662,23 @@ def _consume_dkv(fl: Flash, plan: HopperFlashPlan, ring: _Ring, consumer: ir.Val
     plain_to = b.sub(per_head, c64(1)) if spec.t % DKV_QUERIES else per_head
     plain_to = b.select(b.icmp_unsigned("<", plain_to, plain_from), plain_from, plain_to)
 
+    def steps(g: ir.Value, lo: ir.Value, hi: ir.Value, values: list[ir.Value], masked: bool) -> list[ir.Value]:
+        """Steps lo..hi of the group's g-th query head."""
+        return loop(b, lo, hi, lambda b, n, v: step(b.add(b.mul(g, per_head), n),
+                                                    b.mul(b.add(first_q, n), c64(DKV_QUERIES)), v, masked),
+                    values, name="q_masked" if masked else "q", vectorize=False, unroll=1)
+
     def head_steps(b: ir.IRBuilder, g: ir.Value, values: list[ir.Value]) -> list[ir.Value]:
         """The steps of the group's g-th query head."""
-        def steps_of(lo: ir.Value, hi: ir.Value, values: list[ir.Value], masked: bool) -> list[ir.Value]:
-            return loop(b, lo, hi, lambda b, n, v: step(b.add(b.mul(g, per_head), n),
-                                                        b.mul(b.add(first_q, n), c64(DKV_QUERIES)), v, masked),
-                        values, name="q_masked" if masked else "q", vectorize=False, unroll=1)
         if diagonal:
-            values = steps_of(c64(0), plain_from, values, True)
-        values = steps_of(plain_from, plain_to, values, False)
+            values = steps(g, c64(0), plain_from, values, True)
+        values = steps(g, plain_from, plain_to, values, False)
         if spec.t % DKV_QUERIES:
-            values = steps_of(plain_to, per_head, values, True)
+            values = steps(g, plain_to, per_head, values, True)
         return values
 
     hp.wait_parity(b, ring.own_full, c32(0))
-    values = loop(b, 0, b.udiv(steps, per_head), head_steps, [fl.f(0.0)] * (2 * n_o), name="head",
+    values = loop(b, 0, b.udiv(n_steps, per_head), head_steps, [fl.f(0.0)] * (2 * n_o), name="head",
                   vectorize=False, unroll=1)
     dk_ptr, dv_ptr = ke.out_ptrs[1:3]
     for acc, ptr, factor in ((values[:n_o], dk_ptr, spec.scale), (values[n_o:], dv_ptr, 1.0)):
@@ -696,7 +701,7 @@ def _step_mask(fl: Flash, q_start: ir.Value, keys: list[ir.Value]) -> Callable[[
         if spec.causal:
             before = b.icmp_signed(">=", ahead[r // 2], c(-column))
             ok = before if ok is None else b.and_(ok, before)
-        return ok if ok is not None else ir.Constant(ir.IntType(1), 1)
+        return ok  # (a step masks only under the causal rule or where T is ragged: never None)
     return keep
 
 
