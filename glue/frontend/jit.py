@@ -347,16 +347,17 @@ class Compiled:
         # aval, so when a loop feeds it back in, the cache lookup compares types by identity.
         arg_types = {t: t for t in lowered.signature.types}
         self._avals = [arg_types.get(t, t) for t in lowered.closed.graph.out_types]
-        # A call with no donation, constants or effect token (and, checked per call, no
-        # reference check or debug timing): the usual one.
-        self._plain = not (self._donated or self._consts) and self._n_results == len(self._avals)
+        # A call with no donation or effect token (and, checked per call, no reference check or
+        # debug timing): the usual one. (Captured constants are buffers of the backend by now.)
+        self._plain = not self._donated and self._n_results == len(self._avals)
         # The lean call (`_lean_call`), where the backend has one (`lean_call`), the call is
         # plain and the arguments are leaves or flat lists or tuples of them; `lean` is it while
         # no reference check or debug timing is on (else `_no_lean`).
         launch = getattr(executable, "lean_call", None) if self._plain else None
         layout = _layout(lowered.signature) if launch is not None else None
         self._lean_fn = None if layout is None else _lean_call(
-            launch, layout, [arg_types[t] for t in lowered.signature.types], self._avals, self._out_tree)
+            launch, layout, [arg_types[t] for t in lowered.signature.types], self._avals, self._out_tree,
+            list(self._consts))
         self.has_lean = self._lean_fn is not None
         self._arm()
 
@@ -446,7 +447,7 @@ class Compiled:
     def call_tree(self, leaves: Sequence[Any]) -> Any:
         """Run on the flat dynamic leaves; the outputs come back in the function's pytree."""
         if self._plain and not (self._debug or self._check):
-            outs = wrap_results(self.executable(*buffers_of(leaves)), self._avals)
+            outs = wrap_results(self.executable(*self._consts, *buffers_of(leaves)), self._avals)
         else:
             outs = self.call_flat(leaves)
         return outs[0] if self._out_tree is LEAF else tree_unflatten(self._out_tree, outs)
@@ -515,8 +516,8 @@ class Compiled:
 
 
 def _lean_call(launch: Callable[[list[Any]], list[Any] | None], layout: list[tuple[type, int] | None],
-               arg_avals: list[TensorType], out_avals: list[TensorType], out_tree: PyTreeDef
-               ) -> Callable[[tuple], Any]:
+               arg_avals: list[TensorType], out_avals: list[TensorType], out_tree: PyTreeDef,
+               consts: list[Any]) -> Callable[[tuple], Any]:
     """A program's lean call (JAX's C++ dispatch, in Python): `lean(args)` runs a call of the
     jitted function through the backend's lean call (`launch`: CudaExecutable.lean_call) and
     returns its results, or returns None, having done nothing, where the call needs the usual
@@ -525,9 +526,10 @@ def _lean_call(launch: Callable[[list[Any]], list[Any] | None], layout: list[tup
     - in `Jitted.__call__`: no keywords, and the settings tracing reads unchanged since this
       program ran (`config.trace_version`), which with the checks here make the call's
       Signature this program's; no trace open: a jitted call inside a trace is traced through;
-    - in `Compiled`: no donation, constants or effect token (then the backend has more to do
-      than run the program), no static arguments (`_layout`: their values would need comparing)
-      and, while `Compiled.lean` is this, no reference check or debug timing;
+    - in `Compiled`: no donation or effect token (then the backend has more to do than run the
+      program), no static arguments (`_layout`: their values would need comparing) and, while
+      `Compiled.lean` is this, no reference check or debug timing; captured constants (`consts`,
+      the backend's buffers since the program was compiled) go before the arguments;
     - here: the arguments in the program's `layout` (lists and tuples of their class and
       length), every leaf an Array (`device_buffer_of` raises TypeError for anything else) of
       the program's argument type (a list at a time; a loop's results fed back carry these
@@ -547,7 +549,7 @@ def _lean_call(launch: Callable[[list[Any]], list[Any] | None], layout: list[tup
             return None
         if list(map(_AVAL, leaves)) != arg_avals:
             return None
-        outputs = launch(buffers)
+        outputs = launch(consts + buffers if consts else buffers)
         if outputs is None:
             return None
         if single:

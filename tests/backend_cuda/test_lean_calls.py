@@ -375,12 +375,14 @@ def test_on_the_gpu_a_loop_of_lean_calls_computes_what_numpy_does():
 def test_captured_values_are_copied_in_once(stub, captured):
     """A function that closes over a value (a loss's weights, a mask) gets it as a constant of
     the program: later calls copy nothing in, as with an argument already on the device (a
-    captured device Array went through the host and back at every call)."""
+    captured device Array went through the host and back at every call), and take the lean
+    call with the constant before the arguments."""
     w = np.arange(4096, dtype=np.float32)
     w = device(w) if captured == "device Array" else w
     f = glue.jit(lambda v: v * w, backend="cuda")
     z = warm_loop(f, device(np.ones(4096)))
     copies = {k: stub.calls[k] for k in ("cuMemcpyHtoDAsync", "cuMemcpyDtoHAsync")}
     for _ in range(3):
-        z = f(z)
+        z, lean = runs_lean(lambda: f(z))
+        assert lean
     assert {k: stub.calls[k] for k in copies} == copies
