@@ -53,9 +53,10 @@ def _exact_graph(graph: Graph) -> bool:
 
 
 def plan_key(graph: Graph, backend: str, options_key: str, donated: tuple[int, ...], scheduler: str) -> bytes | None:
-    """The cache key of `graph`'s Plan, or None where the graph is too small or its text is not
-    exact. `scheduler` names the scheduler's own arguments (streams, attention policy)."""
-    if len(graph.eqns) < PLAN_CACHE_EQNS or not _exact_graph(graph):
+    """The cache key of `graph`'s Plan, or None where there is no disk cache, the graph is too
+    small or its text is not exact. `scheduler` names the scheduler's own arguments (streams,
+    attention policy)."""
+    if DISK.directory() is None or len(graph.eqns) < PLAN_CACHE_EQNS or not _exact_graph(graph):
         return None
     settings = repr(sorted((name, config.read(name)) for name in FLAGS if name not in _OBSERVERS))
     return digest(FORMAT, code_version(), backend, options_key, repr(donated), scheduler, settings,

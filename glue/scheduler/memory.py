@@ -14,9 +14,10 @@ ordered after that read, so no stream overwrites what another may still be readi
 from __future__ import annotations
 
 import bisect
-import operator
 from dataclasses import dataclass
 from typing import Iterable, Sequence
+
+import numpy as np
 
 from glue.ir import Graph, TensorType, Var
 from glue.scheduler.kernel_ir import Kernel, Load, loads_under
@@ -326,13 +327,6 @@ class _Slot:
     before_all: list[int]
     since: int  # every kernel before this one happens before all kernels touching the slot
 
-    def disjoint(self, other: "_Slot") -> bool:
-        """Whether every kernel touching one slot finishes before any touching the other starts."""
-        # map(le, ...) rather than a generator: packing asks this of every pair of slots alive
-        # together, which in a deep program's backward is most of them
-        return all(map(operator.le, self.last_on, other.before_all)) or \
-            all(map(operator.le, other.last_on, self.before_all))
-
 
 def _slots(values: list[int], users: dict[int, list[int]], types: dict[int, TensorType],
            in_place: dict[int, int], order: StreamPlan) -> tuple[dict[int, int], dict[int, _Slot]]:
@@ -419,29 +413,47 @@ def _pack(values: list[int], users: dict[int, list[int]], types: dict[int, Tenso
     may overlap in memory only when all kernels touching one happen before all touching the
     other. A slot's kernels, widened back to the first kernel that does not happen before all of
     them, span an interval of positions; slots whose intervals do not meet never conflict, so
-    only slots whose intervals meet are compared."""
+    only slots whose intervals meet are compared.
+
+    Each slot is compared with every placed slot alive beside it, which in a deep training
+    step's backward is most of them (740 on average in a 64-layer step on four streams): that
+    inner loop runs over NumPy arrays of the placed slots."""
     slot_of, slots = _slots(values, users, types, in_place, order)
+    ranked = sorted(slots, key=lambda r: (-slots[r].size, slots[r].first))
     placed = _Intervals(len(order.streams))
-    extents: dict[int, tuple[int, int]] = {}  # slot -> (offset, end) of its memory, once placed
-    end = 0
+    offsets, ends = np.zeros(len(ranked), np.int64), np.zeros(len(ranked), np.int64)  # by rank, once placed
     # On one stream a slot's interval is exactly the span of its kernels, so every slot whose
     # interval meets it conflicts with it: only several streams need the finer test.
     one_stream = order.n_streams == 1
-    # Each slot is compared with every placed slot alive beside it, which in a deep training
-    # step's backward is most of them: the loop below is the planner's inner loop.
-    for r in sorted(slots, key=lambda r: (-slots[r].size, slots[r].first)):
+    last_on = np.array([slots[r].last_on for r in ranked], np.int64)
+    before_all = np.array([slots[r].before_all for r in ranked], np.int64)
+    end = 0
+    for i, r in enumerate(ranked):
         slot = slots[r]
-        alive = placed.overlapping(slot.since, slot.last)
-        busy = sorted(extents[o] for o in alive if one_stream or not slots[o].disjoint(slot))
-        best, smallest, cursor = None, 0, 0  # the offset of the smallest gap that fits, its size
-        for lo, hi in busy:
-            gap = lo - cursor
-            if gap >= slot.size and (best is None or gap < smallest):
-                best, smallest = cursor, gap
-            if hi > cursor:
-                cursor = hi
-        offset = cursor if best is None else best  # else past everything alive beside it
-        extents[r] = (offset, offset + slot.size)
-        end = max(end, offset + slot.size)
-        placed.add(slot.since, slot.last, r)
-    return {v: extents[slot_of[v]][0] for v in values}, end
+        alive = np.array(placed.overlapping(slot.since, slot.last), np.int64)
+        if not one_stream and len(alive):
+            # disjoint: every kernel touching one slot finishes before any touching the other starts
+            disjoint = (last_on[alive] <= before_all[i]).all(axis=1) | (last_on[i] <= before_all[alive]).all(axis=1)
+            alive = alive[~disjoint]
+        offsets[i] = _best_fit(offsets[alive], ends[alive], slot.size)
+        ends[i] = offsets[i] + slot.size
+        end = max(end, int(ends[i]))
+        placed.add(slot.since, slot.last, i)
+    extents = {r: int(offsets[i]) for i, r in enumerate(ranked)}
+    return {v: extents[slot_of[v]] for v in values}, end
+
+
+def _best_fit(lo: np.ndarray, hi: np.ndarray, size: int) -> int:
+    """The offset of the smallest gap of at least `size` bytes below or between the busy
+    extents [lo, hi) (the lowest of equal gaps), else the end of the highest."""
+    if not len(lo):
+        return 0
+    by_start = np.lexsort((hi, lo))
+    lo, hi = lo[by_start], hi[by_start]
+    # the highest end below each extent: where the gap before it starts
+    cursor = np.concatenate(([0], np.maximum.accumulate(np.maximum(hi, 0))[:-1]))
+    gaps = lo - cursor
+    fits = gaps >= size
+    if not fits.any():
+        return int(max(cursor[-1], hi[-1]))
+    return int(cursor[np.argmin(np.where(fits, gaps, np.iinfo(np.int64).max))])

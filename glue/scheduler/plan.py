@@ -103,6 +103,8 @@ def place(graph: Graph, fusion: Fusion, donated: Sequence[int] = (), max_streams
     plans = []
     for n in sorted({1, max_streams}):
         streams = plan_streams(fusion.kernels, n)
+        if plans and streams.n_streams == 1:  # nothing ran beside anything: the plan of one stream
+            break
         plans.append(Plan(graph, fusion, streams, plan_memory(graph, fusion.kernels, donated, streams)))
     one, most = plans[0].memory.peak_bytes, plans[-1].memory.peak_bytes
     return plans[-1] if most - one <= max(STREAM_SLACK_BYTES, STREAM_SLACK_FRACTION * one) else plans[0]
