@@ -1,10 +1,11 @@
 """The memory plan: arena packing, liveness, in-place reuse and donation."""
 import numpy as np
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import glue
 import glue.nn as nn
-from glue.scheduler.memory import reads_only_where_written
+from glue.scheduler.memory import _best_fit, reads_only_where_written
 from glue.scheduler.plan import schedule
 from glue.testing import programs
 
@@ -142,3 +143,25 @@ def test_no_output_takes_another_outputs_own_donor():
     assert [(r.kind, r.slot) for r in results] == [("output", 0), ("donated", 1), ("output", 1)], \
         plan.as_text("memory")
     assert plan.memory.spare_donors == (0, 2)
+
+
+def _smallest_gap(extents, size):
+    """The packer's rule, one extent at a time: over the busy extents by start, the smallest gap
+    of at least `size` below or between them (the lowest of equal ones), else past them all."""
+    best, smallest, cursor = None, 0, 0
+    for lo, hi in sorted(extents):
+        gap = lo - cursor
+        if gap >= size and (best is None or gap < smallest):
+            best, smallest = cursor, gap
+        cursor = max(cursor, hi)
+    return cursor if best is None else best
+
+
+@given(extents=st.lists(st.tuples(st.integers(0, 64), st.integers(1, 16)), max_size=24),
+       size=st.integers(1, 24))
+def test_best_fit_takes_the_smallest_gap_that_fits(extents, size):
+    """`_best_fit` (NumPy, the packer's inner loop) against the rule written as a loop, over
+    busy extents that overlap, nest, touch and repeat."""
+    busy = [(lo, lo + length) for lo, length in extents]
+    lo, hi = (np.array([e[i] for e in busy], np.int64) for i in (0, 1))
+    assert _best_fit(lo, hi, size) == _smallest_gap(busy, size)
