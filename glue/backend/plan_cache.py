@@ -33,7 +33,7 @@ PLAN_CACHE_EQNS = 100
 # beside each call) and cannot change a Plan; every other setting is part of the key, so a
 # setting added later is in it unless it is named here.
 _OBSERVERS = frozenset({"debug", "dump", "trace", "check", "cache_dir", "compile_workers", "cuda_poison",
-                        "cuda_launch_blocking"})
+                        "cuda_launch_blocking", "cuda_ptxas"})
 _EXACT_PARAMS = (bool, int, float, str, type(None), DType)
 
 

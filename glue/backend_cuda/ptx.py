@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from glue.backend import llvm_jobs
 from glue.errors import BackendError
@@ -72,20 +73,38 @@ def ptxas_available() -> bool:
     return shutil.which("ptxas") is not None
 
 
+@lru_cache(maxsize=None)
+def ptxas_version() -> str:
+    """The last line of `ptxas --version` (its build), part of the cache keys of its cubins."""
+    done = subprocess.run(["ptxas", "--version"], capture_output=True, text=True)
+    return done.stdout.strip().splitlines()[-1] if done.returncode == 0 and done.stdout.strip() else ""
+
+
 def assemble(ptx: "str | ProgramPtx", arch: str = DEFAULT_ARCH) -> str:
     """Run `ptxas -v` on PTX, or on each module of a program's PTX (a check that needs no
     GPU); returns its resource report (registers, spills, shared memory per kernel). Raises
     BackendError with ptxas's messages."""
     if isinstance(ptx, ProgramPtx):
         return "".join(assemble(module, arch) for module in ptx.modules.values())
+    return _ptxas(ptx, arch, ["-v"])[1]
+
+
+def cubin(ptx: str, arch: str) -> bytes:
+    """The machine code of one module, compiled by `ptxas` as a whole program (as the driver's
+    `cuModuleLoadData` JIT compiles it). Raises BackendError with ptxas's messages."""
+    return _ptxas(ptx, arch, [])[0]
+
+
+def _ptxas(ptx: str, arch: str, flags: list[str]) -> tuple[bytes, str]:
+    """(cubin, ptxas's report) of `ptxas -arch=arch *flags` on `ptx`."""
     if not ptxas_available():
         raise BackendError("cuda: ptxas is not on the PATH")
     with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "kernel.ptx")
+        path, out = os.path.join(tmp, "kernel.ptx"), os.path.join(tmp, "kernel.cubin")
         with open(path, "w") as f:
             f.write(ptx)
-        done = subprocess.run(["ptxas", f"-arch={arch}", "-v", path, "-o", os.path.join(tmp, "k.cubin")],
-                              capture_output=True, text=True)
-    if done.returncode:
-        raise BackendError(f"cuda: ptxas -arch={arch} rejected the PTX:\n{done.stderr.strip()}")
-    return done.stderr
+        done = subprocess.run(["ptxas", f"-arch={arch}", *flags, path, "-o", out], capture_output=True, text=True)
+        if done.returncode:
+            raise BackendError(f"cuda: ptxas -arch={arch} rejected the PTX:\n{done.stderr.strip()}")
+        with open(out, "rb") as f:
+            return f.read(), done.stderr

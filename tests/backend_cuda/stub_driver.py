@@ -102,6 +102,7 @@ class StubDriver:
     def cuMemsetD8Async(self, ptr, value, n, stream): return self._queue("cuMemsetD8Async", stream)
 
     # --- modules and launches
+    def cuModuleLoadData(self, image): return (_OK, self._handle())
     def cuModuleLoadDataEx(self, image, n, options, values): return (_OK, self._handle())
     def cuModuleGetFunction(self, module, name): return (_OK, self._handle())
     def cuFuncSetAttribute(self, function, attr, value): return (_OK,)

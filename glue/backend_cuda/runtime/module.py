@@ -3,7 +3,9 @@
 `ModuleCache.load(ptx)` has the driver compile PTX as a whole program and load it (errors come
 back with ptxas's log) and keeps the module in memory, keyed by the PTX, the device's arch and
 the driver version; a later process finds the machine code in the driver's own JIT cache
-(`CUDA_CACHE_PATH`, `CUDA_CACHE_MAXSIZE`). A program's PTX (`ptx.ProgramPtx`) is one module per
+(`CUDA_CACHE_PATH`, `CUDA_CACHE_MAXSIZE`). Under `GLUE_CUDA_PTXAS=1` the ptxas on the PATH
+compiles it instead, as a whole program too, and the disk cache (`glue.backend.cache`, namespace
+"cuda") keeps the machine code; code the driver will not load goes to its JIT. A program's PTX (`ptx.ProgramPtx`) is one module per
 distinct kernel: each is cached on its own, so programs share their identical kernels and a
 changed program JIT-compiles only its new ones, several at a time on host threads (the driver's
 JIT runs outside the GIL); `load` then returns a `ProgramModule` that finds each kernel in its
@@ -17,6 +19,7 @@ cheapest `kernelParams` form cuda.bindings accepts; benchmarks/cuda_launch.py ti
 from __future__ import annotations
 
 import ctypes
+import logging
 import re
 import struct
 import threading
@@ -26,11 +29,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
 from glue import profiler
-from glue.backend.cache import digest
+from glue.backend.cache import DiskCache, digest
 from glue.backend.contract import KernelStats
 from glue.backend.workers import worker_count
-from glue.backend_cuda.ptx import ProgramPtx
+from glue.backend_cuda.ptx import ProgramPtx, cubin, ptxas_available, ptxas_version
 from glue.backend_cuda.runtime import driver as drv
+from glue.errors import BackendError
 from glue.settings import config
 
 if TYPE_CHECKING:
@@ -38,6 +42,8 @@ if TYPE_CHECKING:
     from glue.backend_cuda.runtime.stream import Stream
 
 _LOG_BYTES = 1 << 16
+DISK = DiskCache("cuda")  # ptxas's machine code (`cuda_ptxas`)
+log = logging.getLogger("glue")
 
 # PTX parameter type -> struct format; `.ptr`-qualified u64 params take device pointers.
 _FORMATS = {"u8": "B", "s8": "b", "b8": "B", "u16": "H", "s16": "h", "b16": "H", "f16": "e",
@@ -299,28 +305,67 @@ class ModuleCache:
             missing = [symbol for symbol, module in modules.items() if module is None]
             self.counts["memory_hits"] += len(modules) - len(missing)
             self.counts["loads"] += len(missing)
-            for symbol, (handle, seconds) in zip(missing, self._load_each([(sources[s], s) for s in missing])):
+            for symbol, (handle, steps) in zip(missing, self._load_each([(sources[s], s) for s in missing])):
                 modules[symbol] = self._modules[keys[symbol]] = Module(self.ctx, handle, sources[symbol],
                                                                        keys[symbol])
-                if symbol in stats:
-                    stats[symbol].add("driver jit", seconds)
+                for step, seconds in steps.items():
+                    if symbol in stats:
+                        stats[symbol].add(step, seconds)
             return modules
 
-    def _load_each(self, jobs: list[tuple[str, str]]) -> list[tuple[int, float]]:
-        """Modules of (ptx, name) pairs, several JIT compiles at a time when there are several."""
+    def _load_each(self, jobs: list[tuple[str, str]]) -> list[tuple[int, dict[str, float]]]:
+        """Modules of (ptx, name) pairs, several compiles at a time when there are several."""
         threads = min(len(jobs), worker_count())
         if threads <= 1:
-            return [self._timed_load(ptx, name) for ptx, name in jobs]
+            return [self._load(ptx, name) for ptx, name in jobs]
         with ThreadPoolExecutor(threads, thread_name_prefix="glue-jit") as pool:
-            return list(pool.map(lambda job: self._timed_load(*job), jobs))
+            return list(pool.map(lambda job: self._load(*job), jobs))
 
-    def _timed_load(self, ptx: str, name: str) -> tuple[int, float]:
+    def _load(self, ptx: str, name: str) -> tuple[int, dict[str, float]]:
+        """The module of one kernel's PTX and the seconds each step of making it took: machine
+        code from ptxas (`cuda_ptxas`) or the disk cache where there is some, else the driver's
+        JIT."""
+        steps: dict[str, float] = {}
+        code = self._cubin(ptx, name, steps) if config.cuda_ptxas and ptxas_available() else None
         start = time.perf_counter()
-        with profiler.span("compile", f"driver jit {name}"):
-            handle = self._load(ptx, name)
-        return handle, time.perf_counter() - start
+        with profiler.span("compile", f"{'module load' if code else 'driver jit'} {name}"):
+            handle = self._load_code(code, name) if code else None
+            if handle is None:
+                handle = self._jit(ptx, name)
+        steps["module load" if code else "driver jit"] = time.perf_counter() - start
+        return handle, steps
 
-    def _load(self, ptx: str, name: str) -> int:
+    def _cubin(self, ptx: str, name: str, steps: dict[str, float]) -> bytes | None:
+        """ptxas's machine code for `ptx`, from the disk cache or made now (and kept there);
+        None where ptxas rejects it (the driver's JIT then reports why)."""
+        key = digest("cuda cubin", self.ctx.device.arch, ptxas_version(), ptx)
+        start = time.perf_counter()
+        code = DISK.load(key)
+        steps["cubin cache"] = time.perf_counter() - start
+        if code is not None:
+            return code
+        start = time.perf_counter()
+        with profiler.span("compile", f"ptxas {name}"):
+            try:
+                code = cubin(ptx, self.ctx.device.arch)
+            except BackendError:
+                return None
+        steps["ptxas"] = time.perf_counter() - start
+        DISK.store(key, code)
+        return code
+
+    def _load_code(self, code: bytes, name: str) -> int | None:
+        """A module of machine code, or None where this driver will not load it (ptxas newer
+        than the driver): the PTX then goes to the driver's JIT."""
+        self.ctx.make_current()
+        result = drv.load().cuModuleLoadData(code)
+        if result[0]:
+            log.info("glue.cuda: the driver did not load ptxas's code for %s (%s); its JIT compiles the PTX",
+                     name, drv.error_for("cuModuleLoadData", result[0]))
+            return None
+        return int(result[1])
+
+    def _jit(self, ptx: str, name: str) -> int:
         """PTX compiled by the driver's JIT as a whole program and loaded; a failure carries
         ptxas's error log. (The JIT linker, `cuLink*`, compiles PTX as relocatable code, where
         ptxas allocates registers worse: it spilled 348 bytes of the flash dk/dv kernel's, which
@@ -333,6 +378,6 @@ class ModuleCache:
         result = driver.cuModuleLoadDataEx(data, 2, [opt.CU_JIT_ERROR_LOG_BUFFER, opt.CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES],
                                            [errors, _LOG_BYTES])
         if result[0]:
-            log = bytes(errors).split(b"\0", 1)[0].decode(errors="replace").strip()
-            raise drv.error_for("cuModuleLoadDataEx", result[0], name, f"JIT log:\n{log}" if log else "")
+            told = bytes(errors).split(b"\0", 1)[0].decode(errors="replace").strip()
+            raise drv.error_for("cuModuleLoadDataEx", result[0], name, f"JIT log:\n{told}" if told else "")
         return int(result[1])
