@@ -425,8 +425,9 @@ def _pack(values: list[int], users: dict[int, list[int]], types: dict[int, Tenso
     # On one stream a slot's interval is exactly the span of its kernels, so every slot whose
     # interval meets it conflicts with it: only several streams need the finer test.
     one_stream = order.n_streams == 1
-    last_on = np.array([slots[r].last_on for r in ranked], np.int64)
-    before_all = np.array([slots[r].before_all for r in ranked], np.int64)
+    if not one_stream:
+        last_on = np.array([slots[r].last_on for r in ranked], np.int64)
+        before_all = np.array([slots[r].before_all for r in ranked], np.int64)
     end = 0
     for i, r in enumerate(ranked):
         slot = slots[r]

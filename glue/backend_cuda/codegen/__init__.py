@@ -460,9 +460,8 @@ class _Builder:
         eqn = kernel.call
         extra = ()
         if eqn.primitive == "attention_bwd":
-            # each query's delta (flash.py: lse's shape), or its (lse, delta) pair (flash_hopper.py)
-            nbytes = max(eqn.inputs[4].type.nbytes, row_values_bytes(flash_spec(eqn)))
-            extra = (memory.claim_scratch(stream, nbytes),)
+            # each query's (lse, delta) pair (flash_hopper.py), room for its delta too (flash.py)
+            extra = (memory.claim_scratch(stream, row_values_bytes(flash_spec(eqn))),)
         launches = []
         for part in PARTS[eqn.primitive]:
             code = self.code(kernel, inputs, outputs, extra=extra, part=part)
