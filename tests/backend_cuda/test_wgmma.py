@@ -77,6 +77,22 @@ def test_the_width_follows_the_number_of_waves():
     assert " 128x128x64 " in _strategy(fn, shapes(768, 4096, 2304))   # 108 blocks (192: 72, 256: 54)
 
 
+def test_few_tiles_over_a_long_k_split_it():
+    """A weight gradient of a GPT-width layer (768 x 768 over 4096 tokens) is 36 tiles: split
+    in two, 72 blocks each take half of K; its partials and counters are the kernel's working
+    memory (two parameters after its operands). Many tiles, or a short K, do not split."""
+    fn, shapes = FORMS["TN"]
+    _, low = _lower(fn, [np.ones(s, BF16) for s in shapes(768, 4096, 768)])
+    launch = _contractions(low)[0]
+    assert launch.strategy.endswith(" 128x128x64 tma 6 stages staged oo warp-specialized 2+1 warpgroups "
+                                    "persistent split-k 2"), launch.strategy
+    assert launch.grid == 72
+    assert [p.kind for p in launch.params[-2:]] == ["scratch", "counters"]
+    assert low["llvm"].scratch == (2 * 36 * 128 * 128 * 4,)
+    assert "split-k" not in _strategy(fn, shapes(4096, 4096, 4096))
+    assert "split-k" not in _strategy(fn, shapes(768, 512, 768))  # 8 steps of K: too few to split
+
+
 @pytest.mark.parametrize("form", ["NN", "NT", "TN", "TT"])
 @pytest.mark.parametrize("dtype", [BF16, np.float32], ids=["bf16 out", "f32 out"])
 def test_the_epilogue_stores_neighbouring_columns_as_one_vector(form, dtype):
@@ -119,8 +135,9 @@ def test_ptxas_accepts_every_layout_and_width_without_spilling(form, n):
 @pytest.mark.cuda
 @pytest.mark.skipif(detected_arch() != "sm_90a", reason="the warpgroup kernel needs an sm_90 GPU")
 @pytest.mark.parametrize("form", sorted(FORMS))
-@pytest.mark.parametrize("shape", [(1000, 200, 1096), (1024, 64, 1152), (2048, 4096, 1024), (4096, 128, 760)],
-                         ids=["edges", "one step", "long K", "192 wide, N edge"])
+@pytest.mark.parametrize("shape", [(1000, 200, 1096), (1024, 64, 1152), (2048, 4096, 1024), (4096, 128, 760),
+                                   (520, 2000, 392)],
+                         ids=["edges", "one step", "long K", "192 wide, N edge", "split K, edges"])
 @pytest.mark.parametrize("dtype", [BF16, np.float16], ids=["bf16", "f16"])
 def test_on_the_gpu_warpgroup_kernels_compute_the_reference(form, shape, dtype):
     fn, shapes = FORMS[form]

@@ -116,8 +116,8 @@ class _Recipe:
     def emit(self) -> tuple[str, KernelShape]:
         module = ir.Module(name=self.symbol)
         places = tuple(dict.fromkeys(self.inputs + self.outputs + self.extra))
-        warpgroups = wgmma_plan(self.kernel, places, self.inputs, self.arch, self.aligned) \
-            if self.kernel.kind == "contraction" else None
+        warpgroups = wgmma_plan(self.kernel, places, self.inputs, self.arch, self.aligned,
+                                may_split=bool(self.extra)) if self.kernel.kind == "contraction" else None
         hopper_flash = hopper_flash_plan(self.kernel.call, self.part, places, self.inputs, self.arch, self.aligned) \
             if self.kernel.kind == "attention" else None
         on_warpgroups = warpgroups or hopper_flash  # (at most one applies: a contraction, or attention)
@@ -438,13 +438,19 @@ class _Builder:
 
     def launch(self, kernel: Kernel, inputs: list[Place], outputs: list[Place], group: int,
                memory: _Memory | None = None, stream: int = 0) -> Launch:
-        """A launch of glue's own kernel over these places (a column reduction claims working
-        memory from `memory`, on `stream`; without it, it reduces by rows)."""
+        """A launch of glue's own kernel over these places (a column reduction, or a warpgroup
+        contraction splitting K, claims working memory from `memory`, on `stream`; without it, a
+        column reduction reduces by rows, and a contraction does not split)."""
         columns, extra = False, ()
         if kernel.kind == "reduction" and memory is not None and self.aligned and columns_fit(kernel, Analysis()):
             columns, plan = True, ColumnPlan(kernel, Analysis())
             if plan.splits > 1:
                 extra = (memory.claim_scratch(stream, plan.scratch_bytes), memory.claim_counters(plan.counter_bytes))
+        elif kernel.kind == "contraction" and memory is not None:
+            places = tuple(dict.fromkeys(inputs + outputs))
+            split = wgmma_plan(kernel, places, tuple(inputs), self.arch, self.aligned, may_split=True)
+            if split is not None and split.splits > 1:
+                extra = (memory.claim_scratch(stream, split.partial_bytes), memory.claim_counters(split.counter_bytes))
         code = self.code(kernel, inputs, outputs, columns, extra)
         copy = None
         if kernel.init is not None and inputs[kernel.init] != outputs[0]:

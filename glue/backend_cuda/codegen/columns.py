@@ -255,12 +255,12 @@ def _combine_splits(ke: KernelEmitter, plan: ColumnPlan, partials: list[list[Par
     flag = ke.shared(I32, 1)
     counter = b.gep(ke.extra_ptrs[1], [tile], inbounds=True, source_etype=I32)
     with b.if_then(b.icmp_unsigned("==", ke.thread_index(), c(0))):
-        _fence(ke)
+        ke.fence_gpu()
         old = b.atomic_rmw("add", counter, ir.Constant(I32, 1), "monotonic")
         last = b.icmp_unsigned("==", old, ir.Constant(I32, plan.splits - 1))
         b.store(b.zext(last, I32), ke.shared_at(flag, c(0), I32))
         with b.if_then(last):
-            _fence(ke)
+            ke.fence_gpu()
             b.store(ir.Constant(I32, 0), counter)  # every other block of the tile has counted in
     ke.barrier()
     is_last = b.icmp_unsigned("!=", b.load(ke.shared_at(flag, c(0), I32), typ=I32), ir.Constant(I32, 0))
@@ -294,13 +294,6 @@ def _combine_splits(ke: KernelEmitter, plan: ColumnPlan, partials: list[list[Par
     values = iter(loop(b, 0, rounds, fold, start, name="round", vectorize=False, unroll=FOLD_UNROLL))
     folded = [[p.with_values([next(values)]) for p in lane_partials] for lane_partials in partials]
     return _combine_slices(ke, plan, folded, slice_, column)
-
-
-def _fence(ke: KernelEmitter) -> None:
-    """Order this thread's memory accesses, and those its block's barrier ordered before it,
-    against what follows, at GPU scope (release and acquire)."""
-    asm = ir.InlineAsm(ir.FunctionType(VOID, []), "fence.acq_rel.gpu;", "~{memory}", side_effect=True)
-    ke.b.call(asm, [])
 
 
 def _store_rows(ke: KernelEmitter, plan: ColumnPlan, coords: list[ir.Value], partials: list[list[Partial]],

@@ -306,6 +306,13 @@ class KernelEmitter(BufferAccess):
         asm = ir.InlineAsm(ir.FunctionType(VOID, [PTR1]), "prefetch.global.L2 [$0];", "l", side_effect=True)
         self.b.call(asm, [address])
 
+    def fence_gpu(self) -> None:
+        """Order this thread's memory accesses, and those a barrier of its block ordered before
+        it, against what follows, at GPU scope (release and acquire): what a block writes
+        before counting itself in on a counter, and reads after finding the count complete."""
+        asm = ir.InlineAsm(ir.FunctionType(VOID, []), "fence.acq_rel.gpu;", "~{memory}", side_effect=True)
+        self.b.call(asm, [])
+
     def barrier(self) -> None:
         name = "llvm.nvvm.barrier0"
         fn = self.module.globals.get(name) or ir.Function(self.module, ir.FunctionType(VOID, []), name)

@@ -59,9 +59,15 @@ SHARED_LIMIT = 227 << 10  # dynamic shared memory a block may opt into on the H1
 MAX_STAGES = 6
 SMS = 132                 # multiprocessors of an H100/H200: blocks of a wave
 GROUP_M = 8               # tile rows a band of blocks walks before moving right (L2 reuse)
-# Below this many 128 x 128 tiles the product leaves multiprocessors idle behind a long K loop:
-# the mma.sync kernel's smaller tiles serve it.
+# Below this many 128 x 128 tiles (or splits of them) the product leaves multiprocessors idle
+# behind a long K loop: the mma.sync kernel's smaller tiles serve it.
 MIN_BLOCKS = SMS // 2
+MIN_SPLIT_STEPS = 8       # steps of K a split of a tile keeps at least
+MAX_SPLITS = 8
+# A tile's cost beside its steps of K, in steps: filling the ring and the epilogue (FIXED); a
+# split tile's partials written, and then read back by the tile's last split (per split)
+FIXED_STEPS = 4
+PARTIAL_STEPS = 2
 _TYPES = {dt.bfloat16: "bf16", dt.float16: "f16"}
 
 
@@ -102,6 +108,26 @@ class WgmmaPlan:
     batch_dims: tuple[int, ...]
     m_dims: tuple[int, ...]
     n_dims: tuple[int, ...]
+    splits: int = 1
+
+    @property
+    def tiles(self) -> int:
+        return self.batches * -(-self.m // BM) * -(-self.n // self.width)
+
+    @property
+    def steps(self) -> int:
+        """Steps of K each split of a tile takes."""
+        return -(-self.depth // BK) // self.splits
+
+    @property
+    def partial_bytes(self) -> int:
+        """The working memory the splits' partials take (0 unsplit)."""
+        return 0 if self.splits == 1 else self.splits * self.tiles * BM * self.width * 4
+
+    @property
+    def counter_bytes(self) -> int:
+        """A counter per tile and consumer thread (0 unsplit)."""
+        return 0 if self.splits == 1 else self.tiles * CONSUMERS * WARPGROUP * 4
 
     @property
     def tensor_maps(self) -> tuple[hp.TensorMap, ...]:
@@ -113,19 +139,39 @@ class WgmmaPlan:
 
     def __str__(self) -> str:
         layouts = "".join("k" if s.k_major else "o" for s in (self.a, self.b))
+        split = f" split-k {self.splits}" if self.splits > 1 else ""
         return (f"wgmma {self.dtype} {BM}x{self.width}x{BK} tma {self.stages} stages staged {layouts} "
-                f"warp-specialized {CONSUMERS}+1 warpgroups persistent")
+                f"warp-specialized {CONSUMERS}+1 warpgroups persistent{split}")
 
 
-def _width(batches: int, m: int, n: int) -> int:
-    """The tile width that finishes first: the fewest waves of blocks times a block's time,
-    taken as its width plus a quarter of its height (the A tile it loads whatever the width);
-    the widest on a tie. (A GPT-width product of N = 768 is 96 blocks 256 wide, 73% of the
-    multiprocessors, or 128 blocks 192 wide, 97%.)"""
-    def cost(width: int) -> int:
-        blocks = batches * -(-m // BM) * -(-n // width)
-        return -(-blocks // SMS) * (width + BM // 4)
-    return min(WIDTHS, key=cost)
+def _tiling(batches: int, m: int, n: int, depth: int, may_split: bool) -> tuple[int, int]:
+    """(tile width, splits of K) that finish first: the rounds of work units (a tile, or a
+    split of one) the persistent blocks take, times a unit's time: its steps of K and its fixed
+    cost (`FIXED_STEPS`; a split one also its partials), each step costing the tile's width
+    plus a quarter of its height (the A tile it loads whatever the width). On a tie the fewest
+    splits, then the widest. (A GPT-width product of N = 768 is 96 blocks 256 wide, 73% of the
+    multiprocessors, or 128 blocks 192 wide, 97%; its weight gradient, 768 x 768 over 4096
+    tokens, is 36 tiles 128 wide split in two: 72 units of 32 steps instead of 36 of 64.)
+
+    K splits only where the tiles are fewer than the multiprocessors, `may_split` (the kernel
+    has working memory for the partials), in a divisor of K's steps (every split takes the same
+    steps) leaving each split MIN_SPLIT_STEPS or more."""
+    steps = -(-depth // BK)
+
+    def cost(choice: tuple[int, int]) -> tuple[int, int]:
+        width, splits = choice
+        units = batches * -(-m // BM) * -(-n // width) * splits
+        per_unit = steps // splits + FIXED_STEPS + (PARTIAL_STEPS * (splits + 1) if splits > 1 else 0)
+        return -(-units // SMS) * per_unit * (width + BM // 4), splits
+
+    choices = []
+    for width in WIDTHS:
+        tiles = batches * -(-m // BM) * -(-n // width)
+        choices.append((width, 1))
+        if may_split and tiles < SMS:
+            choices += [(width, s) for s in range(2, MAX_SPLITS + 1)
+                        if steps % s == 0 and steps // s >= MIN_SPLIT_STEPS]
+    return min(choices, key=cost)
 
 
 def _side(view: View, param: int, is_a: bool, outer_size: int, depth: int, batches: int,
@@ -154,9 +200,10 @@ def _side(view: View, param: int, is_a: bool, outer_size: int, depth: int, batch
 
 
 def wgmma_plan(kernel: Kernel, places: tuple[Place, ...], inputs: tuple[Place, ...], arch: str,
-               aligned: bool) -> WgmmaPlan | None:
+               aligned: bool, may_split: bool = False) -> WgmmaPlan | None:
     """The warpgroup kernel for a contraction, or None where it does not apply (not sm_90a,
-    operand types or layouts TMA cannot load, a product too small)."""
+    operand types or layouts TMA cannot load, a product too small). `may_split`: the kernel
+    may have working memory (`partial_bytes`, `counter_bytes`) to split K over blocks."""
     if not (arch.endswith("a") and sm_number(arch) == 90 and aligned):
         return None
     if not (config.cuda_tensor_cores and config.cuda_wgmma):
@@ -169,16 +216,17 @@ def wgmma_plan(kernel: Kernel, places: tuple[Place, ...], inputs: tuple[Place, .
     if spec.a.dtype != spec.b.dtype or spec.a.dtype not in _TYPES:
         return None
     batches, m, n, depth = spec.shape
-    if batches * -(-m // BM) * -(-n // 128) < MIN_BLOCKS:
+    width, splits = _tiling(batches, m, n, depth, may_split)
+    if batches * -(-m // BM) * -(-n // 128) * splits < MIN_BLOCKS:
         return None
-    width = _width(batches, m, n)
     sides = [_side(view, places.index(inputs[view.buffer]), is_a, size, depth, batches, outer)
              for view, is_a, size, outer in ((spec.a, True, m, BM), (spec.b, False, n, width))]
     if None in sides:
         return None
     a, b = sides
     stages = min(MAX_STAGES, (SHARED_LIMIT - hp.SWIZZLE_ATOM - 256) // (a.nbytes + b.nbytes))
-    return WgmmaPlan(_TYPES[spec.a.dtype], width, stages, a, b, batches, m, n, depth, spec.batch, spec.m, spec.n)
+    return WgmmaPlan(_TYPES[spec.a.dtype], width, stages, a, b, batches, m, n, depth, spec.batch, spec.m, spec.n,
+                     splits)
 
 
 class _Ring:
@@ -219,29 +267,34 @@ class _Ring:
 
 
 def emit_wgmma(ke: KernelEmitter, plan: WgmmaPlan) -> tuple[int, int, str]:
-    """Emit the kernel `plan` describes into `ke` (whose tensor-map parameters it reads).
+    """Emit the kernel `plan` describes into `ke` (whose tensor-map parameters it reads; its
+    working memory `ke.extra_ptrs`, partials and counters, where K splits).
 
-    The kernel is persistent: a block per multiprocessor (at most one per tile) takes tiles
-    `block, block + grid, ...`, so that the producer streams the next tile's stages in while
-    the consumers run this one's epilogue, and no block pays for filling the ring twice."""
+    The kernel is persistent: a block per multiprocessor (at most one per unit of work: a tile,
+    or one split of a tile's K) takes units `block, block + grid, ...`, so that the producer
+    streams the next unit's stages in while the consumers run this one's epilogue, and no block
+    pays for filling the ring twice."""
     b = ke.b
     c32 = lambda v: ir.Constant(I32, v)  # noqa: E731
+    c64 = lambda v: ir.Constant(I64, v)  # noqa: E731
     tiles_m, tiles_n = -(-plan.m // BM), -(-plan.n // plan.width)
-    total = plan.batches * tiles_m * tiles_n
+    total = plan.tiles * plan.splits
     grid = min(total, SMS)
-    steps = -(-plan.depth // BK)
+    steps = plan.steps
     ring = _Ring(ke, plan)
 
     tid = b.trunc(ke.thread_index(), I32)
     warpgroup = b.udiv(tid, c32(WARPGROUP))
     block = ke.block_index()
-    mine = b.udiv(b.add(b.sub(ir.Constant(I64, total), block), ir.Constant(I64, grid - 1)), ir.Constant(I64, grid))
+    mine = b.udiv(b.add(b.sub(c64(total), block), c64(grid - 1)), c64(grid))
 
-    def tile(b: ir.IRBuilder, i: ir.Value) -> tuple[ir.Value, ir.Value, ir.Value]:
-        """(batch, first row, first column) of this block's `i`-th tile."""
-        at = b.add(block, b.mul(i, ir.Constant(I64, grid)))
-        batch, tile_m, tile_n = _tile_of(b, at, plan.batches, tiles_m, tiles_n)
-        return batch, b.mul(tile_m, ir.Constant(I64, BM)), b.mul(tile_n, ir.Constant(I64, plan.width))
+    def unit(b: ir.IRBuilder, i: ir.Value) -> tuple[ir.Value, ...]:
+        """(batch, first row, first column, tile, split) of this block's `i`-th unit: splits
+        of K are the slowest-moving, so that the first wave holds every tile."""
+        at = b.add(block, b.mul(i, c64(grid)))
+        split, tile = b.udiv(at, c64(plan.tiles)), b.urem(at, c64(plan.tiles))
+        batch, tile_m, tile_n = _tile_of(b, tile, plan.batches, tiles_m, tiles_n)
+        return batch, b.mul(tile_m, c64(BM)), b.mul(tile_n, c64(plan.width)), tile, split
 
     def init_barriers() -> None:
         for s in range(plan.stages):
@@ -250,21 +303,80 @@ def emit_wgmma(ke: KernelEmitter, plan: WgmmaPlan) -> tuple[int, int, str]:
 
     def produce() -> None:
         def step(b: ir.IRBuilder, i: ir.Value, _: list) -> list:
-            _produce(ke, plan, ring, b.mul(i, ir.Constant(I64, steps)), steps, *tile(b, i))
+            batch, m0, n0, _tile, split = unit(b, i)
+            _produce(ke, plan, ring, b.mul(i, c64(steps)), b.mul(split, c64(steps)), batch, m0, n0)
             return []
         loop(b, 0, mine, step, [], name="tiles", vectorize=False, unroll=1)
 
     def consume(_: ir.Value) -> None:
         def step(b: ir.IRBuilder, i: ir.Value, _: list) -> list:
-            batch, m0, n0 = tile(b, i)
-            accs = _consume(ke, plan, ring, b.mul(i, ir.Constant(I64, steps)), steps, tid, warpgroup)
-            _epilogue(ke, plan, accs, tid, warpgroup, batch, m0, n0)
+            batch, m0, n0, tile, split = unit(b, i)
+            accs = _consume(ke, plan, ring, b.mul(i, c64(steps)), steps, tid, warpgroup)
+            if plan.splits == 1:
+                _epilogue(ke, plan, accs, tid, warpgroup, batch, m0, n0)
+                return []
+            splits = _Splits(ke, plan, tid, tile, len(accs))
+            with b.if_then(splits.count_in(accs, split)):
+                _epilogue(ke, plan, splits.sums(), tid, warpgroup, batch, m0, n0)
             return []
         loop(b, 0, mine, step, [], name="tiles", vectorize=False, unroll=1)
 
     hp.warp_specialized(ke, init_barriers, produce, consume)
     b.ret_void()
     return grid, (CONSUMERS + 1) * WARPGROUP, str(plan)
+
+
+class _Splits:
+    """A split of K's partials and counters (`ke.extra_ptrs`): each consumer thread writes its
+    accumulators to its split's partials, then counts itself in on the counter of its tile and
+    thread (a fence first, releasing them); the thread whose count completes the tile (after a
+    fence acquiring the others' partials) sets the counter back to zero for the next call and
+    adds every split's partials, in split order, so the sum does not depend on which split
+    finished last. Thread by thread: no barrier, and each thread reads only what its
+    counterparts in the other blocks wrote.
+
+    Partial r of consumer thread t of a unit lies at ((split * tiles + tile) * R + r) * 256 + t
+    (R accumulators a thread): a warp's 32 stores of one register are one 128-byte line."""
+
+    THREADS = CONSUMERS * WARPGROUP
+
+    def __init__(self, ke: KernelEmitter, plan: WgmmaPlan, tid: ir.Value, tile: ir.Value, registers: int):
+        self.ke, self.b, self.plan, self.tile, self.registers = ke, ke.b, plan, tile, registers
+        self.thread = self.b.zext(self.b.sub(tid, ir.Constant(I32, WARPGROUP)), I64)
+        at = self.b.add(self.b.mul(tile, self._c(self.THREADS)), self.thread)
+        self.counter = self.b.gep(ke.extra_ptrs[1], [at], inbounds=True, source_etype=I32)
+
+    @staticmethod
+    def _c(v: int) -> ir.Value:
+        return ir.Constant(I64, v)
+
+    def _partial(self, split: ir.Value, r: int) -> ir.Value:
+        b, c = self.b, self._c
+        unit = b.add(b.mul(split, c(self.plan.tiles)), self.tile)
+        slot = b.add(b.mul(b.add(b.mul(unit, c(self.registers)), c(r)), c(self.THREADS)), self.thread)
+        return b.gep(self.ke.extra_ptrs[0], [slot], inbounds=True, source_etype=F32)
+
+    def count_in(self, accs: list[ir.Value], split: ir.Value) -> ir.Value:
+        """Write this split's partials and count in: whether this thread completed its tile."""
+        b = self.b
+        for r, acc in enumerate(accs):
+            b.store(acc, self._partial(split, r))
+        self.ke.fence_gpu()
+        old = b.atomic_rmw("add", self.counter, ir.Constant(I32, 1), "monotonic")
+        return b.icmp_unsigned("==", old, ir.Constant(I32, self.plan.splits - 1))
+
+    def sums(self) -> list[ir.Value]:
+        """Every split's partials added in split order (by the thread that completed the tile)."""
+        b = self.b
+        self.ke.fence_gpu()
+        b.store(ir.Constant(I32, 0), self.counter)  # every other split of the tile has counted in
+        found = []
+        for r in range(self.registers):
+            total = b.load(self._partial(self._c(0), r), typ=F32)
+            for s in range(1, self.plan.splits):
+                total = b.fadd(total, b.load(self._partial(self._c(s), r), typ=F32))
+            found.append(total)
+        return found
 
 
 def _tile_of(b: ir.IRBuilder, block: ir.Value, batches: int, tiles_m: int, tiles_n: int
@@ -294,9 +406,11 @@ def _coords(b: ir.IRBuilder, side: Side, outer: ir.Value, k0: ir.Value, batch: i
     return found
 
 
-def _produce(ke: KernelEmitter, plan: WgmmaPlan, ring: _Ring, before: ir.Value, steps: int, batch, m0, n0) -> None:
-    """The producer thread on one tile (`before`: the block's steps on earlier tiles): for each
-    step of K, wait for its stage to be free, then load A's and B's tiles into it."""
+def _produce(ke: KernelEmitter, plan: WgmmaPlan, ring: _Ring, before: ir.Value, first: ir.Value, batch, m0, n0
+             ) -> None:
+    """The producer thread on one unit (`before`: the block's steps on earlier units; `first`:
+    the unit's first step of K): for each of its steps, wait for its stage to be free, then
+    load A's and B's tiles into it."""
     b = ke.b
 
     def step(b: ir.IRBuilder, t: ir.Value, _: list) -> list:
@@ -305,14 +419,14 @@ def _produce(ke: KernelEmitter, plan: WgmmaPlan, ring: _Ring, before: ir.Value, 
         with b.if_then(b.icmp_unsigned(">=", g, ir.Constant(I64, plan.stages))):
             hp.wait_parity(b, ring.empty(s), b.xor(parity, ir.Constant(I32, 1)))  # the stage's previous use
         hp.arrive_expect_bytes(b, ring.full(s), plan.stage_bytes)
-        k0 = b.mul(t, ir.Constant(I64, BK))
+        k0 = b.mul(b.add(first, t), ir.Constant(I64, BK))
         for side, outer, tile, map_arg in ((plan.a, m0, ring.a_tile(s), ke.map_args[0]),
                                            (plan.b, n0, ring.b_tile(s), ke.map_args[1])):
             for box, coords in enumerate(_coords(b, side, outer, k0, batch)):
                 hp.tma_load(b, b.add(tile, ir.Constant(I32, box * BOX_BYTES)), map_arg, coords, ring.full(s))
         return []
 
-    loop(b, 0, steps, step, [], name="produce", vectorize=False, unroll=1)
+    loop(b, 0, plan.steps, step, [], name="produce", vectorize=False, unroll=1)
 
 
 def _descriptor(b: ir.IRBuilder, side: Side, tile: ir.Value, j: int) -> ir.Value:
@@ -325,8 +439,8 @@ def _descriptor(b: ir.IRBuilder, side: Side, tile: ir.Value, j: int) -> ir.Value
 
 def _consume(ke: KernelEmitter, plan: WgmmaPlan, ring: _Ring, before: ir.Value, steps: int, tid, warpgroup
              ) -> list[ir.Value]:
-    """A consumer warpgroup's mainloop on one tile (`before`: the block's steps on earlier
-    tiles): its 64 x BN accumulators after every step of K, every stage freed."""
+    """A consumer warpgroup's mainloop on one unit (`before`: the block's steps on earlier
+    units): its 64 x BN accumulators after the unit's `steps` steps of K, every stage freed."""
     b = ke.b
     c32 = lambda v: ir.Constant(I32, v)  # noqa: E731
     rows = b.mul(b.sub(warpgroup, c32(1)), c32(64 * hp.SWIZZLE_BYTES))  # its 64 rows of A: 8 KiB on
