@@ -112,9 +112,9 @@ _FLAGS: tuple[Flag, ...] = (
          "would hold much more memory: glue/scheduler/plan.py)"),
     Flag("cuda_poison", None, _optional_int, "fill outputs and the arena with this byte before each call"),
     Flag("cuda_launch_blocking", False, _bool, "synchronise after every launch (faults name their kernel)"),
-    Flag("cuda_ptxas", False, _bool,
-         "compile kernels with the ptxas on the PATH, several at a time, and keep the machine code in the "
-         "disk cache, rather than with the driver's JIT (not yet timed on a GPU)"),
+    Flag("cuda_ptxas", True, _bool,
+         "compile kernels with the ptxas on the PATH, where there is one, several at a time, and keep the "
+         "machine code in the disk cache (False: the driver's JIT, which compiles one kernel at a time)"),
     Flag("arch", None, _text, "PTX target when lowering for cuda (default: the GPU's, else sm_90)"),
     Flag("cuda_online_row_elements", 65536, _int,
          "rows longer than this fold their max and sum of exponentials in one pass on the GPU"),

@@ -6,8 +6,8 @@ are not emitted) and "ptx" (each missing module optimised and emitted for the op
 `ptx.py`, side by side in the compile workers). None of them needs a GPU: the arch is the GPU's
 when a driver reports one (read without creating a context) and `sm_90` otherwise, or whatever
 `arch=` / `glue.config.arch` names. Loading (`compile()`) needs a GPU: the internal stage
-"cubin" has the driver JIT-compile each kernel's PTX (its own JIT cache serves a later process)
-and load it (`runtime/module.py`), and `load` gives a `CudaExecutable` (`executor.py`).
+"cubin" compiles each kernel's PTX (with ptxas where there is one, else the driver's JIT) and
+loads it (`runtime/module.py`), and `load` gives a `CudaExecutable` (`executor.py`).
 `runtime/` holds what runs programs (contexts, modules, launches, allocator, streams,
 transfers, device buffers).
 """

@@ -11,6 +11,7 @@ driver that knows the GPU (sm_90 with PTX 8.0 loads on CUDA 12.0 drivers and lat
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -89,10 +90,17 @@ def assemble(ptx: "str | ProgramPtx", arch: str = DEFAULT_ARCH) -> str:
     return _ptxas(ptx, arch, ["-v"])[1]
 
 
-def cubin(ptx: str, arch: str) -> bytes:
+def ptx_target(ptx: str) -> str | None:
+    """The arch a module's PTX names in its `.target` directive (`sm_90a`), or None."""
+    found = re.search(r"^\s*\.target\s+([\w]+)", ptx, re.MULTILINE)
+    return found.group(1) if found else None
+
+
+def cubin(ptx: str, arch: str, relocatable: bool = False) -> bytes:
     """The machine code of one module, compiled by `ptxas` as a whole program (as the driver's
-    `cuModuleLoadData` JIT compiles it). Raises BackendError with ptxas's messages."""
-    return _ptxas(ptx, arch, [])[0]
+    `cuModuleLoadData` JIT compiles it), or as relocatable code (`ptxas -c`, as its JIT linker
+    does) for the driver's linker. Raises BackendError with ptxas's messages."""
+    return _ptxas(ptx, arch, ["-c"] if relocatable else [])[0]
 
 
 def _ptxas(ptx: str, arch: str, flags: list[str]) -> tuple[bytes, str]:

@@ -36,6 +36,7 @@ class StubDriver:
         self._handles = itertools.count(0x1000)
         self._addresses = itertools.count(1 << 32, 1 << 24)  # 16 MiB apart: no block overlaps another
         self._host: dict[int, Any] = {}  # pinned host memory and cubins, kept alive by address
+        self._linking: dict[int, bytes] = {}  # each link state's input
         self._capturing: dict[int, int] = {}  # stream -> nodes captured so far
         self._graphs: dict[int, int] = {}  # graph -> nodes
 
@@ -102,6 +103,20 @@ class StubDriver:
     def cuMemsetD8Async(self, ptr, value, n, stream): return self._queue("cuMemsetD8Async", stream)
 
     # --- modules and launches
+    def cuLinkCreate(self, n, options, values): return (_OK, self._handle())
+    def cuLinkDestroy(self, state): return (_OK,)
+
+    def cuLinkAddData(self, state, kind, data, size, name, n, options, values):
+        self._linking[state] = bytes(data[:size])
+        return (_OK,)
+
+    def cuLinkComplete(self, state):
+        """The "executable": b"linked " and the input, kept alive by address."""
+        image = b"linked " + self._linking.pop(state)
+        code = ctypes.create_string_buffer(image, len(image))
+        self._host[ctypes.addressof(code)] = code
+        return (_OK, ctypes.addressof(code), len(image))
+
     def cuModuleLoadData(self, image): return (_OK, self._handle())
     def cuModuleLoadDataEx(self, image, n, options, values): return (_OK, self._handle())
     def cuModuleGetFunction(self, module, name): return (_OK, self._handle())

@@ -1,15 +1,18 @@
-"""PTX modules: JIT-compiled once, cached in memory, and their kernels launched.
+"""PTX modules: compiled once, cached in memory, and their kernels launched.
 
-`ModuleCache.load(ptx)` has the driver compile PTX as a whole program and load it (errors come
-back with ptxas's log) and keeps the module in memory, keyed by the PTX, the device's arch and
-the driver version; a later process finds the machine code in the driver's own JIT cache
-(`CUDA_CACHE_PATH`, `CUDA_CACHE_MAXSIZE`). Under `GLUE_CUDA_PTXAS=1` the ptxas on the PATH
-compiles it instead, as a whole program too, and the disk cache (`glue.backend.cache`, namespace
-"cuda") keeps the machine code; code the driver will not load goes to its JIT. A program's PTX (`ptx.ProgramPtx`) is one module per
-distinct kernel: each is cached on its own, so programs share their identical kernels and a
-changed program JIT-compiles only its new ones, several at a time on host threads (the driver's
-JIT runs outside the GIL); `load` then returns a `ProgramModule` that finds each kernel in its
-module.
+`ModuleCache.load(ptx)` turns PTX into machine code and loads it (errors come back with ptxas's
+log), and keeps the module in memory, keyed by the PTX, the device's arch and the driver version.
+Where a `ptxas` is on the PATH (`glue.config.cuda_ptxas`, on by default) it compiles each kernel,
+several at a time, and the disk cache (`glue.backend.cache`, namespace "cuda") keeps the machine
+code; without one, or where ptxas, the linker or the driver refuses its code, the driver's JIT
+compiles the PTX (it compiles one kernel at a time: 3.8 s for the small step's 46 kernels, which
+ptxas compiled in 0.6 s) and its own JIT cache (`CUDA_CACHE_PATH`) serves a later process.
+Either way a kernel is compiled as relocatable code and linked by the driver's linker, but for
+the warpgroup kernels, which are compiled as whole programs (`whole_program` says why).
+
+A program's PTX (`ptx.ProgramPtx`) is one module per distinct kernel: each is cached on its own,
+so programs share their identical kernels and a changed program compiles only its new ones, on
+host threads; `load` then returns a `ProgramModule` that finds each kernel in its module.
 
 Each kernel's parameter list is read from its PTX `.entry`, so a launch checks the argument count
 and packs the values with one precompiled `struct` call into a parameter block whose pointer
@@ -32,7 +35,7 @@ from glue import profiler
 from glue.backend.cache import DiskCache, digest
 from glue.backend.contract import KernelStats
 from glue.backend.workers import worker_count
-from glue.backend_cuda.ptx import ProgramPtx, cubin, ptxas_available, ptxas_version
+from glue.backend_cuda.ptx import ProgramPtx, cubin, ptx_target, ptxas_available, ptxas_version
 from glue.backend_cuda.runtime import driver as drv
 from glue.errors import BackendError
 from glue.settings import config
@@ -278,6 +281,21 @@ class ProgramModule:
         return module.get_function(name)
 
 
+def whole_program(ptx: str) -> bool:
+    """Whether a kernel's PTX is compiled as a whole program, not as relocatable code that the
+    driver's linker then links: the warpgroup kernels (they trade registers with `setmaxnreg`),
+    where ptxas allocates registers worse in relocatable code (348 bytes of the flash dk/dv
+    kernel's spilled; none as a whole program). Every other kernel is linked: the same kernels
+    as whole programs, loaded by `cuModuleLoadDataEx` or from ptxas, made the MLP loop's step
+    (12 small kernels, on an H100) take 31 us instead of 17, and one stream's consecutive
+    launches stop overlapping under programmatic dependent launch (72 us against 22), though
+    each kernel alone takes as long and their SASS is the same (the cause is not known)."""
+    return _SETMAXNREG.search(ptx) is not None
+
+
+_SETMAXNREG = re.compile(r"^\s*setmaxnreg\.", re.MULTILINE)
+
+
 class ModuleCache:
     """Loaded modules of one context, by PTX."""
 
@@ -336,9 +354,14 @@ class ModuleCache:
         return handle, steps
 
     def _cubin(self, ptx: str, name: str, steps: dict[str, float]) -> bytes | None:
-        """ptxas's machine code for `ptx`, from the disk cache or made now (and kept there);
-        None where ptxas rejects it (the driver's JIT then reports why)."""
-        key = digest("cuda cubin", self.ctx.device.arch, ptxas_version(), ptx)
+        """ptxas's machine code for `ptx` (as `whole_program` says: a whole program, or
+        relocatable code the driver's linker links), from the disk cache or made now (and kept
+        there); None where ptxas or the linker refuses it (the driver's JIT then reports why).
+        It is compiled for the arch the PTX targets: on an H100 that is sm_90a, which the
+        device's own name (sm_90) would make ptxas refuse."""
+        arch = ptx_target(ptx) or self.ctx.device.arch
+        whole = whole_program(ptx)
+        key = digest("cuda cubin", arch, ptxas_version(), f"whole program {whole}", ptx)
         start = time.perf_counter()
         code = DISK.load(key)
         steps["cubin cache"] = time.perf_counter() - start
@@ -347,8 +370,12 @@ class ModuleCache:
         start = time.perf_counter()
         with profiler.span("compile", f"ptxas {name}"):
             try:
-                code = cubin(ptx, self.ctx.device.arch)
-            except BackendError:
+                code = cubin(ptx, arch, relocatable=not whole)
+                if not whole:
+                    code = self._link(drv.load().CUjitInputType.CU_JIT_INPUT_CUBIN, code, name)
+            except BackendError as exc:  # (a CudaError too: a linker that refuses ptxas's code)
+                log.info("glue.cuda: ptxas's code for %s did not build (%s); the driver's JIT compiles the PTX",
+                         name, exc)
                 return None
         steps["ptxas"] = time.perf_counter() - start
         DISK.store(key, code)
@@ -366,18 +393,40 @@ class ModuleCache:
         return int(result[1])
 
     def _jit(self, ptx: str, name: str) -> int:
-        """PTX compiled by the driver's JIT as a whole program and loaded; a failure carries
-        ptxas's error log. (The JIT linker, `cuLink*`, compiles PTX as relocatable code, where
-        ptxas allocates registers worse: it spilled 348 bytes of the flash dk/dv kernel's, which
-        as a whole program spills none.)"""
+        """PTX compiled by the driver's JIT and loaded, as `whole_program` says: a whole
+        program, or relocatable code its linker links; a failure carries ptxas's error log."""
         driver = drv.load()
         self.ctx.make_current()
+        data = ptx.encode() + b"\0"
+        if not whole_program(ptx):
+            return int(drv.call(driver.cuModuleLoadData, self._link(driver.CUjitInputType.CU_JIT_INPUT_PTX, data, name),
+                                kernel=name))
         opt = driver.CUjit_option
         errors = bytearray(_LOG_BYTES)  # must outlive the call: the driver writes into it
-        data = ptx.encode() + b"\0"
         result = driver.cuModuleLoadDataEx(data, 2, [opt.CU_JIT_ERROR_LOG_BUFFER, opt.CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES],
                                            [errors, _LOG_BYTES])
         if result[0]:
             told = bytes(errors).split(b"\0", 1)[0].decode(errors="replace").strip()
             raise drv.error_for("cuModuleLoadDataEx", result[0], name, f"JIT log:\n{told}" if told else "")
         return int(result[1])
+
+    def _link(self, kind: Any, data: bytes, name: str) -> bytes:
+        """The executable machine code the driver's linker makes of one input (`kind`: PTX,
+        which its JIT compiles as relocatable code first, or ptxas's relocatable cubin)."""
+        driver = drv.load()
+        self.ctx.make_current()
+        opt = driver.CUjit_option
+        errors = bytearray(_LOG_BYTES)  # must outlive the link state: the driver writes into it
+        state = drv.call(driver.cuLinkCreate, 2, [opt.CU_JIT_ERROR_LOG_BUFFER, opt.CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES],
+                         [errors, _LOG_BYTES])
+        try:
+            call, result = "cuLinkAddData", driver.cuLinkAddData(state, kind, data, len(data), f"{name}".encode(),
+                                                                 0, None, None)
+            if not result[0]:
+                call, result = "cuLinkComplete", driver.cuLinkComplete(state)
+            if result[0]:
+                told = bytes(errors).split(b"\0", 1)[0].decode(errors="replace").strip()
+                raise drv.error_for(call, result[0], name, f"JIT log:\n{told}" if told else "")
+            return ctypes.string_at(int(result[1]), result[2])
+        finally:
+            driver.cuLinkDestroy(state)
