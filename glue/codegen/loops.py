@@ -21,7 +21,7 @@ def _const(v: ir.Value) -> int | None:
 
 def loop(b: ir.IRBuilder, lo: ir.Value | int, hi: ir.Value | int, body: Body,
          carried: Sequence[ir.Value] = (), name: str = "i", vectorize: bool = True,
-         interleave: int = 0, unroll: int | None = None) -> list[ir.Value]:
+         interleave: int = 0, unroll: int | None = None, vector_width: int = 0) -> list[ir.Value]:
     """Run `body(b, i, values)` for i in [lo, hi), threading `carried` values through it (the
     body returns their next values); the builder ends after the loop, and the result is the
     carried values after the last iteration (the initial ones when the loop runs no times).
@@ -29,7 +29,8 @@ def loop(b: ir.IRBuilder, lo: ir.Value | int, hi: ir.Value | int, body: Body,
     are the ones to vectorise); `interleave` asks it to keep that many vector iterations in
     flight (long dependency chains, as in math functions, leave the units idle otherwise);
     `unroll` caps how many copies of the body LLVM's unroller may make (1: none), where all
-    copies of a body of wide loads would be scheduled ahead and outgrow a GPU thread's registers."""
+    copies of a body of wide loads would be scheduled ahead and outgrow a GPU thread's registers;
+    `vector_width` names the vectoriser's width (lanes) instead of letting it cost each one."""
     lo = ir.Constant(I64, lo) if isinstance(lo, int) else lo
     hi = ir.Constant(I64, hi) if isinstance(hi, int) else hi
     first, last = _const(lo), _const(hi)
@@ -61,6 +62,8 @@ def loop(b: ir.IRBuilder, lo: ir.Value | int, hi: ir.Value | int, body: Body,
     branch = b.cbranch(b.icmp_signed("<", following, hi), head, done)
     hints = [("llvm.loop.vectorize.enable", ir.Constant(I1, 0))] if not vectorize else \
         [("llvm.loop.interleave.count", ir.Constant(ir.IntType(32), interleave))] if interleave else []
+    if vectorize and vector_width:
+        hints.append(("llvm.loop.vectorize.width", ir.Constant(ir.IntType(32), vector_width)))
     if unroll is not None:
         hints.append(("llvm.loop.unroll.count", ir.Constant(ir.IntType(32), unroll)))
     if hints:

@@ -218,3 +218,32 @@ def test_outputs_that_are_inputs_or_constants_and_empty_arrays():
     got = glue.jit(lambda x: (x + 1, x.sum(0), x.sum(1)), backend="cpu")(empty)
     assert [np.asarray(g).shape for g in got] == [(0, 5), (5,), (0,)]
     np.testing.assert_array_equal(np.asarray(got[1]), np.zeros(5, np.float32))
+
+
+def _loop_hints(fn, x) -> set[str]:
+    text = glue.jit(fn, backend="cpu").lower(x).as_text("llvm")
+    return {line.split("=", 1)[1].strip() for line in text.splitlines() if "llvm.loop.vectorize.width" in line
+            or "llvm.loop.interleave.count" in line}
+
+
+def test_a_long_math_body_is_one_wide_vector_where_vectors_are_256_bits():
+    """Two vector iterations in flight hide a math function's latency; a long body (a chain of
+    20 tanh) asks instead for vectors twice as wide on a 256-bit host, one copy of the body for
+    LLVM's passes, and computes the same values; a short one keeps the two iterations."""
+    from glue.backend_cpu.target import host
+
+    x = np.linspace(-3, 3, 1000, dtype=np.float32)
+
+    def chain(v):
+        for i in range(20):
+            v = gnp.tanh(v * 1.01 + 0.1 * (i % 3))
+        return v
+
+    want = x.astype(np.float64)
+    for i in range(20):
+        want = np.tanh(want * 1.01 + 0.1 * (i % 3))
+    assert mismatch(np.asarray(glue.jit(chain, backend="cpu")(x)), want, dt.float32) is None
+    two_in_flight = {'!{ !"llvm.loop.interleave.count", i32 2 }'}
+    wide = {'!{ !"llvm.loop.vectorize.width", i32 16 }', '!{ !"llvm.loop.interleave.count", i32 1 }'}
+    assert _loop_hints(chain, x) == (wide if host().vector_bits == 256 else two_in_flight)
+    assert _loop_hints(lambda v: gnp.sin(v) * gnp.cos(v), x) == two_in_flight
