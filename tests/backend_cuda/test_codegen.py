@@ -133,6 +133,28 @@ def test_workload_kernels_compute_the_reference_results(name):
     _check(closed.graph, all_args, emulator.run_program(low["llvm"], all_args), name)
 
 
+def _tanh_chain(x):
+    for i in range(20):
+        x = glue.numpy.tanh(x * 1.01 + 0.1 * (i % 3))
+    return x
+
+
+@pytest.mark.parametrize("size", [1000, 16384], ids=["ragged grid", "whole blocks"])
+def test_a_long_math_chain_computes_one_point_a_thread_with_one_copy_of_its_body(size):
+    """20 tanh are bound by arithmetic: no vector lanes, unrolled groups or unchecked twin of
+    the body (each another copy for LLVM and ptxas); one load and one store in the PTX. On the
+    emulator it computes the reference's values."""
+    x = np.linspace(-3, 3, size, dtype=np.float32)
+    closed, low = _lowered(_tanh_chain, [x])
+    (launch,) = low["llvm"].launches
+    assert launch.strategy == "pointwise x1 unroll 1"
+    ptx = low.as_text("ptx")
+    assert len(re.findall(r"\bld\.global", ptx)) == 1 and len(re.findall(r"\bst\.global", ptx)) == 1
+    if emulator.available():
+        all_args = list(closed.consts) + [x]
+        _check(closed.graph, all_args, emulator.run_program(low["llvm"], all_args), "tanh chain")
+
+
 @needs_cc
 @pytest.mark.parametrize("online", [False, True])
 @pytest.mark.parametrize("dtype", [np.float32, BF16, np.float16])
