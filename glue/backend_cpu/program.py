@@ -18,7 +18,7 @@ read (`CODEGEN_SETTINGS`).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from llvmlite import ir
 
@@ -26,6 +26,7 @@ from glue.backend.cache import code_version
 from glue.backend.kernel_key import KernelKeys, aliases
 from glue.backend_cpu.calls import CallSite
 from glue.backend_cpu.kernels import KernelBuilder, KernelFunction
+from glue.backend_cpu.literals import lift as lift_literals
 from glue.backend_cpu.matmul import blocked_contraction
 from glue.backend_cpu.target import Pipeline, host, thread_count
 from glue.codegen.mathlib import UNARY_FUNCTIONS
@@ -131,12 +132,15 @@ class KernelUse:
 @dataclass
 class Program:
     """The distinct kernels of glue's own code (`sources`) and the program's steps in order
-    (`uses`): uses of those kernels, and call kernels (`CallSite`), which run compiled bodies."""
+    (`uses`): uses of those kernels, and call kernels (`CallSite`), which run compiled bodies.
+    `literals` holds the float literals lifted out of its kernels (`literals.py`), which the
+    kernels find at the buffer table's last entry (after the arguments, outputs and arena)."""
 
     plan: Plan
     sources: dict[bytes, KernelSource]
     uses: list[KernelUse | CallSite]
     opt_level: int = 3
+    literals: tuple[float, ...] = ()
     _modules: dict[bytes, KernelModule] = field(default_factory=dict, repr=False)
 
     @property
@@ -206,17 +210,33 @@ def build_program(plan: Plan, options_key: str = "", opt_level: int = 3) -> Prog
     context = codegen_context(options_key)
     sources: dict[bytes, KernelSource] = {}
     uses: list[KernelUse | CallSite] = []
+    literals: list[float] = []
     kernel_key = KernelKeys()
+    # Copies of one lowered group (a model's layers) share their expression objects, and so
+    # their lifted kernel: the key's memo (`KernelKeys`) then finds it without a walk.
+    lifted_by_exprs: dict[tuple[int, int, int], tuple[Kernel, tuple[float, ...]] | None] = {}
     for kernel in plan.kernels:
-        operands = [_operand(placements[b.value_id], n_args, arena_slot) for b in kernel.inputs + kernel.outputs]
+        inputs = [_operand(placements[b.value_id], n_args, arena_slot) for b in kernel.inputs]
+        outputs = [_operand(placements[b.value_id], n_args, arena_slot) for b in kernel.outputs]
         if kernel.call is not None:
-            n_in = len(kernel.inputs)
-            uses.append(CallSite(kernel, call_plan(kernel), operands[:n_in], operands[n_in:]))
+            uses.append(CallSite(kernel, call_plan(kernel), inputs, outputs))
             continue
+        code = kernel
+        exprs = (id(kernel.reductions), id(kernel.stores), len(kernel.inputs))
+        if exprs not in lifted_by_exprs:
+            lifted_by_exprs[exprs] = lift_literals(kernel)
+        lifted = lifted_by_exprs[exprs]
+        if lifted is not None:
+            shared_code, values = lifted
+            code = replace(kernel, inputs=kernel.inputs + shared_code.inputs[-1:], reductions=shared_code.reductions,
+                           stores=shared_code.stores)
+            inputs.append(Operand(arena_slot + 1, 8 * len(literals)))
+            literals.extend(values)
+        operands = inputs + outputs
         shared = aliases(operands)
         label = _label(kernel)
-        key = kernel_key(kernel, shared, *context, label)
+        key = kernel_key(code, shared, *context, label)
         if key not in sources:
-            sources[key] = KernelSource(key, kernel, shared, f"glue_{label}_{key.hex()[:16]}")
+            sources[key] = KernelSource(key, code, shared, f"glue_{label}_{key.hex()[:16]}")
         uses.append(KernelUse(key, kernel, tuple(operands[i] for i in dict.fromkeys(shared))))
-    return Program(plan, sources, uses, opt_level)
+    return Program(plan, sources, uses, opt_level, tuple(literals))

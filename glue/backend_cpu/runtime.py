@@ -197,7 +197,8 @@ class Executable:
         self._results = program.results  # (the plan builds them on each access)
         self._dtypes = [t.dtype.numpy for t in self._arg_types]
         self._outputs = [(t.shape, t.dtype.numpy) for t in program.output_types]
-        self._table = ctypes.c_void_p * (len(program.arg_types) + len(program.output_types) + 1)
+        self._table = ctypes.c_void_p * (len(program.arg_types) + len(program.output_types) + 2)
+        self._literals = np.array(program.literals or (0.0,), np.float64)  # (the table's last entry)
         self._layout: tuple[BodyLayout, list[TensorType], list[int]] | None = None  # run_at's, made once
 
     def _arguments(self, args: Sequence[Any]) -> list[np.ndarray]:
@@ -239,7 +240,7 @@ class Executable:
         except IndexError:
             space = _Workspace(self.program.plan.memory.arena_bytes, self._scratch, self.threads)
         try:
-            table = self._table(*arguments, *outputs, space.arena)
+            table = self._table(*arguments, *outputs, space.arena, self._literals.ctypes.data)
             prof = profiler.active()
             for step, kernel in zip(self._steps, self.kernels):
                 start = time.perf_counter_ns() if prof is not None else 0
