@@ -31,7 +31,7 @@ import math
 
 from llvmlite import ir
 
-from glue.backend_cuda.codegen.common import (MAX_LANES, VOID, KernelEmitter, LaneGroup, Partial, Vectorization,
+from glue.backend_cuda.codegen.common import (MAX_LANES, KernelEmitter, LaneGroup, Partial, Vectorization,
                                               flat_index, moves_in_runs, moves_with, pow2_at_least, when)
 from glue.codegen.loops import loop, unflatten
 from glue.codegen.scope import Analysis
