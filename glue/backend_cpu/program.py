@@ -211,6 +211,7 @@ def build_program(plan: Plan, options_key: str = "", opt_level: int = 3) -> Prog
     sources: dict[bytes, KernelSource] = {}
     uses: list[KernelUse | CallSite] = []
     literals: list[float] = []
+    literal_slot = arena_slot + 1  # the buffer table's last entry (runtime.py's `_run`)
     kernel_key = KernelKeys()
     # Copies of one lowered group (a model's layers) share their expression objects, and so
     # their lifted kernel: the key's memo (`KernelKeys`) then finds it without a walk.
@@ -230,7 +231,7 @@ def build_program(plan: Plan, options_key: str = "", opt_level: int = 3) -> Prog
             shared_code, values = lifted
             code = replace(kernel, inputs=kernel.inputs + shared_code.inputs[-1:], reductions=shared_code.reductions,
                            stores=shared_code.stores)
-            inputs.append(Operand(arena_slot + 1, 8 * len(literals)))
+            inputs.append(Operand(literal_slot, 8 * len(literals)))
             literals.extend(values)
         operands = inputs + outputs
         shared = aliases(operands)

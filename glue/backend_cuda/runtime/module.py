@@ -296,6 +296,12 @@ def whole_program(ptx: str) -> bool:
 _SETMAXNREG = re.compile(r"^\s*setmaxnreg\.", re.MULTILINE)
 
 
+def _jit_log(errors: bytearray) -> str:
+    """What the driver's JIT wrote into its error log buffer, as an error's detail."""
+    told = bytes(errors).split(b"\0", 1)[0].decode(errors="replace").strip()
+    return f"JIT log:\n{told}" if told else ""
+
+
 class ModuleCache:
     """Loaded modules of one context, by PTX."""
 
@@ -346,11 +352,14 @@ class ModuleCache:
         steps: dict[str, float] = {}
         code = self._cubin(ptx, name, steps) if config.cuda_ptxas and ptxas_available() else None
         start = time.perf_counter()
-        with profiler.span("compile", f"{'module load' if code else 'driver jit'} {name}"):
-            handle = self._load_code(code, name) if code else None
-            if handle is None:
-                handle = self._jit(ptx, name)
-        steps["module load" if code else "driver jit"] = time.perf_counter() - start
+        handle = self._load_code(code, name) if code else None
+        if handle is not None:
+            steps["module load"] = time.perf_counter() - start
+            return handle, steps
+        start = time.perf_counter()
+        with profiler.span("compile", f"driver jit {name}"):
+            handle = self._jit(ptx, name)
+        steps["driver jit"] = time.perf_counter() - start
         return handle, steps
 
     def _cubin(self, ptx: str, name: str, steps: dict[str, float]) -> bytes | None:
@@ -406,8 +415,7 @@ class ModuleCache:
         result = driver.cuModuleLoadDataEx(data, 2, [opt.CU_JIT_ERROR_LOG_BUFFER, opt.CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES],
                                            [errors, _LOG_BYTES])
         if result[0]:
-            told = bytes(errors).split(b"\0", 1)[0].decode(errors="replace").strip()
-            raise drv.error_for("cuModuleLoadDataEx", result[0], name, f"JIT log:\n{told}" if told else "")
+            raise drv.error_for("cuModuleLoadDataEx", result[0], name, _jit_log(errors))
         return int(result[1])
 
     def _link(self, kind: Any, data: bytes, name: str) -> bytes:
@@ -425,8 +433,7 @@ class ModuleCache:
             if not result[0]:
                 call, result = "cuLinkComplete", driver.cuLinkComplete(state)
             if result[0]:
-                told = bytes(errors).split(b"\0", 1)[0].decode(errors="replace").strip()
-                raise drv.error_for(call, result[0], name, f"JIT log:\n{told}" if told else "")
+                raise drv.error_for(call, result[0], name, _jit_log(errors))
             return ctypes.string_at(int(result[1]), result[2])
         finally:
             driver.cuLinkDestroy(state)
