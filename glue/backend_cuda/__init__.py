@@ -24,7 +24,6 @@ from glue.backend_cuda.codegen import EMITTING_WORKERS, CudaProgram, build_progr
 from glue.backend_cuda.codegen.flash import flash_note, why_not_flash
 from glue.backend_cuda.ptx import DEFAULT_ARCH, PTX_FEATURES, ProgramPtx, sm_number
 from glue.backend_cuda.runtime import driver
-from glue.codegen.analysis import estimate_cost
 from glue.errors import GlueError
 from glue.ir import Graph
 from glue.scheduler.attention import AttentionPolicy
@@ -105,8 +104,7 @@ class CudaBackend(Backend):
         from glue.backend_cuda.executor import CudaExecutable
 
         lowering["cubin"]  # every kernel's module loaded, timed as a stage of its own
-        return CudaExecutable(lowering["llvm"], lowering["ptx"], estimate_cost(lowering["plan"]),
-                              lowering.name)
+        return CudaExecutable(lowering["llvm"], lowering["ptx"], lowering.name)
 
     @lru_cache(maxsize=256)
     def body(self, graph: Graph, options: CudaOptions) -> Lowering:

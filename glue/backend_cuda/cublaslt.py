@@ -154,6 +154,18 @@ class Matmul:
         second = self._layout(p.a_dtype, (p.k, p.m) if p.a_op == _OP_N else (p.m, p.k), p.a_ld, p.a_batch, p.batches)
         out = self._layout(p.d_dtype, (p.n, p.m), p.d_ld, p.d_batch, p.batches)
         self.layouts = (first, second, out)
+        # A model's layers repeat their products: cuBLASLt's heuristics are asked once for each.
+        algos = _algorithms.get((handle, p))
+        if algos is None:
+            algos = _algorithms[handle, p] = self._heuristics(handle, p)
+        self.algos = algos
+        self.choice = 0
+        self.handle = handle
+
+    def _heuristics(self, handle: int, p: Problem) -> np.ndarray:
+        """cuBLASLt's candidate algorithms for this product, best first."""
+        lt = _lt
+        first, second, out = self.layouts
         pref = lt.matmul_preference_create()
         _set(lt.matmul_preference_set_attribute, pref, lt.MatmulPreferenceAttribute.MAX_WORKSPACE_BYTES,
              WORKSPACE_BYTES, ctypes.c_uint64)
@@ -164,9 +176,7 @@ class Matmul:
         lt.matmul_preference_destroy(pref)
         if count[0] == 0:
             raise LibraryError(f"cuBLASLt has no algorithm for {p}")
-        self.algos = results[:count[0]]
-        self.choice = 0
-        self.handle = handle
+        return results[:count[0]]
 
     @staticmethod
     def _layout(dtype: DType, shape: tuple[int, int], ld: int, batch_stride: int, batches: int) -> int:
@@ -204,6 +214,7 @@ class Matmul:
 
 
 _handles: dict[int, int] = {}
+_algorithms: dict[tuple[int, Problem], np.ndarray] = {}  # (handle, product) -> its heuristics' candidates
 _lock = threading.Lock()
 
 

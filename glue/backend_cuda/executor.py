@@ -133,8 +133,7 @@ class GraphStats:
 class CudaExecutable:
     """A program loaded on the GPU; call it with the arguments (constvars' values, then invars')."""
 
-    def __init__(self, program: CudaProgram, ptx: str, cost: CostAnalysis, name: str = "glue",
-                 as_body: bool = False):
+    def __init__(self, program: CudaProgram, ptx: str, name: str = "glue", as_body: bool = False):
         """`as_body`: loaded as the body of a call kernel, whose caller queues its launches (its
         module, arena and variant choices serve; it plans no steps of its own)."""
         self.program = program
@@ -143,7 +142,7 @@ class CudaExecutable:
         plan = program.plan.streams
         self.streams = self.ctx.compute_streams(plan.n_streams)
         self.stream = self.streams[0]
-        self._cost = cost
+        self._cost: CostAnalysis | None = None  # estimated when first asked for
         # Lean calls (`lean_call`): the arguments' `_PLACE`s -> (output set, its block, graph
         # exec, graph key) of the graph calls that ran on them; forgotten where one could go stale.
         self._lean: dict[tuple, list[tuple[list[DeviceBuffer], Any, int, tuple[int, ...]]]] = {}
@@ -586,6 +585,8 @@ class CudaExecutable:
         return analyse_memory(self.program.plan, sum(b.nbytes for b in distinct.values()))
 
     def cost_analysis(self) -> CostAnalysis:
+        if self._cost is None:
+            self._cost = estimate_cost(self.program.plan)
         return self._cost
 
 
@@ -646,7 +647,7 @@ def _load_body(lowering: Any) -> tuple[list[Launch], "CudaExecutable"]:
     """A call kernel's body loaded for one call site: an executable of its own (its module, its
     arena, its choice of contraction variants), whose launches the caller queues."""
     program = lowering["llvm"]
-    body = CudaExecutable(program, lowering["ptx"], estimate_cost(program.plan), "body", as_body=True)
+    body = CudaExecutable(program, lowering["ptx"], "body", as_body=True)
     return body.kernels, body
 
 

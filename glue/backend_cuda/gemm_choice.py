@@ -30,7 +30,7 @@ import numpy as np
 
 from glue import profiler
 from glue.backend.cache import DiskCache, digest
-from glue.backend.kernel_key import aliases, kernel_key
+from glue.backend.kernel_key import aliases
 from glue.errors import BackendError
 from glue.backend_cuda.codegen.library import LIBRARY_VARIANTS
 from glue.backend_cuda.runtime.device_array import DeviceBuffer
@@ -61,11 +61,11 @@ def _key(program: "CudaProgram", group: int) -> bytes:
     a model's identical layers race once), the places its launches share, and their strategies."""
     from glue.backend_cuda import cublaslt
 
-    launches = [l for l in program.launches if l.group == group]
+    launches = program.by_group[group]
     strategies = "|".join(f"{l.variant}:{l.strategy}" for l in launches)
     shared = aliases([place for l in launches for place in l.params])
     return digest("gemm choice, graph-timed, algorithms, structural", program.arch, cublaslt.version(),
-                  kernel_key(program.plan.kernels[group], shared).hex(), strategies)
+                  program.keys(program.plan.kernels[group], shared).hex(), strategies)
 
 
 def choose_variants(exe: "CudaExecutable", program: "CudaProgram") -> dict[int, str]:
@@ -141,8 +141,8 @@ def choices_text(exe: "CudaExecutable", program: "CudaProgram") -> str:
 
 def _matmuls(exe: "CudaExecutable", program: "CudaProgram", group: int, variant: str) -> list[Any]:
     """The planned cuBLASLt products of plan kernel `group`'s library `variant`."""
-    return [exe._matmul(l, program.plan.streams.streams[group]).matmul for l in program.launches
-            if l.group == group and l.variant == variant and l.library is not None]
+    return [exe._matmul(l, program.plan.streams.streams[group]).matmul for l in program.by_group[group]
+            if l.variant == variant and l.library is not None]
 
 
 def _use_algorithm(exe: "CudaExecutable", program: "CudaProgram", group: int, variant: str, algorithm: int) -> None:
@@ -157,8 +157,8 @@ def _library_fails(exe: "CudaExecutable", program: "CudaProgram", group: int, va
     """None when cuBLASLt plans every product of the group's library `variant`; else its error."""
     from glue.backend_cuda.cublaslt import LibraryError
 
-    for launch in program.launches:
-        if launch.group == group and launch.variant == variant and launch.library is not None:
+    for launch in program.by_group[group]:
+        if launch.variant == variant and launch.library is not None:
             try:
                 exe._matmul(launch, program.plan.streams.streams[group])
             except LibraryError as exc:
@@ -217,8 +217,7 @@ def race(exe: "CudaExecutable", program: "CudaProgram", group: int, variants: li
     megabytes, and each product reads a few of them), in arena space the kernel's own
     intermediates leave free."""
     stream = exe.stream
-    steps = {variant: exe._build_steps(program, [l for l in program.launches
-                                                 if l.group == group and l.variant == variant])
+    steps = {variant: exe._build_steps(program, [l for l in program.by_group[group] if l.variant == variant])
              for variant in variants}
     touched = {base for variant_steps in steps.values() for step in variant_steps
                for base, _ in step.sources + ((step.copy[0], step.copy[1]) if step.copy else ())}

@@ -34,6 +34,7 @@ import time
 import weakref
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any, Callable
 
 import llvmlite
@@ -42,7 +43,7 @@ from llvmlite import ir
 from glue.backend import llvm_jobs
 from glue.backend.cache import DiskCache, code_version, digest
 from glue.backend.contract import KernelStats
-from glue.backend.kernel_key import aliases, kernel_key
+from glue.backend.kernel_key import KernelKeys, aliases
 from glue.backend.workers import Jobs, worker_count
 from glue.backend_cuda import cublaslt
 from glue.backend_cuda.codegen.columns import ColumnPlan, columns_fit, emit_columns
@@ -200,16 +201,26 @@ class CudaProgram:
     kernels: dict[str, DeviceKernel] = field(default_factory=dict)  # by symbol, each distinct kernel once
     counters: int = 0              # bytes of zeroed counters (column reductions' last-block counts)
     bodies: dict[int, list[Any]] = field(default_factory=dict)  # call kernel -> its bodies' lowerings
+    keys: KernelKeys = field(default_factory=KernelKeys)  # the kernels' structural keys, memoised
 
     @property
     def arena_bytes(self) -> int:
         return self.plan.memory.arena_bytes
 
-    @property
+    @cached_property
+    def by_group(self) -> dict[int, list[Launch]]:
+        """Each plan kernel's launches, every variant's, in order."""
+        groups: dict[int, list[Launch]] = {}
+        for launch in self.launches:
+            groups.setdefault(launch.group, []).append(launch)
+        return groups
+
+    # (read for every parameter of every launch as its steps are planned: computed once)
+    @cached_property
     def arg_types(self) -> list[TensorType]:
         return self.plan.argument_types
 
-    @property
+    @cached_property
     def output_types(self) -> list[TensorType]:
         return self.plan.output_types
 
@@ -360,6 +371,7 @@ class _Builder:
         self.context = ("cuda kernel", code_version(), arch, f"opt_level={opt_level}", f"aligned={aligned}",
                         f"llvmlite {llvmlite.__version__}", settings)
         self.kernels: dict[str, DeviceKernel] = {}
+        self.keys = KernelKeys()  # a model's layers share their kernels' expressions: keyed once
         self._by_key: dict[bytes, DeviceKernel] = {}
         self.opt_level = opt_level
         self.settings = {name: config.read(name) for name in CODEGEN_SETTINGS}  # for the workers' emitters
@@ -385,7 +397,7 @@ class _Builder:
         label = _symbol("_".join(kernel.ops[:5]) + (f"_{part}" if part else ""))[:60]
         # an attention kernel is its equation's facts (flash_spec), not the equation's variables
         keyed, what = (replace(kernel, call=None), repr(flash_spec(kernel.call))) if part else (kernel, "")
-        key = kernel_key(keyed, aliases(inputs + outputs + list(extra)), *self.context, f"constant inputs {constant}",
+        key = self.keys(keyed, aliases(inputs + outputs + list(extra)), *self.context, f"constant inputs {constant}",
                          f"columns={columns} working memory {len(extra)}", label, what)
         found = self._by_key.get(key)
         if found is not None:
@@ -546,7 +558,7 @@ def build_program(plan: Plan, name: str = "fn", arch: str = DEFAULT_ARCH, gemm: 
                 launches += served
                 memory.claim_scratch(stream, need)
     launches = [builder.resolved(launch) for launch in launches]
-    return CudaProgram(plan, launches, arch, memory.regions(), builder.kernels, memory.counters, bodies)
+    return CudaProgram(plan, launches, arch, memory.regions(), builder.kernels, memory.counters, bodies, builder.keys)
 
 
 __all__ = ["CudaProgram", "DeviceKernel", "KernelShape", "Launch", "Place", "Result", "build_program",
