@@ -48,3 +48,13 @@ from glue import dlpack, nn, scipy, tree, tree_util  # noqa: E402,F401
 from glue.dlpack import from_dlpack  # noqa: E402,F401
 
 __all__ += ["dlpack", "from_dlpack", "nn", "scipy", "tree", "tree_util"]
+
+# Where there is a GPU, cuBLASLt's bindings (nvmath-python: over half a second to import) come
+# with glue rather than inside its first compile. Here, not in glue.backend_cuda: compile
+# workers import that package to emit kernels (without this file: llvm_jobs.bare_glue_package),
+# and paid a second and a half of start-up for it on the H100's host.
+from glue.backend_cuda import cublaslt as _cublaslt  # noqa: E402
+from glue.backend_cuda.runtime import driver as _driver  # noqa: E402
+
+if _driver.available():
+    _cublaslt.available()

@@ -19,7 +19,6 @@ from typing import Any
 
 from glue.backend import workers
 from glue.backend.contract import Backend, Lowering, Options, add_plan_stages
-from glue.backend_cuda import cublaslt
 from glue.backend_cuda.codegen import EMITTING_WORKERS, CudaProgram, build_program, compile_ptx
 from glue.backend_cuda.codegen.flash import flash_note, why_not_flash
 from glue.backend_cuda.ptx import DEFAULT_ARCH, PTX_FEATURES, ProgramPtx, sm_number
@@ -169,11 +168,5 @@ def _cubin(lowering: Lowering) -> Any:
 
     return get_context().modules.load(lowering["ptx"], lowering.name, lowering.kernel_stats)
 
-
-if driver.available():
-    # Where there is a GPU, this process imports cuBLASLt's bindings (over half a second) with
-    # glue rather than inside its first compile; compile workers, which run no products, import
-    # glue's modules without this package's __init__ and never pay it.
-    cublaslt.available()
 
 __all__ = ["CudaBackend", "CudaOptions", "default_arch"]
