@@ -724,6 +724,8 @@ def expand_attention(graph: Graph, policy: AttentionPolicy = AttentionPolicy()) 
             replacement = None if replacement is None else _renamed(replacement, first, eqn)
         else:
             how, replacement = policy.expansion(eqn)
+            if replacement is not None:
+                replacement = _simplified(replacement, eqn)
             made[key] = eqn, how, replacement
         notes.append(how)
         eqns.extend([eqn] if replacement is None else replacement)
@@ -731,6 +733,22 @@ def expand_attention(graph: Graph, policy: AttentionPolicy = AttentionPolicy()) 
     if not expanded:
         return graph, tuple(notes)
     return Graph(graph.constvars, graph.invars, tuple(eqns), graph.outvars), tuple(notes)
+
+
+def _simplified(expansion: list[Eqn], eqn: Eqn) -> list[Eqn]:
+    """`expansion` (of `eqn`) simplified on its own, as a graph from the equation's operands to
+    its results: once per distinct attention, not over the whole program once per program (a
+    16-layer step's second `optimize` took 0.9 s). Where simplifying would give a result
+    another value's producer (a result equal to an operand), the expansion stays as it is."""
+    invars = tuple(dict.fromkeys(a for a in eqn.inputs if isinstance(a, Var)))
+    simpler = optimize(Graph((), invars, tuple(expansion), eqn.outvars))
+    made = {id(v) for e in simpler.eqns for v in e.outvars}
+    results = {id(new): old for new, old in zip(simpler.outvars, eqn.outvars)}
+    if len(results) != len(eqn.outvars) or not results.keys() <= made:
+        return expansion
+    # the passes may give a result a fresh Var: it is the equation's result again
+    return [Eqn(e.primitive, tuple(results.get(id(a), a) for a in e.inputs), e.params,
+                tuple(results.get(id(v), v) for v in e.outvars), e.source) for e in simpler.eqns]
 
 
 def _structure(eqn: Eqn) -> tuple:
@@ -780,5 +798,7 @@ def tile_attention(graph: Graph, policy: AttentionPolicy = AttentionPolicy()) ->
     recognised, found = recognize_attention(graph) if config.recognize_attention else (graph, ())
     expanded, tiled = expand_attention(recognised, policy)
     if expanded is not recognised:
-        expanded = optimize(expanded)
+        # Each distinct expansion was simplified on its own (`_simplified`); one round over the
+        # program simplifies where they meet it (a literal operand, the layers' shared masks).
+        expanded = optimize(expanded, rounds=1)
     return Tiled(expanded, found + tiled)

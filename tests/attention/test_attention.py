@@ -252,3 +252,26 @@ def test_grad_recognises_attention_before_differentiating(dtype):
         want = glue.jit(grad, backend="reference")(q, k, v, w)
     for g, x in zip(got, want):
         _close(g, x, dtype)
+
+
+@pytest.mark.parametrize("layers", [1, 3])
+def test_expansions_simplified_once_leave_what_the_whole_program_simplified_would(layers):
+    """Each distinct attention's expansion is simplified on its own and the program gets one
+    more round of the passes (not a fixed point over the whole program again): the graph is
+    then the one the whole-program fixed point gives, and is itself a fixed point."""
+    from glue.scheduler.attention import expand_attention, tile_attention
+    from glue.scheduler.passes import optimize
+
+    def stacked(x, w):
+        for _ in range(layers):
+            x = x + nn.dot_product_attention(x, x, x, is_causal=True) @ w
+        return (x * x).sum()
+
+    x = np.random.default_rng(3).standard_normal((2, 16, 2, 8)).astype(np.float32)
+    w = np.eye(8, dtype=np.float32)
+    graph = glue.grad(stacked, argnums=(0, 1))
+    passed = optimize(glue.make_ir(graph)(x, w).graph)
+    tiled = tile_attention(passed).graph
+    whole, _ = expand_attention(passed)
+    assert str(optimize(tiled)) == str(tiled)
+    assert str(optimize(whole)) == str(tiled)

@@ -26,12 +26,12 @@ PASSES: dict[str, Pass] = {"fold": fold, "algebra": algebra, "layout": layout, "
 MAX_ROUNDS = 16
 
 
-def optimize(graph: Graph, consts: Sequence[Any] | None = None) -> Graph:
-    """`graph` simplified by every pass until none changes it; `consts` are the values of its
-    constvars when known (small constant arrays then fold too). Inputs and outputs keep their
-    order and types, and each surviving equation its source line."""
+def optimize(graph: Graph, consts: Sequence[Any] | None = None, rounds: int = MAX_ROUNDS) -> Graph:
+    """`graph` simplified by every pass until none changes it, or for `rounds` rounds; `consts`
+    are the values of its constvars when known (small constant arrays then fold too). Inputs
+    and outputs keep their order and types, and each surviving equation its source line."""
     check = config.verify
-    for _ in range(MAX_ROUNDS):
+    for _ in range(rounds):
         before = graph
         for name, run in PASSES.items():
             graph = run(graph, consts)
