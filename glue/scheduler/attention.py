@@ -749,7 +749,8 @@ def _simplified(expansion: list[Eqn], eqn: Eqn) -> list[Eqn]:
     simpler = optimize(Graph((), invars, tuple(expansion), eqn.outvars))
     made = {id(v) for e in simpler.eqns for v in e.outvars}
     results = {id(new): old for new, old in zip(simpler.outvars, eqn.outvars)}
-    if len(results) != len(eqn.outvars) or not results.keys() <= made:
+    kept = {id(v) for v in eqn.outvars} & made  # a result's Var still made, not as a result
+    if len(results) != len(eqn.outvars) or not results.keys() <= made or not kept <= results.keys():
         return expansion
     # the passes may give a result a fresh Var: it is the equation's result again
     return [Eqn(e.primitive, tuple(results.get(id(a), a) for a in e.inputs), e.params,
