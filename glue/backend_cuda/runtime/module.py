@@ -332,8 +332,8 @@ class ModuleCache:
             for symbol, (handle, steps) in zip(missing, self._load_each([(sources[s], s) for s in missing])):
                 modules[symbol] = self._modules[keys[symbol]] = Module(self.ctx, handle, sources[symbol],
                                                                        keys[symbol])
-                for step, seconds in steps.items():
-                    if symbol in stats:
+                if symbol in stats:
+                    for step, seconds in steps.items():
                         stats[symbol].add(step, seconds)
             return modules
 
@@ -428,7 +428,7 @@ class ModuleCache:
         state = drv.call(driver.cuLinkCreate, 2, [opt.CU_JIT_ERROR_LOG_BUFFER, opt.CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES],
                          [errors, _LOG_BYTES])
         try:
-            call, result = "cuLinkAddData", driver.cuLinkAddData(state, kind, data, len(data), f"{name}".encode(),
+            call, result = "cuLinkAddData", driver.cuLinkAddData(state, kind, data, len(data), name.encode(),
                                                                  0, None, None)
             if not result[0]:
                 call, result = "cuLinkComplete", driver.cuLinkComplete(state)
