@@ -67,27 +67,34 @@ def parsed(ir_text: str, machine: llvm.TargetMachine) -> llvm.ModuleRef:
     return module
 
 
-def optimise(module: llvm.ModuleRef, machine: llvm.TargetMachine, speed_level: int, vectorise: bool) -> None:
-    """Run the new pass manager's pipeline at `speed_level` (0: none) over `module`."""
+def optimise(module: llvm.ModuleRef, machine: llvm.TargetMachine, speed_level: int, vectorise: bool,
+             unroll: bool = True, slp: bool = True) -> None:
+    """Run the new pass manager's pipeline at `speed_level` (0: none) over `module`; with
+    `vectorise`, the loop vectoriser, and the SLP vectoriser and loop unroller unless turned
+    off (`slp`, `unroll`: then only loops whose metadata asks for unrolling are unrolled)."""
     if not speed_level:
         return
     tuning = llvm.create_pipeline_tuning_options(speed_level=speed_level)
     if vectorise:
         tuning.loop_vectorization = True
-        tuning.slp_vectorization = True
+        tuning.slp_vectorization = slp
         tuning.loop_interleaving = True
-        tuning.loop_unrolling = True
+        tuning.loop_unrolling = unroll
     passes = llvm.create_pass_builder(machine, tuning)
     passes.getModulePassManager().run(module, passes)
 
 
 def host_code(ir_text: str, triple: str, cpu: str, features: str, speed_level: int, codegen_level: int,
-              strength_reduction: bool, assembly: bool, fold_tail: bool = False) -> tuple[bytes | str, dict[str, float]]:
+              strength_reduction: bool, assembly: bool, fold_tail: bool = False, lean: bool = False,
+              ) -> tuple[bytes | str, dict[str, float]]:
     """A module's native code for the host CPU (object code, or its assembly), optimised at
     `speed_level` with loop and SLP vectorisation, instructions selected at `codegen_level`,
     with or without loop strength reduction (a quarter of the time of a whole pipeline), and
     with loop tails folded into the vector loop where the vectoriser can mask them (`fold_tail`;
-    else, and where it cannot, a scalar remainder loop follows the vector loop)."""
+    else, and where it cannot, a scalar remainder loop follows the vector loop). A `lean`
+    pipeline makes no more copies of a loop body than the vector loop's own: no unrolling
+    beyond the interleaving the loops ask for, no vector epilogue before the scalar remainder,
+    and no SLP vectoriser (which finds next to nothing in vectorised loops)."""
     with LOCK:
         start, cpu_start = time.perf_counter(), time.process_time()
         machine = host_machine(triple, cpu, features, codegen_level)
@@ -96,10 +103,13 @@ def host_code(ir_text: str, triple: str, cpu: str, features: str, speed_level: i
         # each is reset to its default after
         if fold_tail:
             llvm.set_option("", "-prefer-predicate-over-epilogue=predicate-else-scalar-epilogue")
+        if lean:
+            llvm.set_option("", "-enable-epilogue-vectorization=0")
         try:
-            optimise(module, machine, speed_level, vectorise=True)
+            optimise(module, machine, speed_level, vectorise=True, unroll=not lean, slp=not lean)
         finally:
             llvm.set_option("", "-prefer-predicate-over-epilogue=scalar-epilogue")
+            llvm.set_option("", "-enable-epilogue-vectorization=1")
         optimised = time.perf_counter()
         llvm.set_option("", f"-disable-lsr={0 if strength_reduction else 1}")
         try:

@@ -156,6 +156,28 @@ class _Level:
     stores: list[Store] = field(default_factory=list)
 
 
+class CpuEmitter(ExprEmitter):
+    """`ExprEmitter` whose masked loads of 4- and 8-byte elements (a concatenation's pieces,
+    a pad) branch around the load where the host has masked vector loads (AVX): the loop
+    vectoriser makes the branch a masked load of consecutive elements. The shared branch-free
+    form reads from a selected offset, which it cannot prove consecutive, so it loaded each
+    lane apart: the GPT-2-width step's 8-piece concatenation with a log became 61 KB of
+    assembly and 0.30 s of LLVM (now 0.16 s, and vector loads)."""
+
+    def masked_load(self, slot: int, offset: ir.Value, ok: ir.Value, dtype: dt.DType, other: ir.Value) -> ir.Value:
+        if dtype.itemsize not in (4, 8) or host().vector_bits < 256:
+            return super().masked_load(slot, offset, ok, dtype, other)
+        b = self.b
+        before = b.block
+        with b.if_then(ok):
+            value = self.load_element(slot, offset, dtype)
+            loaded = b.block
+        result = b.phi(value.type)
+        result.add_incoming(value, loaded)
+        result.add_incoming(other, before)
+        return result
+
+
 class KernelBuilder(BufferAccess):
     """Emits one kernel's function into a module."""
 
@@ -186,7 +208,7 @@ class KernelBuilder(BufferAccess):
 
     # --- memory ------------------------------------------------------------------------------
     def emitter(self, dims: Sequence[ir.Value | None], outer: ExprEmitter | None = None) -> ExprEmitter:
-        em = ExprEmitter(self.b, dims, self.shapes, self.load)
+        em = CpuEmitter(self.b, dims, self.shapes, self.load)
         if outer is not None:
             em.memo = dict(outer.memo)
             em.rows = outer.rows

@@ -30,9 +30,9 @@ from typing import Sequence
 
 from llvmlite import ir
 
-from glue.backend_cpu.kernels import KernelBuilder, KernelFunction, interleave_for
+from glue.backend_cpu.kernels import CpuEmitter, KernelBuilder, KernelFunction, interleave_for
 from glue.backend_cpu.target import thread_count
-from glue.codegen.expr import ExprEmitter, convert, intrinsic
+from glue.codegen.expr import convert, intrinsic
 from glue.codegen.loops import loop, unflatten
 from glue.codegen.scope import Analysis, hoist
 from glue.codegen.types import I1, I8, I32, I64, register_type
@@ -137,7 +137,7 @@ class MatmulBuilder(KernelBuilder):
         return dims
 
     def value_at(self, e: Expr, dims: list[ir.Value | None]) -> ir.Value:
-        em = ExprEmitter(self.b, dims, self.shapes, self.load)
+        em = CpuEmitter(self.b, dims, self.shapes, self.load)
         return em.value(e)
 
     def zero_fill(self, base: ir.Value, count: int) -> None:
@@ -250,7 +250,7 @@ class MatmulBuilder(KernelBuilder):
 
     def left_address(self, bc, m: ir.Value, k: ir.Value) -> ir.Value:
         """The address of left(row m, flat reduce index k), a plain load read in place."""
-        em = ExprEmitter(self.b, self.point(bc, m, None, k), self.shapes, self.load)
+        em = CpuEmitter(self.b, self.point(bc, m, None, k), self.shapes, self.load)
         offset = em.offset(self.left.index, self.shapes[self.left.input])
         return self.element(self.in_ptrs[self.left.input], offset)
 
@@ -308,7 +308,7 @@ class MatmulBuilder(KernelBuilder):
 
         def row(b: ir.IRBuilder, mm: ir.Value, _):
             m = b.add(m0, mm)
-            outer = ExprEmitter(b, self.point(bc, m, None, None), self.shapes, self.load)
+            outer = CpuEmitter(b, self.point(bc, m, None, None), self.shapes, self.load)
             outer.rows = [None]
             hoist(outer, values, self.analysis, cols, frozenset((0,)))
             line = b.mul(mm, self.const(self.nc))

@@ -71,19 +71,21 @@ def host() -> HostTarget:
 @dataclass(frozen=True)
 class Pipeline:
     """How a module is optimised: the pass pipeline's speed level, whether the code generator
-    runs loop strength reduction, and whether the loop vectoriser folds a loop's tail into
-    the vector loop rather than leaving it to remainder loops."""
+    runs loop strength reduction, whether the loop vectoriser folds a loop's tail into
+    the vector loop rather than leaving it to remainder loops, and whether the pipeline is
+    `lean` (no loop body copied beyond the vector loop's own: `llvm_jobs.host_code`)."""
 
     speed_level: int = 3
     strength_reduction: bool = True
     fold_tail: bool = False
+    lean: bool = False
 
     def job(self, ir_text: str, assembly: bool = False) -> tuple[str, tuple]:
         """The compile job (`glue.backend.workers.Jobs.submit`) making the module's object code
         (or assembly)."""
         h = host()
         return "host_code", (ir_text, h.triple, h.cpu, h.features, self.speed_level, CODEGEN_LEVEL,
-                             self.strength_reduction, assembly, self.fold_tail)
+                             self.strength_reduction, assembly, self.fold_tail, self.lean)
 
 
 def assembly(ir_text: str, pipeline: Pipeline = Pipeline()) -> str:

@@ -126,9 +126,13 @@ class ExprEmitter:
         offset = self.offset(e.index, self.input_shapes[e.input])
         if not e.mask:
             return self.load_element(e.input, offset, e.dtype)
-        ok = self.in_bounds(e.mask)
+        return self.masked_load(e.input, offset, self.in_bounds(e.mask), e.dtype, constant(e.dtype, e.other))
+
+    def masked_load(self, slot: int, offset: ir.Value, ok: ir.Value, dtype: DType, other: ir.Value) -> ir.Value:
+        """Element `offset` of input `slot` where `ok`, else `other`: branch-free, reading
+        element 0 where `ok` is false."""
         safe = self.b.select(ok, offset, ir.Constant(I64, 0))
-        return self.b.select(ok, self.load_element(e.input, safe, e.dtype), constant(e.dtype, e.other))
+        return self.b.select(ok, self.load_element(slot, safe, dtype), other)
 
     def _const(self, e: Const) -> ir.Value:
         return constant(e.dtype, e.value)

@@ -195,8 +195,9 @@ def test_each_kernel_class_gets_its_optimisation_pipeline():
 
     x, w = np.ones((64, 64), np.float32), np.ones((64, 64), np.float32)
     # the blocked matmul: the full pipeline at the level asked for, without strength reduction
-    # (its micro-kernel walks pointers itself); every other class at most O2
-    for opt_level, full, cheap in ((3, Pipeline(3, False), Pipeline(2, False)), (1, Pipeline(1, False), Pipeline(1, False))):
+    # (its micro-kernel walks pointers itself); every other class at most O2, lean
+    for opt_level, full, cheap in ((3, Pipeline(3, False), Pipeline(2, False, lean=True)),
+                                   (1, Pipeline(1, False), Pipeline(1, False, lean=True))):
         program = glue.jit(lambda x, w: nn.softmax(x @ w), backend="cpu",
                            backend_options={"opt_level": opt_level}).lower(x, w).lowering["program"]
         pipelines = {program.sources[k].kernel.kind: program.module(k).pipeline for k in program.sources}
