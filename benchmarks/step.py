@@ -381,7 +381,7 @@ def breakdown(jitted: Any, top: int = 40, repeats: int = 8) -> str:
     own streaming kernels: a yardstick, not a bound.)"""
     import collections
 
-    from glue.backend_cuda.gemm_choice import _random_values
+    from glue.backend_cuda.gemm_choice import Noise
     from glue.backend_cuda.runtime import driver as drv
     from glue.backend_cuda.runtime.device_array import DeviceBuffer
     from glue.backend_cuda.runtime.graph import replay_us
@@ -389,8 +389,9 @@ def breakdown(jitted: Any, top: int = 40, repeats: int = 8) -> str:
 
     exe = next(iter(jitted._compiled.values())).executable
     program, stream = exe.program, exe.stream
-    rng = np.random.default_rng(0)
-    args = [DeviceBuffer.from_numpy(_random_values(t, rng), stream) for t in program.arg_types]
+    noise, args = Noise(), [DeviceBuffer(t.shape, t.dtype, stream) for t in program.arg_types]
+    for buf, t in zip(args, program.arg_types):
+        noise.fill(buf.ptr, t, stream)
     outs = [DeviceBuffer(t.shape, t.dtype, stream) for t in program.output_types]
     if exe.arena is not None:
         exe.arena.fill_bytes(0x3C)  # small finite floats wherever an intermediate would be

@@ -169,6 +169,19 @@ def test_upload_copies_the_source_before_returning(n):
 
 
 @pytest.mark.cuda
+@settings(max_examples=15, deadline=None)
+@given(st.integers(1, 300), st.integers(0, 5000))
+def test_a_repeating_upload_fills_exactly_its_bytes_with_the_pattern(pattern_size, nbytes):
+    pattern = np.random.default_rng(pattern_size).integers(0, 256, pattern_size, dtype=np.uint8)
+    buf = DeviceBuffer((5008,), dt.uint8).fill_bytes(0xEE)
+    transfer.upload_repeating(buf.ptr, pattern, nbytes, buf.stream)
+    buf.mark_written()
+    got = buf.to_host()
+    assert np.array_equal(got[:nbytes], np.resize(pattern, nbytes))
+    assert (got[nbytes:] == 0xEE).all()
+
+
+@pytest.mark.cuda
 def test_narrow_numpy_dtypes_are_stored_as_their_glue_dtype():
     buf = DeviceBuffer.from_numpy(np.array([1, -2, 3], dtype=np.int8))
     assert buf.dtype == dt.int8 and buf.to_host().tolist() == [1, -2, 3]

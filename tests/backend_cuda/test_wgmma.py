@@ -33,6 +33,19 @@ FORMS = {
 LAYOUTS = {"NN": "ko", "NT": "kk", "TN": "oo", "TT": "ok"}
 
 
+def _update_like(a, b):
+    """Three outputs of many operations each from the product, as a fused optimizer update has:
+    an epilogue long enough to run as a loop (wgmma.LOOPED_EPILOGUE)."""
+    g = (a @ b).astype(gnp.float32)
+    m = 0.1 * g + 0.5
+    v = 0.001 * g * g + 0.25
+    step = m / (gnp.sqrt(v / 0.999) + 1e-8)
+    return g * 0.99 - 0.01 * step + gnp.tanh(m) * gnp.exp(-v), m, v
+
+
+FORMS["update-like epilogue"] = (_update_like, lambda m, k, n: [(m, k), (k, n)])
+
+
 def _lower(fn, args, arch="sm_90a"):
     closed = glue.make_ir(fn)(*args)
     return closed, CudaBackend().lower(closed.graph, name="wg", arch=arch, gemm="codegen")
@@ -118,6 +131,20 @@ def test_tensor_maps_describe_each_operand_as_it_lies():
     _, low = _lower(fn, [np.ones(s, BF16) for s in shapes(1000, 200, 1096)])
     a, b = _contractions(low)[0].tensor_maps
     assert (a.dims, b.dims) == ((200, 3000, 1), (1096, 200, 1))
+
+
+def test_a_long_epilogue_is_a_loop_over_accumulators_parked_in_local_memory():
+    """Unrolled over a 256-wide tile's 64 register pairs, a fused update's epilogue made 100 KB
+    of PTX that took ptxas seconds; looped, its stores appear once per half of the fragment."""
+    fn, shapes = FORMS["update-like epilogue"]
+    _, low = _lower(fn, [np.ones(s, BF16) for s in shapes(4096, 512, 4096)])
+    launch = _contractions(low)[0]
+    assert " 128x256x64 " in launch.strategy
+    ptx = low["ptx"].modules[launch.symbol]
+    assert len(re.findall(r"st\.global\.", ptx)) == 3 * 2, ptx.count("st.global")
+    assert len(re.findall(r"ld\.local\.", ptx)) == 2 * 2
+    _, low = _lower(FORMS["bias gelu"][0], [np.ones(s, BF16) for s in shapes(4096, 512, 4096)])
+    assert "ld.local" not in low["ptx"].modules[_contractions(low)[0].symbol]  # a short one stays unrolled
 
 
 @pytest.mark.skipif(not ptxas_available(), reason="ptxas is not on the PATH")

@@ -34,6 +34,7 @@ bytes along a K-major row, or 16 rows (2 KiB) down an MN-major tile.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 from llvmlite import ir
 
@@ -44,7 +45,7 @@ from glue.codegen.loops import loop
 from glue.codegen.types import F32, I32, I64
 from glue.ir import dtypes as dt
 from glue.scheduler.gemm import View, gemm_spec
-from glue.scheduler.kernel_ir import Kernel
+from glue.scheduler.kernel_ir import Kernel, Load, Op, subexpressions
 from glue.settings import config
 
 BK = 64                   # K per stage: one 128-byte swizzled row of 16-bit values
@@ -68,6 +69,10 @@ MAX_SPLITS = 8
 # split tile's partials written, and then read back by the tile's last split (per split)
 FIXED_STEPS = 4
 PARTIAL_STEPS = 2
+# Past this many operations and loads an element, the epilogue runs as a loop over the
+# accumulators (parked in local memory) instead of once per register pair: a fused AdamW update
+# (23) unrolled over a 256-wide tile's 64 pairs made 100 KB of PTX that took ptxas 2.5-3 s.
+LOOPED_EPILOGUE = 16
 _TYPES = {dt.bfloat16: "bf16", dt.float16: "f16"}
 
 
@@ -282,6 +287,7 @@ def emit_wgmma(ke: KernelEmitter, plan: WgmmaPlan) -> tuple[int, int, str]:
     grid = min(total, SMS)
     steps = plan.steps
     ring = _Ring(ke, plan)
+    parked = b.alloca(ir.ArrayType(F32, plan.width // 2)) if _epilogue_size(ke.kernel) > LOOPED_EPILOGUE else None
 
     tid = b.trunc(ke.thread_index(), I32)
     warpgroup = b.udiv(tid, c32(WARPGROUP))
@@ -313,11 +319,11 @@ def emit_wgmma(ke: KernelEmitter, plan: WgmmaPlan) -> tuple[int, int, str]:
             batch, m0, n0, tile, split = unit(b, i)
             accs = _consume(ke, plan, ring, b.mul(i, c64(steps)), steps, tid, warpgroup)
             if plan.splits == 1:
-                _epilogue(ke, plan, accs, tid, warpgroup, batch, m0, n0)
+                _epilogue(ke, plan, accs, tid, warpgroup, batch, m0, n0, parked)
                 return []
             splits = _Splits(ke, plan, tid, tile, len(accs))
             with b.if_then(splits.count_in(accs, split)):
-                _epilogue(ke, plan, splits.sums(), tid, warpgroup, batch, m0, n0)
+                _epilogue(ke, plan, splits.sums(), tid, warpgroup, batch, m0, n0, parked)
             return []
         loop(b, 0, mine, step, [], name="tiles", vectorize=False, unroll=1)
 
@@ -474,10 +480,17 @@ def _consume(ke: KernelEmitter, plan: WgmmaPlan, ring: _Ring, before: ir.Value, 
     return accs
 
 
-def _epilogue(ke: KernelEmitter, plan: WgmmaPlan, accs: list[ir.Value], tid, warpgroup, batch, m0, n0) -> None:
+def _epilogue_size(kernel: Kernel) -> int:
+    """The operations and loads the kernel's stores compute an element from."""
+    return sum(isinstance(e, (Op, Load)) for e in subexpressions([s.value for s in kernel.stores]))
+
+
+def _epilogue(ke: KernelEmitter, plan: WgmmaPlan, accs: list[ir.Value], tid, warpgroup, batch, m0, n0,
+              parked: ir.Value | None) -> None:
     """The kernel's stores at each accumulator: register 4j + r of a thread holds row
     16 w + lane / 4 (+ 8 for r >= 2) of its warpgroup's 64, column 8 j + 2 (lane % 4) + r % 2
-    (mma.sync's m16n8 fragment, once per 8 columns)."""
+    (mma.sync's m16n8 fragment, once per 8 columns). Unrolled over the registers, or, where
+    `parked` (a local array of them) is given, a loop over j reading them back from it."""
     b = ke.b
     c = lambda v: ir.Constant(I64, v)  # noqa: E731
     coordinates = Coordinates(ke, list(plan.m_dims), list(plan.n_dims), list(plan.batch_dims), batch)
@@ -487,10 +500,25 @@ def _epilogue(ke: KernelEmitter, plan: WgmmaPlan, accs: list[ir.Value], tid, war
     row0 = b.add(m0, b.add(b.mul(b.zext(b.sub(warpgroup, ir.Constant(I32, 1)), I64), c(64)),
                            b.add(b.mul(warp, c(16)), b.udiv(lane, c(4)))))
     col0 = b.add(n0, b.mul(b.urem(lane, c(4)), c(2)))
-    for j in range(plan.width // 8):
+
+    def pairs_at(b: ir.IRBuilder, j: ir.Value, registers: Callable[[int], list[ir.Value]]) -> None:
         for half in range(2):
-            at = 4 * j + 2 * half
-            stores.store_pair(b.add(row0, c(8 * half)), b.add(col0, c(8 * j)), accs[at:at + 2])
+            stores.store_pair(b.add(row0, c(8 * half)), b.add(col0, b.mul(j, c(8))), registers(half))
+
+    if parked is None:
+        for j in range(plan.width // 8):
+            pairs_at(b, c(j), lambda half: accs[4 * j + 2 * half:4 * j + 2 * half + 2])
+        return
+    for r, acc in enumerate(accs):
+        b.store(acc, b.gep(parked, [c(0), c(r)], inbounds=True))
+
+    def body(b: ir.IRBuilder, j: ir.Value, _: list) -> list:
+        def read_back(half: int) -> list[ir.Value]:
+            at = b.add(b.mul(j, c(4)), c(2 * half))
+            return [b.load(b.gep(parked, [c(0), b.add(at, c(r))], inbounds=True)) for r in range(2)]
+        pairs_at(b, j, read_back)
+        return []
+    loop(b, 0, plan.width // 8, body, [], name="epilogue", vectorize=False, unroll=1)
 
 
 __all__ = ["WgmmaPlan", "emit_wgmma", "wgmma_plan"]

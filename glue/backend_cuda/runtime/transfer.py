@@ -99,6 +99,18 @@ def upload(dst: int, src: np.ndarray, stream: Stream) -> None:
         pool.release(buf)
 
 
+def upload_repeating(dst: int, pattern: np.ndarray, nbytes: int, stream: Stream) -> None:
+    """Fill `nbytes` at device address `dst` with `pattern`'s bytes over and over: one upload,
+    then device copies of what is there, each doubling it."""
+    data = _byte_view(pattern)[:nbytes]
+    upload(dst, data, stream)
+    copy, done = drv.load().cuMemcpyDtoDAsync, data.size
+    while done < nbytes:
+        size = min(done, nbytes - done)
+        drv.check(copy(dst + done, dst, size, stream.handle), "cuMemcpyDtoDAsync")
+        done += size
+
+
 def download(dst: np.ndarray, src: int, stream: Stream) -> None:
     """Copy device bytes at `src` into `dst` (C-contiguous) after the work queued on `stream`."""
     data, pool = _byte_view(dst), stream.ctx.staging
