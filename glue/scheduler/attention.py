@@ -38,9 +38,13 @@ from glue.settings import config
 # which every kernel reading it tests piece by piece. The GPT-2-width step (B=8, 12 heads,
 # T=512) had 16 tiles of 32 rows: its qkv bias gradient read 96 pieces (1.3 s of LLVM), the
 # 2-layer step compiled in 5.0 s on the 2-core cpu and ran 11.7-12.0 s a step; at 64 rows,
-# 3.8 s and 9.2-10.4 s.
+# 3.8 s and 9.2-10.4 s. Nor is a sequence cut into more than MAX_TILES tiles a side (below
+# MAX_TILE rows): the scans' steps grow with the square of the tiles, and at 128 rows (4 tiles)
+# the 4-layer GPT-width step compiled in 2.5-3.4 s against 3.2-5.6 s at 64, with the same step
+# times (8.3-10.9 s against 9.8-11.4, alternating runs on the 2-core cpu).
 TILE_ELEMENTS = 1 << 18
 MIN_TILE, MAX_TILE = 64, 256
+MAX_TILES = 4
 
 
 class Ops:
@@ -278,9 +282,11 @@ def _round8(n: int) -> int:
 
 def forward_tiles(spec: Spec) -> tuple[int, int]:
     """(queries, keys) per forward step: square power-of-two tiles whose scores over every
-    (B, N) fit TILE_ELEMENTS, within [MIN_TILE, MAX_TILE], no larger than T and S need."""
+    (B, N) fit TILE_ELEMENTS, but at least MIN_TILE rows and at most MAX_TILES tiles a side,
+    within MAX_TILE, no larger than T and S need."""
     side = _power_of_two_below(math.isqrt(max(TILE_ELEMENTS // (spec.b * spec.n), 1)))
-    side = min(max(side, MIN_TILE), MAX_TILE)
+    few = _power_of_two_below(2 * -(-max(spec.t, spec.s) // MAX_TILES) - 1)  # the power of two at or above
+    side = min(max(side, MIN_TILE, few), MAX_TILE)
     return min(side, _round8(spec.t)), min(side, _round8(spec.s))
 
 

@@ -68,6 +68,7 @@ def test_forward_and_gradients_match_the_unfused_math(case, min_tile, monkeypatc
 
         monkeypatch.setattr(attention, "MIN_TILE", min_tile)
         monkeypatch.setattr(attention, "TILE_ELEMENTS", 1)
+        monkeypatch.setattr(attention, "MAX_TILES", 1 << 20)
         with glue.config.override(cache_dir=""):
             _forward_and_gradients(case)
     else:
@@ -210,6 +211,20 @@ def test_scores_used_elsewhere_are_not_rewritten_and_say_why():
 
     assert "the scores are an output of the program" in _fusion(returns_scores, x, x, x)
     assert "is also used by" in _fusion(reuses_probabilities, x, x, x)
+
+
+@pytest.mark.parametrize("b,n,t,want", [(8, 4, 128, 64), (8, 12, 512, 128), (8, 12, 8192, 256), (1, 1, 512, 256),
+                                         (1, 1, 4096, 256), (64, 16, 100, 64)])
+def test_tiles_fit_their_scores_in_a_budget_but_are_few_and_not_small(b, n, t, want):
+    """The small step's T=128 two tiles of 64 rows; GPT-2 width's T=512 four of 128, not the
+    eight of 64 its scores' budget alone would cut (the scans' steps grow with their square);
+    a long sequence tiles of MAX_TILE rows; one head's scores fit the budget in tiles of 512,
+    capped at MAX_TILE."""
+    from glue.ir import dtypes as dt
+    from glue.scheduler.attention import Spec, forward_tiles
+
+    spec = Spec(b, n, t, 64, n, t, 64, 0.125, True, "bthd", -1e30, False, False, dt.float32, "highest")
+    assert forward_tiles(spec) == (min(want, -(-t // 8) * 8), min(want, -(-t // 8) * 8))
 
 
 def test_long_causal_attention_plans_no_t_by_t_buffer():
