@@ -107,25 +107,38 @@ def kernel_key(kernel: Kernel, operand_aliases: Sequence[int], *context: str) ->
     return h.digest()
 
 
-class KernelKeys:
-    """`kernel_key` for the kernels of one program, each distinct structure hashed once.
-    Fusion gives the copies of one lowered group (a model's layers) the very expression
-    objects of the first (`glue.scheduler.lowering.GroupLowering`), so kernels with the same
-    reductions and stores objects, head and key parts share one key without their structure
+class ByStructure:
+    """A memo of what is computed from a kernel's structure alone, for the kernels of one
+    program. Fusion gives the copies of one lowered group (a model's layers) the very
+    expression objects of the first (`glue.scheduler.lowering.GroupLowering`), so kernels with
+    the same reductions and stores objects, the same head (kind, domain, operand types) and
+    the same `extra` (what else the value depends on) share one entry, without their structure
     being walked again. The memo holds those objects, so their ids name them while it lives."""
 
     def __init__(self) -> None:
-        self._keys: dict[tuple, tuple[bytes, tuple, tuple]] = {}
+        self._found: dict[tuple, tuple[Any, tuple, tuple]] = {}
 
-    def __call__(self, kernel: Kernel, operand_aliases: Sequence[int], *context: str) -> bytes:
+    def get(self, kernel: Kernel, compute: Callable[[], Any], *extra: Hashable) -> Any:
+        """`compute()`'s value for `kernel` (and `extra`), computed once per structure."""
         head = (kernel.kind, kernel.parallel, kernel.reduce, kernel.init, kernel.precision,
                 tuple(b.type for b in kernel.inputs), tuple(b.type for b in kernel.outputs))
-        memo = (id(kernel.reductions), id(kernel.stores), head, tuple(operand_aliases), context)
-        found = self._keys.get(memo)
+        memo = (id(kernel.reductions), id(kernel.stores), head, extra)
+        found = self._found.get(memo)
         if found is None:
-            found = self._keys[memo] = (kernel_key(kernel, operand_aliases, *context), kernel.reductions,
-                                        kernel.stores)
+            found = self._found[memo] = (compute(), kernel.reductions, kernel.stores)
         return found[0]
 
 
-__all__ = ["KernelKeys", "aliases", "kernel_key", "kernel_structure", "structure_text"]
+class KernelKeys:
+    """`kernel_key` for the kernels of one program, each distinct structure hashed once
+    (`ByStructure`)."""
+
+    def __init__(self) -> None:
+        self._keys = ByStructure()
+
+    def __call__(self, kernel: Kernel, operand_aliases: Sequence[int], *context: str) -> bytes:
+        return self._keys.get(kernel, lambda: kernel_key(kernel, operand_aliases, *context), tuple(operand_aliases),
+                              context)
+
+
+__all__ = ["ByStructure", "KernelKeys", "aliases", "kernel_key", "kernel_structure", "structure_text"]

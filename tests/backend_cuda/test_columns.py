@@ -120,6 +120,29 @@ def test_a_thread_takes_fewer_rows_when_each_has_many_live_values():
     assert [l.strategy.split()[1] for l in low["llvm"].launches if l.strategy.startswith("columns")] == ["x8"]
 
 
+def test_identical_layers_are_planned_once(monkeypatch):
+    """The layers of a model share their kernels' expressions, so whether a reduction runs by
+    columns, and its plan (and a contraction's warpgroup plan), is decided once per structure,
+    not once a launch: the warm 16-layer step's "llvm" stage spent half its time deciding them
+    again. Six layers here are three structures (the first, the last, those between)."""
+    from glue.backend_cuda import codegen
+
+    asked = []
+    real = codegen.columns_fit
+    monkeypatch.setattr(codegen, "columns_fit", lambda *a: asked.append(1) or real(*a))
+
+    def loss(ws, x):
+        for m, b in ws:
+            x = gnp.tanh(x @ m + b)  # b's gradient: a column reduction a layer
+        return gnp.sum(x)
+
+    x, ws = np.ones((1024, 256), np.float32), [(np.eye(256, dtype=np.float32), np.ones(256, np.float32))] * 6
+    closed = glue.make_ir(glue.grad(loss))(ws, x)
+    low = CudaBackend().lower(closed.graph, name="layers", arch="sm_90a")
+    columns = [l for l in low["llvm"].launches if l.strategy.startswith("columns")]
+    assert len(columns) == 6 and len(asked) <= 3, (len(columns), len(asked))
+
+
 def test_the_splits_use_scratch_and_counters_and_ptxas_accepts_them():
     from glue.backend_cuda.ptx import assemble, ptxas_available
 

@@ -43,7 +43,7 @@ from llvmlite import ir
 from glue.backend import llvm_jobs
 from glue.backend.cache import DiskCache, code_version, digest
 from glue.backend.contract import KernelStats
-from glue.backend.kernel_key import KernelKeys, aliases
+from glue.backend.kernel_key import ByStructure, KernelKeys, aliases
 from glue.backend.workers import Jobs, worker_count
 from glue.backend_cuda import cublaslt
 from glue.backend_cuda.codegen.columns import ColumnPlan, columns_fit, emit_columns
@@ -372,6 +372,7 @@ class _Builder:
                         f"llvmlite {llvmlite.__version__}", settings)
         self.kernels: dict[str, DeviceKernel] = {}
         self.keys = KernelKeys()  # a model's layers share their kernels' expressions: keyed once
+        self.plans = ByStructure()  # and so their column and warpgroup plans: planned once
         self._by_key: dict[bytes, DeviceKernel] = {}
         self.opt_level = opt_level
         self.settings = {name: config.read(name) for name in CODEGEN_SETTINGS}  # for the workers' emitters
@@ -454,13 +455,16 @@ class _Builder:
         contraction splitting K, claims working memory from `memory`, on `stream`; without it, a
         column reduction reduces by rows, and a contraction does not split)."""
         columns, extra = False, ()
-        if kernel.kind == "reduction" and memory is not None and self.aligned and columns_fit(kernel, Analysis()):
-            columns, plan = True, ColumnPlan(kernel, Analysis())
-            if plan.splits > 1:
+        if kernel.kind == "reduction" and memory is not None and self.aligned:
+            plan = self.plans.get(kernel, lambda: ColumnPlan(kernel, Analysis()) if columns_fit(kernel, Analysis())
+                                  else None)
+            columns = plan is not None
+            if columns and plan.splits > 1:
                 extra = (memory.claim_scratch(stream, plan.scratch_bytes), memory.claim_counters(plan.counter_bytes))
         elif kernel.kind == "contraction" and memory is not None:
             places = tuple(dict.fromkeys(inputs + outputs))
-            split = wgmma_plan(kernel, places, tuple(inputs), self.arch, self.aligned, may_split=True)
+            split = self.plans.get(kernel, lambda: wgmma_plan(kernel, places, tuple(inputs), self.arch, self.aligned,
+                                                              may_split=True), aliases(inputs + outputs))
             if split is not None and split.splits > 1:
                 extra = (memory.claim_scratch(stream, split.partial_bytes), memory.claim_counters(split.counter_bytes))
         code = self.code(kernel, inputs, outputs, columns, extra)
