@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from llvmlite import ir
 
 from glue.backend.cache import code_version
-from glue.backend.kernel_key import KernelKeys, aliases
+from glue.backend.kernel_key import ByStructure, KernelKeys, aliases
 from glue.backend_cpu.calls import CallSite
 from glue.backend_cpu.kernels import KernelBuilder, KernelFunction
 from glue.backend_cpu.literals import lift as lift_literals
@@ -220,7 +220,7 @@ def build_program(plan: Plan, options_key: str = "", opt_level: int = 3) -> Prog
     kernel_key = KernelKeys()
     # Copies of one lowered group (a model's layers) share their expression objects, and so
     # their lifted kernel: the key's memo (`KernelKeys`) then finds it without a walk.
-    lifted_by_exprs: dict[tuple[int, int, int], tuple[Kernel, tuple[float, ...]] | None] = {}
+    lifts = ByStructure()
     for kernel in plan.kernels:
         inputs = [_operand(placements[b.value_id], n_args, arena_slot) for b in kernel.inputs]
         outputs = [_operand(placements[b.value_id], n_args, arena_slot) for b in kernel.outputs]
@@ -228,10 +228,7 @@ def build_program(plan: Plan, options_key: str = "", opt_level: int = 3) -> Prog
             uses.append(CallSite(kernel, call_plan(kernel), inputs, outputs))
             continue
         code = kernel
-        exprs = (id(kernel.reductions), id(kernel.stores), len(kernel.inputs))
-        if exprs not in lifted_by_exprs:
-            lifted_by_exprs[exprs] = lift_literals(kernel)
-        lifted = lifted_by_exprs[exprs]
+        lifted = lifts.get(kernel, lambda: lift_literals(kernel))
         if lifted is not None:
             shared_code, values = lifted
             code = replace(kernel, inputs=kernel.inputs + shared_code.inputs[-1:], reductions=shared_code.reductions,

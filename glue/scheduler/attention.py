@@ -276,6 +276,10 @@ def _power_of_two_below(n: int) -> int:
     return 1 << max(0, n.bit_length() - 1)
 
 
+def _power_of_two_at_least(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
 def _round8(n: int) -> int:
     return -(-n // 8) * 8
 
@@ -285,7 +289,7 @@ def forward_tiles(spec: Spec) -> tuple[int, int]:
     (B, N) fit TILE_ELEMENTS, but at least MIN_TILE rows and at most MAX_TILES tiles a side,
     within MAX_TILE, no larger than T and S need."""
     side = _power_of_two_below(math.isqrt(max(TILE_ELEMENTS // (spec.b * spec.n), 1)))
-    few = _power_of_two_below(2 * -(-max(spec.t, spec.s) // MAX_TILES) - 1)  # the power of two at or above
+    few = _power_of_two_at_least(-(-max(spec.t, spec.s) // MAX_TILES))
     side = min(max(side, MIN_TILE, few), MAX_TILE)
     return min(side, _round8(spec.t)), min(side, _round8(spec.s))
 
