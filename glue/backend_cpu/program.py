@@ -28,6 +28,7 @@ from glue.backend_cpu.calls import CallSite
 from glue.backend_cpu.kernels import KernelBuilder, KernelFunction
 from glue.backend_cpu.literals import lift as lift_literals
 from glue.backend_cpu.matmul import blocked_contraction
+from glue.backend_cpu.offsets import lift as lift_offsets
 from glue.backend_cpu.target import Pipeline, host, thread_count
 from glue.codegen.mathlib import UNARY_FUNCTIONS
 from glue.ir import TensorType
@@ -74,10 +75,9 @@ class KernelSource:
         built = None
         if self.kernel.kind == "contraction":
             built = blocked_contraction(module, self.kernel, self.symbol, self.aliases, host().vector_bits)
-        blocked = built is not None
         if built is None:
             built = KernelBuilder(module, self.kernel, self.symbol, self.aliases).build()
-        return KernelModule(str(module), built, pipeline(blocked, opt_level, body_size(self.kernel)))
+        return KernelModule(str(module), built, pipeline(opt_level, body_size(self.kernel)))
 
 
 def body_size(kernel: Kernel) -> int:
@@ -92,26 +92,23 @@ def body_size(kernel: Kernel) -> int:
     return size
 
 
-def pipeline(blocked_matmul: bool, opt_level: int, size: int) -> Pipeline:
-    """How a kernel's module is optimised, by its class and the `body_size` of its kernel
-    (measured per class with `GLUE_CPU_THREADS=1` on the 2-core development machine). The
-    register-blocked matmul runs the full O3 pipeline without loop strength reduction: its
-    micro-kernel walks pointers itself (matmul.py), so the code generator's strength
-    reduction, once 40% of such a module's LLVM time, no longer pays (at O2 its large products
-    ran 7-17% slower). Every other class (pointwise, rows, columns, scatter, small
-    contractions) runs O2 without loop strength reduction: no loss within the noise, and half
-    the LLVM time. A long body (`LONG_BODY`) also folds its loops' tails into the vector loop
-    (masked loads and stores for the last partial vector) instead of compiling it again for
-    a vector epilogue and a scalar remainder: four copies of a 1,000-op chain's body become
-    two (the interleaved pair), its LLVM time falls by a third, and its run time is unchanged
-    (the masks cost nothing beside such a body). Those classes are also `lean` (no unrolling
-    beyond the interleaving their loops ask for, no vector epilogue, no SLP vectoriser): over
-    the GPT-2-width 2-layer step's 74 modules their LLVM CPU time falls 15-25% (reductions
-    1.2-1.4 -> 0.9-1.0 s, pointwise 1.8-2.1 -> 1.5-1.6 s; the SLP vectoriser changed 5 of the
-    74 objects, by a few bytes, for 9% of the time) with step times unchanged within the noise
-    (small step 179-189 -> 172-181 ms, GPT-2-width 2-layer step 5.0-7.0 -> 4.8-5.8 s)."""
-    if blocked_matmul:
-        return Pipeline(opt_level, strength_reduction=False)
+def pipeline(opt_level: int, size: int) -> Pipeline:
+    """How a kernel's module is optimised, by the `body_size` of its kernel (measured per
+    class with `GLUE_CPU_THREADS=1` on the 2-core development machine). Every class runs O2
+    without loop strength reduction, `lean`: no unrolling beyond what a loop's metadata asks
+    for (the interleaving of vector loops, the matmul micro-kernel's `MICRO_UNROLL`), no
+    vector epilogue before the scalar remainder, no SLP vectoriser (which finds next to
+    nothing in vectorised loops). The matmul micro-kernel walks pointers itself (matmul.py),
+    so the code generator's strength reduction, once 40% of such a module's LLVM time, does
+    not pay. Over the GPT-2-width 2-layer step's modules the lean pipeline cut LLVM's
+    processor time 15-25% with step times unchanged within the noise; for the register-
+    blocked matmuls (O3 with the unroller and SLP before) it cut their LLVM time about 20%, the
+    products of a GPT-2-width layer at 4096 tokens as fast as before (150-180 GFLOP/s either
+    way on the 2-core machine). A long body (`LONG_BODY`) also folds its loops' tails into the
+    vector loop (masked loads and stores for the last partial vector) instead of compiling it
+    again for a scalar remainder: a 1,000-op chain's body is compiled twice (the interleaved
+    pair) instead of four times, its LLVM time falls by a third, and its run time is unchanged
+    (the masks cost nothing beside such a body)."""
     return Pipeline(min(opt_level, 2), strength_reduction=False, fold_tail=size >= LONG_BODY, lean=True)
 
 
@@ -219,8 +216,8 @@ def build_program(plan: Plan, options_key: str = "", opt_level: int = 3) -> Prog
     literal_slot = arena_slot + 1  # the buffer table's last entry (runtime.py's `_run`)
     kernel_key = KernelKeys()
     # Copies of one lowered group (a model's layers) share their expression objects, and so
-    # their lifted kernel: the key's memo (`KernelKeys`) then finds it without a walk.
-    lifts = ByStructure()
+    # their moved and lifted kernels: the key's memo (`KernelKeys`) then finds them without a walk.
+    moves, lifts = ByStructure(), ByStructure()
     for kernel in plan.kernels:
         inputs = [_operand(placements[b.value_id], n_args, arena_slot) for b in kernel.inputs]
         outputs = [_operand(placements[b.value_id], n_args, arena_slot) for b in kernel.outputs]
@@ -228,10 +225,16 @@ def build_program(plan: Plan, options_key: str = "", opt_level: int = 3) -> Prog
             uses.append(CallSite(kernel, call_plan(kernel), inputs, outputs))
             continue
         code = kernel
-        lifted = lifts.get(kernel, lambda: lift_literals(kernel))
+        fixed = frozenset(i for i, place in enumerate(inputs) if place in outputs)
+        moved = moves.get(kernel, lambda: lift_offsets(kernel, fixed), fixed)
+        if moved is not None:
+            shared_code, shifts = moved
+            code = replace(kernel, reductions=shared_code.reductions, stores=shared_code.stores)
+            inputs = [Operand(place.slot, place.offset + shift) for place, shift in zip(inputs, shifts)]
+        lifted = lifts.get(code, lambda: lift_literals(code))
         if lifted is not None:
             shared_code, values = lifted
-            code = replace(kernel, inputs=kernel.inputs + shared_code.inputs[-1:], reductions=shared_code.reductions,
+            code = replace(code, inputs=code.inputs + shared_code.inputs[-1:], reductions=shared_code.reductions,
                            stores=shared_code.stores)
             inputs.append(Operand(literal_slot, 8 * len(literals)))
             literals.extend(values)
