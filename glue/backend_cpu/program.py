@@ -102,7 +102,7 @@ def pipeline(opt_level: int, size: int) -> Pipeline:
     so the code generator's strength reduction, once 40% of such a module's LLVM time, does
     not pay. Over the GPT-2-width 2-layer step's modules the lean pipeline cut LLVM's
     processor time 15-25% with step times unchanged within the noise; for the register-
-    blocked matmuls (O3 with the unroller and SLP before) it cut their LLVM time about 20%, the
+    blocked matmuls (O3 with the unroller and SLP before) it cut their LLVM time 25-30%, the
     products of a GPT-2-width layer at 4096 tokens as fast as before (150-180 GFLOP/s either
     way on the 2-core machine). A long body (`LONG_BODY`) also folds its loops' tails into the
     vector loop (masked loads and stores for the last partial vector) instead of compiling it
