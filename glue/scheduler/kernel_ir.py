@@ -32,10 +32,14 @@ class _Node:
     """Kernel IR nodes (index and scalar expressions) are DAGs whose nodes are shared, and long
     programs make them deep. A node hashes its fields once, when it is made (its children's
     hashes are already known, so hashing never recurses), and equality walks both DAGs with an
-    explicit stack, comparing each pair of shared nodes once."""
+    explicit stack, comparing each pair of shared nodes once. Both go by `identity`."""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_hash", hash((type(self).__name__,) + _values(self)))
+        object.__setattr__(self, "_hash", hash((type(self).__name__,) + self.identity()))
+
+    def identity(self) -> tuple:
+        """What the node is hashed and compared by: its fields (`Const` adds a float's sign)."""
+        return _values(self)
 
     def __hash__(self) -> int:
         return self._hash
@@ -46,7 +50,7 @@ class _Node:
         if type(other) is not type(self) or self._hash != other._hash:
             return False
         if type(self) in _LEAVES:  # nothing below: compare the fields themselves
-            return _values(self) == _values(other)
+            return self.identity() == other.identity()
         return _same(self, other)
 
     def __reduce__(self):
@@ -83,7 +87,7 @@ def _same(a: object, b: object) -> bool:
                 return False
             if (id(x), id(y)) not in compared:
                 compared.add((id(x), id(y)))
-                stack.extend(zip(_values(x), _values(y)))
+                stack.extend(zip(x.identity(), y.identity()))
         elif x != y:
             return False
     return True
@@ -373,6 +377,15 @@ class Load(_Node):
 class Const(_Node):
     value: Any
     dtype: DType
+
+    def identity(self) -> tuple:
+        """Its fields and, for a float, its sign: Python finds 0.0 and -0.0 equal, but x * 0.0
+        and x * -0.0 are not the same value (compared by fields alone, lowering gave both the
+        first one's expression)."""
+        if self.dtype.is_float:
+            return self.value, self.dtype, math.copysign(1.0, float(self.value))
+        return self.value, self.dtype
+
 
 
 @dataclass(frozen=True, eq=False)

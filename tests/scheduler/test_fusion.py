@@ -344,3 +344,24 @@ def test_reshape_reads_are_remembered_only_over_domain_dims():
     asked = lowering._reshaped_affine.cache_info()
     lowering._reshape_reads(domain, eqn, picked, ())
     assert lowering._reshaped_affine.cache_info() == asked  # neither served nor stored
+
+
+def test_literals_of_opposite_zero_signs_stay_apart():
+    """0.0 and -0.0 compare equal in Python, but x * 0.0 and x * -0.0 are not the same value:
+    a kernel computing both keeps both (it once stored the first for the second), and so do
+    the cpu backend's code and results, also where its reads are moved (a slice)."""
+    from glue.scheduler.kernel_ir import Const
+    from glue.ir import dtypes as dt
+
+    assert Const(0.0, dt.float32) != Const(-0.0, dt.float32)
+    assert hash(Const(0.0, dt.float32)) != hash(Const(-0.0, dt.float32))
+    x = np.arange(1, 13, dtype=np.float32).reshape(3, 4)
+    for fn in (lambda v: (v * 0.0, v * -0.0), lambda v: (v[1:] * -0.0, v[1:] * 0.0)):
+        plan, args, closed = plan_of(fn, x)
+        (kernel,) = plan.kernels
+        assert kernel.stores[0].value != kernel.stores[1].value
+        want = [np.signbit(o) for o in fn(x)]  # NumPy, in float32
+        assert want[0].all() != want[1].all()
+        for backend in ("reference", "cpu"):
+            got = [np.signbit(np.asarray(o)) for o in glue.jit(fn, backend=backend)(x)]
+            assert all((g == w).all() for g, w in zip(got, want)), backend
