@@ -387,7 +387,6 @@ class Const(_Node):
         return self.value, self.dtype
 
 
-
 @dataclass(frozen=True, eq=False)
 class Op(_Node):
     """An elementwise IR primitive applied to scalar expressions."""
