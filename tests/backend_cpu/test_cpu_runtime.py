@@ -203,9 +203,11 @@ def test_every_kernel_class_gets_the_lean_pipeline():
                            backend_options={"opt_level": opt_level}).lower(x, w).lowering["program"]
         modules = {program.sources[k].kernel.kind: program.module(k) for k in program.sources}
         assert {kind: m.pipeline for kind, m in modules.items()} == {"contraction": expected, "reduction": expected}
-    code = assembly(modules["contraction"].text, modules["contraction"].pipeline)
-    fmas = len(re.findall(r"\b(vfmadd\w*|fmla|fmadd)\b", code))
-    assert fmas >= MR * MICRO_UNROLL, fmas
+    features = target.host().features
+    if "+fma" in features or "+neon" in features:  # (a host without fused multiply-adds calls fmaf)
+        code = assembly(modules["contraction"].text, modules["contraction"].pipeline)
+        fmas = len(re.findall(r"\b(vfmadd\w*|fmla|fmadd)\b", code))
+        assert fmas >= MR * MICRO_UNROLL, fmas
 
 
 def test_long_bodies_fold_their_loop_tails():
