@@ -41,7 +41,7 @@ out with non-temporal stores (no read of the lines about to be overwritten).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Sequence
 
 from llvmlite import ir
@@ -55,8 +55,8 @@ from glue.codegen.scope import Analysis, hoist
 from glue.codegen.types import F64, I1, I64, from_memory, memory_type, register_type, to_memory
 from glue.ir import dtypes as dt
 from glue.ir.core import strides
-from glue.scheduler.kernel_ir import (Const, Dim, Expr, FromValue, Index, Kernel, Load, Op, Store, children, postorder,
-                                      subexpressions)
+from glue.scheduler.kernel_ir import (Const, Dim, Expr, FromValue, Index, Kernel, Load, Op, Store, children,
+                                      rewrite_values, subexpressions)
 from glue.settings import config
 from glue.ir import primitive
 
@@ -272,27 +272,15 @@ class KernelBuilder(BufferAccess):
         the two roundings stay within 1.5 ulp (16-bit floats go through float32); only a divisor
         so small that its reciprocal overflows (below 2^-128 in float32) gives inf where the
         quotient would still be finite."""
-        memo: dict[Expr, Expr] = {}
-
-        def rewritten(e: Expr) -> Expr:
-            if not isinstance(e, Op):
-                return e
-            args = tuple(memo[a] for a in e.args)
-            out = e if args == e.args else replace(e, args=args)
-            if e.primitive == "div" and e.dtype.is_float and self.analysis.inside(args[0], dims) \
-                    and not self.analysis.inside(args[1], dims):
+        def reciprocal(e: Expr) -> Expr:
+            if isinstance(e, Op) and e.primitive == "div" and e.dtype.is_float \
+                    and self.analysis.inside(e.args[0], dims) and not self.analysis.inside(e.args[1], dims):
                 wide = dt.float32 if e.dtype.bits == 16 else e.dtype
-                inverse = Op("div", (Const(1.0, wide), _as(args[1], wide)), wide)
-                out = _as(Op("mul", (_as(args[0], wide), inverse), wide), e.dtype)
-            return out
+                inverse = Op("div", (Const(1.0, wide), _as(e.args[1], wide)), wide)
+                return _as(Op("mul", (_as(e.args[0], wide), inverse), wide), e.dtype)
+            return e
 
-        def rewrite(e: Expr) -> Expr:
-            for node in postorder(e, lambda n: n.args if isinstance(n, Op) else (), memo):
-                memo[node] = rewritten(node)
-            return memo[e]
-        k = self.kernel
-        self.kernel = replace(k, reductions=tuple(replace(r, value=rewrite(r.value)) for r in k.reductions),
-                              stores=tuple(replace(st, value=rewrite(st.value)) for st in k.stores))
+        self.kernel = rewrite_values(self.kernel, reciprocal)
 
     # --- kinds -------------------------------------------------------------------------------
     def build(self) -> KernelFunction:

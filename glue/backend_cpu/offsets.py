@@ -25,8 +25,8 @@ import math
 from dataclasses import replace
 
 from glue.ir.core import strides
-from glue.scheduler.kernel_ir import (Expr, Index, Kernel, Load, Op, dim_ranges, bounds_in, index_values,
-                                      indices_of, loads_under, narrowed, postorder, subexpressions)
+from glue.scheduler.kernel_ir import (Expr, Index, Kernel, Load, bounds_in, dim_ranges, index_values, indices_of,
+                                      loads_under, narrowed, rewrite_values, subexpressions)
 
 MOVABLE_KINDS = frozenset({"pointwise", "reduction", "contraction"})
 
@@ -75,25 +75,13 @@ def lift(kernel: Kernel, fixed: frozenset[int]) -> tuple[Kernel, tuple[int, ...]
             moves[i] = sum(s * st for s, st in zip(shift, strides(shape))) * kernel.inputs[i].type.dtype.itemsize
     if not shifts:
         return None
-    rebuilt: dict[Expr, Expr] = {}
 
-    def rebuild(e: Expr) -> Expr:
+    def moved(e: Expr) -> Expr:
         if isinstance(e, Load) and e.input in shifts:
-            index = tuple(Index(ix.terms, ix.const - s) for ix, s in zip(e.index, shifts[e.input]))
-            return replace(e, index=index)
-        if isinstance(e, Op):
-            args = tuple(rebuilt[a] for a in e.args)
-            return e if all(new is old for new, old in zip(args, e.args)) else replace(e, args=args)
+            return replace(e, index=tuple(Index(ix.terms, ix.const - s) for ix, s in zip(e.index, shifts[e.input])))
         return e
 
-    def new(root: Expr) -> Expr:
-        for node in postorder(root, lambda n: n.args if isinstance(n, Op) else (), rebuilt):
-            rebuilt[node] = rebuild(node)
-        return rebuilt[root]
-
-    moved = replace(kernel, reductions=tuple(replace(r, value=new(r.value)) for r in kernel.reductions),
-                    stores=tuple(replace(s, value=new(s.value)) for s in kernel.stores))
-    return moved, tuple(moves)
+    return rewrite_values(kernel, moved), tuple(moves)
 
 
 __all__ = ["MOVABLE_KINDS", "lift"]

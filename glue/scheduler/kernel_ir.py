@@ -19,7 +19,7 @@ a long program makes deep expressions, and nothing that walks them may recurse o
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from functools import lru_cache
 from operator import attrgetter
 from typing import Any, Callable, Container, Iterable, Iterator, Sequence, Union
@@ -572,6 +572,27 @@ def operands(e: Expr) -> list[Expr]:
     """What `e` is computed from, in the order a recursive evaluator reaches them: an op's
     arguments, or the values a load, bound or iota index reads."""
     return list(e.args) if isinstance(e, Op) else index_values(indices_of(e))
+
+
+def rewrite_values(kernel: Kernel, rule: Callable[[Expr], Expr]) -> Kernel:
+    """The kernel with every expression its reductions and stores compute through op operands
+    rebuilt bottom-up: an op whose operands were rewritten is made again from them, then
+    `rule` gives what each node becomes (itself, to keep it). Expressions inside indices (a
+    gather's) are left as they are."""
+    memo: dict[Expr, Expr] = {}
+
+    def value(root: Expr) -> Expr:
+        for node in postorder(root, lambda n: n.args if isinstance(n, Op) else (), memo):
+            made = node
+            if isinstance(node, Op):
+                args = tuple(memo[a] for a in node.args)
+                if any(new is not old for new, old in zip(args, node.args)):
+                    made = replace(node, args=args)
+            memo[node] = rule(made)
+        return memo[root]
+
+    return replace(kernel, reductions=tuple(replace(r, value=value(r.value)) for r in kernel.reductions),
+                   stores=tuple(replace(st, value=value(st.value)) for st in kernel.stores))
 
 
 def postorder(root: Any, needs: Callable[[Any], Sequence[Any]], done: Container[Any]) -> Iterator[Any]:
