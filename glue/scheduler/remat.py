@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from typing import Container
 
 from glue.ir import PRIMITIVES, Eqn, Graph, Var
 from glue.ir.core import Atom
@@ -50,9 +51,16 @@ MAX_COPIES = 1.0
 _INF = 1 << 62
 
 
-def recomputable(eqn: Eqn) -> bool:
-    """Whether the pass may compute `eqn` again after the gap (cheap, pure, one result)."""
+def recomputable(eqn: Eqn, arguments: Container[int] = ()) -> bool:
+    """Whether the pass may compute `eqn` again after the gap (cheap, pure, one result). A
+    narrowing cast of an argument (`arguments`: their ids) is kept instead: a mixed-precision
+    step's 16-bit weights. Kept, they cost half the float32 weights' bytes across the gap;
+    recomputed, every product reading one in the backward casts the weight once more (with a
+    library GEMM, a launch of its own per product)."""
     prim = PRIMITIVES[eqn.primitive]
+    if prim.cast and isinstance(eqn.inputs[0], Var) and eqn.inputs[0].id in arguments \
+            and eqn.outvars[0].type.dtype.itemsize < eqn.inputs[0].type.dtype.itemsize:
+        return False
     return prim.kind in RECOMPUTABLE_KINDS and not prim.multiple_results \
         and not has_effects(eqn.primitive, eqn.params)
 
@@ -185,6 +193,7 @@ def _kept(graph: Graph, gap: int) -> set[int] | None:
     source, sink = net.node(), net.node()
     nodes: dict[int, tuple[int, int]] = {}  # value -> (in, out)
     sizes: dict[int, int] = {}
+    arguments = {v.id for v in graph.constvars + graph.invars}
     stack = list(needed)
     while stack:  # the values read after the gap and those they can be recomputed from
         vid = stack.pop()
@@ -194,12 +203,12 @@ def _kept(graph: Graph, gap: int) -> set[int] | None:
         nodes[vid] = (net.node(), net.node())
         var = next(v for v in eqn.outvars if v.id == vid)
         sizes[vid] = 0 if vid in returned else var.type.nbytes
-        if recomputable(eqn):
+        if recomputable(eqn, arguments):
             stack.extend(a.id for a in eqn.inputs if isinstance(a, Var) and a.id in made)
     for vid, (v_in, v_out) in nodes.items():
         net.edge(v_in, v_out, sizes[vid])
         eqn = eqns[made[vid]]
-        if not recomputable(eqn):
+        if not recomputable(eqn, arguments):
             net.edge(source, v_in, _INF)
         else:
             for a in eqn.inputs:

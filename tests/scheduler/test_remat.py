@@ -94,6 +94,26 @@ def test_the_cut_keeps_less_across_the_forward_and_backward_and_results_stay():
     matches_reference(after, closed.graph, [*closed.consts, *[a for p in params for a in p], x])
 
 
+def bf16_mlp_loss(params, x):
+    """Mixed precision: float32 weights, cast to bfloat16 where they are used."""
+    x = x.astype(gnp.bfloat16)
+    for w1, w2 in params:
+        x = x + nn.gelu(x @ w1.astype(gnp.bfloat16), approximate=True) @ w2.astype(gnp.bfloat16)
+    return (x.astype(gnp.float32) ** 2).mean()
+
+
+def test_the_16_bit_weights_are_kept_for_the_backward_not_cast_again():
+    params, x = mlp_params(), f32(512, 128)
+    closed = glue.make_ir(glue.value_and_grad(bf16_mlp_loss))(params, x)
+    plan = schedule(closed.graph)
+    assert len(plan.graph.eqns) > len(optimize(closed.graph).eqns)  # the cut made copies
+    weights = {v.id for v in plan.graph.invars[:2 * len(params)]}
+    casts = [e for e in plan.graph.eqns
+             if e.primitive == "convert_element_type" and getattr(e.inputs[0], "id", None) in weights]
+    assert len(casts) == len(weights)  # one cast per weight: the backward reads the forward's
+    matches_reference(plan, closed.graph, [*closed.consts, *[a for p in params for a in p], x])
+
+
 def test_small_programs_are_left_alone():
     closed = glue.make_ir(glue.grad(gelu_mlp_loss))(mlp_params(2, 8, 16), f32(4, 8))
     graph = optimize(closed.graph)
