@@ -7,7 +7,8 @@ import glue
 import glue.numpy as gnp
 from glue.scheduler.memory import reads_only_where_written
 from glue.scheduler.plan import schedule
-from glue.scheduler.streams import MAX_STREAMS
+from glue.scheduler import streams as stream_plan
+from glue.scheduler.streams import JOIN_LAG, MAX_STREAMS
 from glue.testing import programs
 
 
@@ -89,8 +90,30 @@ def test_the_longest_chain_stays_on_stream_0_and_side_work_branches_off():
         k = max((c for c, d in enumerate(s.deps) if k in d), key=lambda c: (height[c], -c))
         chain.append(k)
     assert len(chain) >= 6, plan.as_text("streams")
-    assert all(s.streams[k] == 0 and not s.waits[k] for k in chain), plan.as_text("streams")
+    # on the chain, the only waits are stream 0's joins of side work it has run past
+    assert all(s.streams[k] == 0 and all(k - w >= JOIN_LAG for w in s.waits[k]) for k in chain), \
+        plan.as_text("streams")
     assert s.n_streams > 1
+
+
+def test_stream_0_joins_the_side_work_it_has_run_past_and_holds_less_memory(monkeypatch):
+    """A value a side stream reads stays reserved until a wait orders the read before its memory
+    is used again: stream 0 joins each side stream's work once JOIN_LAG kernels have run past it,
+    so that the backward's activations are not all held to the end of the call."""
+    rng = np.random.default_rng(0)
+    ws = [rng.standard_normal((256, 256)).astype(np.float32) for _ in range(8)]
+    x, y = rng.standard_normal((512, 256)).astype(np.float32), np.zeros((512, 256), np.float32)
+    graph = glue.make_ir(_mlp_step)(ws, x, y).graph
+    plan = schedule(graph, (), MAX_STREAMS)
+    s = plan.streams
+    assert s.n_streams > 1 and any(s.waits), plan.as_text("streams")
+    main = [k for k, stream in enumerate(s.streams) if stream == 0]
+    for t, stream in enumerate(s.streams):
+        if stream:
+            assert all(s.before(t, k) for k in main if k >= t + JOIN_LAG), plan.as_text("streams")
+    monkeypatch.setattr(stream_plan, "JOIN_LAG", 1 << 30)
+    unjoined = schedule(graph, (), MAX_STREAMS)
+    assert plan.memory.peak_bytes < unjoined.memory.peak_bytes
 
 
 def test_one_stream_when_asked():
