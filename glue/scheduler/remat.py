@@ -12,8 +12,9 @@ across that gap and recomputes the rest after it, from what is kept:
   the forward and the backward;
 - a value can be recomputed when its equation is elementwise, a layout change or a creation
   (kind elementwise | layout | creation, no effects); contractions, reductions, gathers and
-  calls are kept when needed. Arguments are alive anyway and cost nothing; graph outputs
-  have buffers of their own;
+  calls are kept when needed, and so is a narrowing cast of an argument (a 16-bit weight:
+  see `recomputable`). Arguments are alive anyway and cost nothing; graph outputs have
+  buffers of their own;
 - the kept set is a minimum cut, in bytes, between the values that cannot be recomputed and
   those the far side reads (each value a node of capacity its size), the one nearest the far
   side of the cuts of least capacity (the least recomputation);
