@@ -2,6 +2,7 @@
 order or an event, and a memory plan that never lets one stream overwrite what another reads."""
 import numpy as np
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import glue
 import glue.numpy as gnp
@@ -127,6 +128,25 @@ def test_one_stream_when_asked():
 @settings(max_examples=60)
 @given(programs(max_eqns=12))
 def test_dependencies_are_ordered_and_no_stream_overwrites_what_another_reads(graph):
+    check_stream_plan(graph)
+
+
+@settings(max_examples=25)
+@given(st.integers(3, 10), st.sampled_from([16, 64, 128]), st.sampled_from([8, 96]))
+def test_training_steps_with_joins_keep_every_read_before_its_memory_is_reused(depth, width, batch):
+    """Training steps are deep enough that stream 0 joins the side streams it has run past
+    (JOIN_LAG), which lets the memory plan reuse what those streams read."""
+    ws = [np.ones((width, width), np.float32)] * depth
+    x = np.ones((batch, width), np.float32)
+    plan = check_stream_plan(glue.make_ir(_mlp_step)(ws, x, x).graph)
+    s = plan.streams
+    if s.n_streams > 1:
+        assert any(w not in s.deps[k] for k in range(len(s.streams)) if s.streams[k] == 0 for w in s.waits[k])
+
+
+def check_stream_plan(graph):
+    """Every dependency is ordered, and no two values that share memory are both in use
+    without one's users all finishing before the other's start."""
     plan = schedule(graph, (), MAX_STREAMS)
     streams, mem = plan.streams, plan.memory
     before = happens_before(streams)
@@ -151,3 +171,4 @@ def test_dependencies_are_ordered_and_no_stream_overwrites_what_another_reads(gr
             a_first = all(i in before[j] for i in users[va] for j in users[vb])
             b_first = all(j in before[i] for i in users[va] for j in users[vb])
             assert a_first or b_first, (va, vb, plan.as_text("streams"), plan.as_text("memory"))
+    return plan
