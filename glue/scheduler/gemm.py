@@ -21,7 +21,7 @@ is, not who computes it.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from glue.ir import TensorType
 from glue.ir import dtypes as dt
@@ -318,6 +318,34 @@ def operand_kernel(spec: GemmSpec, side: str, name: str, transposed: bool = Fals
     store = Store(0, value, "element", (Index.dim(0), Index.dim(1), Index.dim(2)))
     return Kernel(f"{side}_operand_{name}", "pointwise", domain, (), k.inputs, (out,), (), (store,),
                   ("convert_element_type",), None, k.source)
+
+
+def product_of_written(spec: GemmSpec, sides: tuple[str, ...]) -> Kernel:
+    """The contraction kernel reading operands `sides` ("a", "b") from buffers `operand_kernel`
+    wrote, K-major (A as [batch, m, k], B transposed, as [batch, n, k]), appended to its
+    inputs in that order; its epilogue as it was."""
+    k = spec.kernel
+    extents = k.parallel + k.reduce
+    at = {d: Index.dim(d) for d in range(len(extents))}
+    batch = _group_index(spec.batch, extents, at)
+    inputs = list(k.inputs)
+    operands = []
+    for side, expr in (("a", spec.a_expr), ("b", spec.b_expr)):
+        if side not in sides:
+            operands.append(expr)
+            continue
+        outer = spec.m if side == "a" else spec.n
+        shape = (spec.extent(spec.batch), spec.extent(outer), spec.extent(spec.k))
+        value = Load(len(inputs), (batch, _group_index(outer, extents, at), _group_index(spec.k, extents, at)),
+                     spec.operand_dtype)
+        inputs.append(Buffer(-1, TensorType(shape, spec.operand_dtype)))
+        if spec.operand_dtype != spec.accumulator:
+            value = Op("convert_element_type", (value,), spec.accumulator, (("new_dtype", spec.accumulator),))
+        operands.append(value)
+    (reduction,) = k.reductions
+    product = reduction.value
+    value = Op(product.primitive, tuple(operands), product.dtype, product.params)
+    return replace(k, inputs=tuple(inputs), reductions=(replace(reduction, value=value),))
 
 
 def product_type(spec: GemmSpec) -> TensorType:

@@ -1,7 +1,8 @@
 """The warpgroup kernel of sm_90a (glue/backend_cuda/codegen/wgmma.py): which contractions take
-it and which stay on mma.sync, its tensor maps, ptxas's report on every layout and width; on an
-H100/H200, its results against the reference over layouts, batches, edges that are not
-multiples of the tile, 16-bit types and fused epilogues, with poisoned outputs."""
+it and which stay on mma.sync, its tensor maps, ptxas's report on every layout and width, TF32
+products and the K-major copies of their operands; on an H100/H200, its results against the
+reference over layouts, batches, edges that are not multiples of the tile, 16-bit types, TF32
+and fused epilogues, with poisoned outputs."""
 import re
 
 import ml_dtypes
@@ -72,7 +73,7 @@ def test_what_stays_on_mma_sync():
     big = shapes(1024, 512, 1152)
     assert _strategy(fn, big, np.float16).startswith("wgmma f16")
     assert _strategy(fn, big, arch="sm_90").startswith("mma bf16")          # no wgmma without sm_90a
-    assert _strategy(fn, big, np.float32).startswith("mma tf32")            # TF32: mma.sync
+    assert _strategy(fn, big, np.float32).startswith("mma tf32")            # TF32 with B MN-major: mma.sync
     assert _strategy(fn, shapes(1024, 100, 1152)).startswith("mma bf16")    # 200-byte rows: not TMA's 16
     assert not _strategy(fn, shapes(256, 512, 256)).startswith("wgmma")      # too few blocks
     cast = lambda a, b: a @ b.astype(BF16)  # noqa: E731  (a rounding prologue: computed, not a view)
@@ -80,6 +81,49 @@ def test_what_stays_on_mma_sync():
     assert _contractions(_lower(cast, [x, w])[1])[0].strategy.startswith("mma bf16")
     with glue.config.override(cuda_mma_tile="128x128x32/2x2"):
         assert _strategy(fn, big).startswith("mma bf16")
+
+
+def test_tf32_takes_the_warpgroup_kernel_where_both_operands_are_k_major():
+    """`wgmma` reads TF32 tiles K-major only: x @ w.T reads both in place (32 float32 values a
+    128-byte stage row, k8 a wgmma); at precision "highest" float32 stays off tensor cores."""
+    fn, shapes = FORMS["NT"]
+    args = [np.ones(s, np.float32) for s in shapes(1024, 512, 1152)]
+    _, low = _lower(fn, args)
+    (launch,) = _contractions(low)
+    assert launch.strategy.startswith("wgmma tf32 128x") and "x32 tma" in launch.strategy, launch.strategy
+    assert " staged kk " in launch.strategy
+    assert {m.dtype for m in launch.tensor_maps} == {"f32"}
+    assert all(m.box[0] == 32 for m in launch.tensor_maps)
+    ptx = low["ptx"].modules[launch.symbol]
+    assert "wgmma.mma_async.sync.aligned.m64n" in ptx and "k8.f32.tf32.tf32" in ptx
+    highest = lambda a, b: gnp.matmul(a, b.T, precision="highest")  # noqa: E731
+    assert not _contractions(_lower(highest, args)[1])[0].strategy.startswith("wgmma")
+
+
+@pytest.mark.parametrize("form", ["NN", "TN", "TT", "batched"])
+def test_a_large_tf32_product_writes_its_mn_major_operands_k_major_first(form):
+    """Past wgmma.COPY_FLOPS, a TF32 product with an operand `wgmma` cannot read in place runs
+    as a tiled transpose of each such operand into the stream's scratch region, then the
+    warpgroup kernel reading both K-major; its split-K partials lie past the copies."""
+    fn, shapes = FORMS[form]
+    m, k, n = 776, 4096, 776
+    _, low = _lower(fn, [np.ones(s, np.float32) for s in shapes(m, k, n)])
+    copies = [launch for launch in low["llvm"].launches if launch.kind == "pointwise"]
+    (product,) = _contractions(low)
+    copied = {"NN": 1, "TN": 2, "TT": 1, "batched": 1}[form]
+    assert len(copies) == copied
+    assert all(c.strategy.startswith("transpose") for c in copies), [c.strategy for c in copies]
+    assert product.strategy.startswith("wgmma tf32") and " staged kk " in product.strategy, product.strategy
+    written = [p for c in copies for p in c.params if p.kind == "scratch"]
+    assert written == [p for p in product.params if p.kind == "scratch"][:copied]
+    copy_bytes = (3 if form == "batched" else 1) * m * k * 4  # (m == n: either operand)
+    assert [p.offset for p in written] == [i * copy_bytes for i in range(copied)]
+    partials = [p for p in product.params if p.kind == "scratch"][copied:]
+    assert ("split-k" in product.strategy) == bool(partials)
+    assert all(p.offset >= copied * copy_bytes for p in partials)
+    assert low["llvm"].scratch[0] >= copied * copy_bytes
+    small = _lower(fn, [np.ones(s, np.float32) for s in shapes(512, 512, 512)])[1]  # under COPY_FLOPS
+    assert [launch.kind for launch in small["llvm"].launches] == ["contraction"]
 
 
 def test_the_width_follows_the_number_of_waves():
@@ -157,6 +201,22 @@ def test_ptxas_accepts_every_layout_and_width_without_spilling(form, n):
     report = assemble(low["ptx"].modules[launch.symbol], "sm_90a")
     assert " 0 bytes spill stores" in report, report
     assert "serialized" not in report, report  # wgmma kept asynchronous (no C7515 warning)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(detected_arch() != "sm_90a", reason="the warpgroup kernel needs an sm_90 GPU")
+@pytest.mark.parametrize("form", sorted(FORMS))
+@pytest.mark.parametrize("shape", [(1000, 2200, 1096), (776, 4096, 776), (64, 8192, 4104)],
+                         ids=["edges", "split K, edges", "one tile row, long K"])
+def test_on_the_gpu_tf32_warpgroup_kernels_compute_the_reference(form, shape):
+    """float32 operands on TF32 (read K-major in place, or written K-major first), against the
+    float64 reference at TF32's tolerance."""
+    fn, shapes = FORMS[form]
+    rng = np.random.default_rng(12)
+    args = [rng.standard_normal(s).astype(np.float32) for s in shapes(*shape)]
+    closed = glue.make_ir(fn)(*args)
+    outs, all_args = contraction_outputs_on_gpu(closed, args, "wgmma tf32", name="wg", gemm="codegen")
+    check_outputs(closed, all_args, outs, f"{form} {shape}", tf32=True)
 
 
 @pytest.mark.cuda

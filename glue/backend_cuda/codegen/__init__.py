@@ -53,16 +53,17 @@ from glue.backend_cuda.codegen.data import emit_data
 from glue.backend_cuda.codegen.flash import PARTS, emit_flash, flash_spec
 from glue.backend_cuda.codegen.flash_hopper import emit_hopper_flash, hopper_flash_plan, row_values_bytes
 from glue.backend_cuda.codegen.hopper import TensorMap
+from glue.backend_cuda.codegen.library import ALIGN as SCRATCH_ALIGN
 from glue.backend_cuda.codegen.library import LIBRARY_VARIANTS, kmajor_copy_side, library_launches, library_only
 from glue.backend_cuda.codegen.pointwise import emit_pointwise
 from glue.backend_cuda.codegen.rows import emit_rows
-from glue.backend_cuda.codegen.wgmma import emit_wgmma, wgmma_plan
+from glue.backend_cuda.codegen.wgmma import emit_wgmma, tf32_copies, wgmma_plan
 from glue.backend_cuda.ptx import DEFAULT_ARCH, ProgramPtx, checked, ptx_job
 from glue.codegen.scope import Analysis
 from glue.errors import BackendError
 from glue.ir import Graph, TensorType
 from glue.scheduler.calls import call_plan
-from glue.scheduler.gemm import GemmSpec, gemm_spec
+from glue.scheduler.gemm import GemmSpec, gemm_spec, operand_kernel, product_of_written
 from glue.scheduler.kernel_ir import Kernel
 from glue.scheduler.memory import Placement
 from glue.scheduler.plan import Plan, Result
@@ -346,9 +347,11 @@ class _Memory:
         self.scratch: dict[int, int] = {}
         self.counters = 0
 
-    def claim_scratch(self, stream: int, nbytes: int) -> Place:
-        self.scratch[stream] = max(self.scratch.get(stream, 0), nbytes)
-        return Place("scratch", stream, 0)
+    def claim_scratch(self, stream: int, nbytes: int, at: int = 0) -> Place:
+        """`nbytes` of stream `stream`'s region from byte `at` (past what the launches before it
+        in the same plan kernel hand on)."""
+        self.scratch[stream] = max(self.scratch.get(stream, 0), at + nbytes)
+        return Place("scratch", stream, at)
 
     def claim_counters(self, nbytes: int) -> Place:
         place = Place("counters", 0, self.counters)
@@ -450,29 +453,55 @@ class _Builder:
                        tensor_maps=shape.tensor_maps)
 
     def launch(self, kernel: Kernel, inputs: list[Place], outputs: list[Place], group: int,
-               memory: _Memory | None = None, stream: int = 0) -> Launch:
+               memory: _Memory | None = None, stream: int = 0, scratch_from: int = 0) -> Launch:
         """A launch of glue's own kernel over these places (a column reduction, or a warpgroup
-        contraction splitting K, claims working memory from `memory`, on `stream`; without it, a
-        column reduction reduces by rows, and a contraction does not split)."""
+        contraction splitting K, claims working memory from `memory`, on `stream`, from byte
+        `scratch_from` of its scratch region; without it, a column reduction reduces by rows,
+        and a contraction does not split)."""
         columns, extra = False, ()
         if kernel.kind == "reduction" and memory is not None and self.aligned:
             plan = self.plans.get(kernel, lambda: ColumnPlan(kernel, Analysis()) if columns_fit(kernel, Analysis())
                                   else None)
             columns = plan is not None
             if columns and plan.splits > 1:
-                extra = (memory.claim_scratch(stream, plan.scratch_bytes), memory.claim_counters(plan.counter_bytes))
+                extra = (memory.claim_scratch(stream, plan.scratch_bytes, scratch_from),
+                         memory.claim_counters(plan.counter_bytes))
         elif kernel.kind == "contraction" and memory is not None:
             places = tuple(dict.fromkeys(inputs + outputs))
             split = self.plans.get(kernel, lambda: wgmma_plan(kernel, places, tuple(inputs), self.arch, self.aligned,
                                                               may_split=True), aliases(inputs + outputs))
             if split is not None and split.splits > 1:
-                extra = (memory.claim_scratch(stream, split.partial_bytes), memory.claim_counters(split.counter_bytes))
+                extra = (memory.claim_scratch(stream, split.partial_bytes, scratch_from),
+                         memory.claim_counters(split.counter_bytes))
         code = self.code(kernel, inputs, outputs, columns, extra)
         copy = None
         if kernel.init is not None and inputs[kernel.init] != outputs[0]:
             copy = (outputs[0], inputs[kernel.init], kernel.outputs[0].type.nbytes)
         return self._launch(code, kernel, tuple(dict.fromkeys(inputs + outputs + list(extra))), group, copy)
 
+
+    def contraction_launches(self, spec: GemmSpec | None, kernel: Kernel, inputs: list[Place],
+                             outputs: list[Place], group: int, memory: _Memory, stream: int, symbol: str
+                             ) -> list[Launch]:
+        """glue's own launches of contraction kernel `group`: its kernel; or, for a float32
+        product on TF32 whose operands the warpgroup kernel cannot read in place
+        (`tf32_copies`), first a kernel writing each such operand K-major into the stream's
+        scratch region, then the warpgroup kernel reading them there."""
+        sides = tf32_copies(spec, self.arch)
+        if sides:
+            product = product_of_written(spec, sides)
+            copies = [operand_kernel(spec, side, symbol, transposed=side == "b") for side in sides]
+            places, offset = [], 0
+            for copy in copies:
+                places.append(Place("scratch", stream, offset))
+                offset += -(-copy.outputs[0].type.nbytes // SCRATCH_ALIGN) * SCRATCH_ALIGN
+            read = inputs + places
+            if wgmma_plan(product, tuple(dict.fromkeys(read + outputs)), tuple(read), self.arch, self.aligned,
+                          may_split=True):
+                memory.claim_scratch(stream, offset)
+                written = [self.launch(copy, inputs, [place], group) for copy, place in zip(copies, places)]
+                return written + [self.launch(product, read, outputs, group, memory, stream, scratch_from=offset)]
+        return [self.launch(kernel, inputs, outputs, group, memory, stream)]
 
     def flash_launches(self, kernel: Kernel, inputs: list[Place], outputs: list[Place], group: int,
                        memory: _Memory, stream: int) -> list[Launch]:
@@ -552,7 +581,8 @@ def build_program(plan: Plan, name: str = "fn", arch: str = DEFAULT_ARCH, gemm: 
         spec = gemm_spec(kernel) if kernel.kind == "contraction" else None
         variants = gemm_variants(spec, gemm)
         if "codegen" in variants:
-            launches.append(builder.launch(kernel, inputs, outputs, i, memory, stream))
+            launches += builder.contraction_launches(spec, kernel, inputs, outputs, i, memory, stream, symbol) \
+                if kernel.kind == "contraction" else [builder.launch(kernel, inputs, outputs, i, memory, stream)]
         def emit(k: Kernel, ins: list[Place], outs: list[Place], _symbol: str) -> Launch:
             return builder.launch(k, ins, outs, i)
 

@@ -3,8 +3,10 @@ stages, `wgmma.mma_async` reading them there, a producer warpgroup apart from th
 
 Applies where both operands of a float32-accumulated product are bfloat16 (or both float16)
 tensors read in place (`GemmSpec` views) whose rows or columns are contiguous and whose other
-strides and start are 16-byte multiples, as TMA requires; anything else (a fused prologue, a
-gather, an odd stride) stays on the `mma.sync` kernel (mma.py).
+strides and start are 16-byte multiples, as TMA requires; and to float32 operands at every
+precision but "highest" (TF32, as jax.jit on the GPU), where both are K-major: `wgmma` reads
+TF32 tiles only that way. Anything else (a fused prologue, a gather, an odd stride, an
+MN-major float32 operand) stays on the `mma.sync` kernel (mma.py).
 
 A block of three warpgroups computes 128 x BN tiles (BN 256, or 192 or 128 where more tiles fill
 the GPU better), one after another: the kernel is persistent, a block per multiprocessor.
@@ -24,12 +26,14 @@ epilogue (the kernel's stores: bias, activation, cast, residual, an optimizer up
 each accumulator where it lies, neighbouring columns stored as one vector.
 
 Operands are K-major (the contracting dim contiguous: a row-major lhs, the rhs of `x @ w.T`) or
-MN-major (the other dim contiguous); TMA brings either as it lies and `wgmma` reads MN-major
-tiles transposed (its `tnsp` flags), so no transpose is ever materialised. A K-major tile's rows
-are its 64 K values; an MN-major tile is 64-wide boxes of 64 M (or N) values, one 128-byte row
-per K. The descriptors' byte offsets follow (PTX ISA, matrix descriptor): 8-row groups 1024
-bytes apart; an MN-major operand's 64-wide atoms a box (8 KiB) apart; each k16 step moves 32
-bytes along a K-major row, or 16 rows (2 KiB) down an MN-major tile.
+MN-major (the other dim contiguous); TMA brings either as it lies and `wgmma` reads 16-bit
+MN-major tiles transposed (its `tnsp` flags), so no transpose is ever materialised. A stage
+holds 128 bytes of K per row: 64 16-bit values or 32 float32 ones (`WgmmaPlan.bk`), and one
+`wgmma` takes 32 bytes of them (k16, or k8 for TF32). A K-major tile's rows are its K values;
+an MN-major tile is 64-wide boxes of 64 M (or N) values, one 128-byte row per K. The
+descriptors' byte offsets follow (PTX ISA, matrix descriptor): 8-row groups 1024 bytes apart;
+an MN-major operand's 64-wide atoms a box (8 KiB) apart; each wgmma's step moves 32 bytes along
+a K-major row, or 16 rows (2 KiB) down an MN-major tile.
 """
 from __future__ import annotations
 
@@ -44,14 +48,13 @@ from glue.backend_cuda.ptx import sm_number
 from glue.codegen.loops import loop
 from glue.codegen.types import F32, I32, I64
 from glue.ir import dtypes as dt
-from glue.scheduler.gemm import View, gemm_spec
+from glue.scheduler.gemm import GemmSpec, View, gemm_spec
 from glue.scheduler.kernel_ir import Kernel, Load, Op, subexpressions
 from glue.settings import config
 
-BK = 64                   # K per stage: one 128-byte swizzled row of 16-bit values
-K_STEP = 16               # K of one wgmma on 16-bit operands
+STEP_BYTES = 32           # the bytes of K (per row) one wgmma reads: k16 of 16-bit values, k8 of TF32
 ATOM = 64                 # an MN-major box's width: 128 bytes of 16-bit values
-BOX_BYTES = ATOM * BK * 2  # one 64 x 64 box
+BOX_BYTES = ATOM * hp.SWIZZLE_BYTES  # one 64 x 64 box of 16-bit values
 CONSUMERS = hp.CONSUMERS  # consumer warpgroups, 64 rows of the tile each
 WARPGROUP = hp.WARPGROUP
 BM = 64 * CONSUMERS
@@ -73,7 +76,12 @@ PARTIAL_STEPS = 2
 # accumulators (parked in local memory) instead of once per register pair: a fused AdamW update
 # (23) unrolled over a 256-wide tile's 64 pairs made 100 KB of PTX that took ptxas 2.5-3 s.
 LOOPED_EPILOGUE = 16
-_TYPES = {dt.bfloat16: "bf16", dt.float16: "f16"}
+# A TF32 product this large whose operands `wgmma` cannot read in place first writes them
+# K-major (`tf32_copies`): below it, the copies cost about what the warpgroup kernel saves
+# over mma.sync's, which reads them as they lie.
+COPY_FLOPS = 1 << 32
+_TYPES = {dt.bfloat16: "bf16", dt.float16: "f16", dt.float32: "tf32"}  # the wgmma's operand type
+_TMA_TYPES = {"bf16": "bf16", "f16": "f16", "tf32": "f32"}
 
 
 @dataclass(frozen=True)
@@ -93,7 +101,8 @@ class Side:
 
     @property
     def nbytes(self) -> int:
-        return self.outer * BK * 2
+        """A stage's tile: 128 bytes of K for each of its outer rows."""
+        return self.outer * hp.SWIZZLE_BYTES
 
 
 @dataclass(frozen=True)
@@ -116,13 +125,23 @@ class WgmmaPlan:
     splits: int = 1
 
     @property
+    def bk(self) -> int:
+        """K per stage: a 128-byte row of the operand type."""
+        return _stage_k(self.dtype)
+
+    @property
+    def k_step(self) -> int:
+        """K of one wgmma."""
+        return STEP_BYTES // _ITEMSIZE[self.dtype]
+
+    @property
     def tiles(self) -> int:
         return self.batches * -(-self.m // BM) * -(-self.n // self.width)
 
     @property
     def steps(self) -> int:
         """Steps of K each split of a tile takes."""
-        return -(-self.depth // BK) // self.splits
+        return -(-self.depth // self.bk) // self.splits
 
     @property
     def partial_bytes(self) -> int:
@@ -145,11 +164,18 @@ class WgmmaPlan:
     def __str__(self) -> str:
         layouts = "".join("k" if s.k_major else "o" for s in (self.a, self.b))
         split = f" split-k {self.splits}" if self.splits > 1 else ""
-        return (f"wgmma {self.dtype} {BM}x{self.width}x{BK} tma {self.stages} stages staged {layouts} "
+        return (f"wgmma {self.dtype} {BM}x{self.width}x{self.bk} tma {self.stages} stages staged {layouts} "
                 f"warp-specialized {CONSUMERS}+1 warpgroups persistent{split}")
 
 
-def _tiling(batches: int, m: int, n: int, depth: int, may_split: bool) -> tuple[int, int]:
+_ITEMSIZE = {"bf16": 2, "f16": 2, "tf32": 4}
+
+
+def _stage_k(dtype: str) -> int:
+    return hp.SWIZZLE_BYTES // _ITEMSIZE[dtype]
+
+
+def _tiling(batches: int, m: int, n: int, depth: int, bk: int, may_split: bool) -> tuple[int, int]:
     """(tile width, splits of K) that finish first: the rounds of work units (a tile, or a
     split of one) the persistent blocks take, times a unit's time: its steps of K and its fixed
     cost (`FIXED_STEPS`; a split one also its partials), each step costing the tile's width
@@ -161,7 +187,7 @@ def _tiling(batches: int, m: int, n: int, depth: int, may_split: bool) -> tuple[
     K splits only where the tiles are fewer than the multiprocessors, `may_split` (the kernel
     has working memory for the partials), in a divisor of K's steps (every split takes the same
     steps) leaving each split MIN_SPLIT_STEPS or more."""
-    steps = -(-depth // BK)
+    steps = -(-depth // bk)
 
     def cost(choice: tuple[int, int]) -> tuple[int, int]:
         width, splits = choice
@@ -183,7 +209,8 @@ def _side(view: View, param: int, is_a: bool, outer_size: int, depth: int, batch
           outer_tile: int) -> Side | None:
     """How TMA loads an operand view (A: rows M, cols K; B: rows K, cols N), or None where it
     cannot: neither dim contiguous, a stride or start off 16 bytes (the buffers themselves
-    start 256-byte aligned: the allocator's blocks, the arena's places)."""
+    start 256-byte aligned: the allocator's blocks, the arena's places), a float32 operand
+    MN-major (`wgmma` transposes only 16-bit tiles)."""
     outer_stride, k_stride = (view.row_stride, view.col_stride) if is_a else (view.col_stride, view.row_stride)
     if k_stride == 1:
         k_major, stride = True, outer_stride
@@ -191,17 +218,40 @@ def _side(view: View, param: int, is_a: bool, outer_size: int, depth: int, batch
         k_major, stride = False, k_stride
     else:
         return None
+    name, size = _TYPES[view.dtype], view.dtype.itemsize
+    if not k_major and size != 2:
+        return None
     batched = batches > 1 and view.batch_stride != 0
     dims = (depth, outer_size) if k_major else (outer_size, depth)
-    row_bytes = 2 * stride
-    batch_bytes = 2 * view.batch_stride if batched else row_bytes * dims[1]
-    offset = 2 * view.offset
+    row_bytes = size * stride
+    batch_bytes = size * view.batch_stride if batched else row_bytes * dims[1]
+    offset = size * view.offset
     if any(x % 16 or x <= 0 for x in (row_bytes, batch_bytes)) or offset % 16:
         return None
-    box = (BK, outer_tile, 1) if k_major else (ATOM, BK, 1)
-    name = _TYPES[view.dtype]
-    tensor_map = hp.TensorMap(param, offset, name, (*dims, batches if batched else 1), (row_bytes, batch_bytes), box)
+    bk = _stage_k(name)
+    box = (bk, outer_tile, 1) if k_major else (ATOM, bk, 1)
+    tensor_map = hp.TensorMap(param, offset, _TMA_TYPES[name], (*dims, batches if batched else 1),
+                              (row_bytes, batch_bytes), box)
     return Side(k_major, tensor_map, batched, outer_tile)
+
+
+def _enabled(arch: str) -> bool:
+    """Whether warpgroup kernels may run: on sm_90a, unless the settings ask for mma.sync (off,
+    or a named mma.sync tile)."""
+    return arch.endswith("a") and sm_number(arch) == 90 and config.cuda_tensor_cores and config.cuda_wgmma \
+        and not config.cuda_mma_tile
+
+
+def tf32_copies(spec: GemmSpec | None, arch: str) -> tuple[str, ...]:
+    """The operands ("a", "b") of a float32 product on TF32, of at least COPY_FLOPS, that are
+    first written K-major (`glue.scheduler.gemm.operand_kernel`, then `product_of_written`) so
+    that the warpgroup kernel can read them: those computed or MN-major. () where none is, or
+    where the product does not take this kernel."""
+    if spec is None or not _enabled(arch) or spec.operand_dtype != dt.float32 or spec.accumulator != dt.float32 \
+            or spec.kernel.precision == "highest" or spec.flops < COPY_FLOPS:
+        return ()
+    k_major = {"a": "row", "b": "col"}  # the layout of a K-major view of each
+    return tuple(side for side, view in (("a", spec.a), ("b", spec.b)) if view is None or view.layout != k_major[side])
 
 
 def wgmma_plan(kernel: Kernel, places: tuple[Place, ...], inputs: tuple[Place, ...], arch: str,
@@ -209,19 +259,17 @@ def wgmma_plan(kernel: Kernel, places: tuple[Place, ...], inputs: tuple[Place, .
     """The warpgroup kernel for a contraction, or None where it does not apply (not sm_90a,
     operand types or layouts TMA cannot load, a product too small). `may_split`: the kernel
     may have working memory (`partial_bytes`, `counter_bytes`) to split K over blocks."""
-    if not (arch.endswith("a") and sm_number(arch) == 90 and aligned):
-        return None
-    if not (config.cuda_tensor_cores and config.cuda_wgmma):
-        return None
-    if config.cuda_mma_tile:  # a named mma.sync tile: that kernel was asked for
+    if not (aligned and _enabled(arch)):
         return None
     spec = gemm_spec(kernel)
     if spec is None or spec.a is None or spec.b is None or spec.accumulator != dt.float32:
         return None
     if spec.a.dtype != spec.b.dtype or spec.a.dtype not in _TYPES:
         return None
+    if spec.a.dtype == dt.float32 and kernel.precision == "highest":  # full float32: no tensor cores
+        return None
     batches, m, n, depth = spec.shape
-    width, splits = _tiling(batches, m, n, depth, may_split)
+    width, splits = _tiling(batches, m, n, depth, _stage_k(_TYPES[spec.a.dtype]), may_split)
     if batches * -(-m // BM) * -(-n // 128) * splits < MIN_BLOCKS:
         return None
     sides = [_side(view, places.index(inputs[view.buffer]), is_a, size, depth, batches, outer)
@@ -425,7 +473,7 @@ def _produce(ke: KernelEmitter, plan: WgmmaPlan, ring: _Ring, before: ir.Value, 
         with b.if_then(b.icmp_unsigned(">=", g, ir.Constant(I64, plan.stages))):
             hp.wait_parity(b, ring.empty(s), b.xor(parity, ir.Constant(I32, 1)))  # the stage's previous use
         hp.arrive_expect_bytes(b, ring.full(s), plan.stage_bytes)
-        k0 = b.mul(b.add(first, t), ir.Constant(I64, BK))
+        k0 = b.mul(b.add(first, t), ir.Constant(I64, plan.bk))
         for side, outer, tile, map_arg in ((plan.a, m0, ring.a_tile(s), ke.map_args[0]),
                                            (plan.b, n0, ring.b_tile(s), ke.map_args[1])):
             for box, coords in enumerate(_coords(b, side, outer, k0, batch)):
@@ -435,11 +483,12 @@ def _produce(ke: KernelEmitter, plan: WgmmaPlan, ring: _Ring, before: ir.Value, 
     loop(b, 0, plan.steps, step, [], name="produce", vectorize=False, unroll=1)
 
 
-def _descriptor(b: ir.IRBuilder, side: Side, tile: ir.Value, j: int) -> ir.Value:
-    """The matrix descriptor of k16 step `j` of an operand's stage at shared address `tile`."""
+def _descriptor(b: ir.IRBuilder, side: Side, tile: ir.Value, j: int, k_step: int) -> ir.Value:
+    """The matrix descriptor of the `j`-th wgmma's K (`k_step` of it) in an operand's stage at
+    shared address `tile`."""
     if side.k_major:
-        return hp.matrix_descriptor(b, b.add(tile, ir.Constant(I32, 32 * j)), 16, 8 * hp.SWIZZLE_BYTES)
-    return hp.matrix_descriptor(b, b.add(tile, ir.Constant(I32, K_STEP * hp.SWIZZLE_BYTES * j)), BOX_BYTES,
+        return hp.matrix_descriptor(b, b.add(tile, ir.Constant(I32, STEP_BYTES * j)), 16, 8 * hp.SWIZZLE_BYTES)
+    return hp.matrix_descriptor(b, b.add(tile, ir.Constant(I32, k_step * hp.SWIZZLE_BYTES * j)), BOX_BYTES,
                                 8 * hp.SWIZZLE_BYTES)
 
 
@@ -451,8 +500,9 @@ def _consume(ke: KernelEmitter, plan: WgmmaPlan, ring: _Ring, before: ir.Value, 
     c32 = lambda v: ir.Constant(I32, v)  # noqa: E731
     rows = b.mul(b.sub(warpgroup, c32(1)), c32(64 * hp.SWIZZLE_BYTES))  # its 64 rows of A: 8 KiB on
     first_lane = b.icmp_unsigned("==", b.urem(tid, c32(WARP)), c32(0))
-    shape, types = f"m64n{plan.width}k{K_STEP}", f"f32.{plan.dtype}.{plan.dtype}"
-    transpose = (int(not plan.a.k_major), int(not plan.b.k_major))
+    shape, types = f"m64n{plan.width}k{plan.k_step}", f"f32.{plan.dtype}.{plan.dtype}"
+    # (TF32's wgmma has no transpose flags: both its operands are K-major)
+    transpose = None if plan.dtype == "tf32" else (int(not plan.a.k_major), int(not plan.b.k_major))
 
     def free(g: ir.Value) -> None:
         with b.if_then(first_lane):
@@ -464,9 +514,9 @@ def _consume(ke: KernelEmitter, plan: WgmmaPlan, ring: _Ring, before: ir.Value, 
         hp.wait_parity(b, ring.full(s), parity)
         hp.wgmma_fence(b)
         a0, b0 = b.add(ring.a_tile(s), rows), ring.b_tile(s)
-        for j in range(BK // K_STEP):
-            accs = hp.wgmma(b, shape, types, _descriptor(b, plan.a, a0, j), _descriptor(b, plan.b, b0, j), accs,
-                            transpose)
+        for j in range(plan.bk // plan.k_step):
+            accs = hp.wgmma(b, shape, types, _descriptor(b, plan.a, a0, j, plan.k_step),
+                            _descriptor(b, plan.b, b0, j, plan.k_step), accs, transpose)
         hp.wgmma_commit(b)
         hp.wgmma_wait(b, 1)  # the previous step's multiplies are done: its stage is free
         with b.if_then(b.icmp_unsigned(">", t, ir.Constant(I64, 0))):
@@ -521,4 +571,4 @@ def _epilogue(ke: KernelEmitter, plan: WgmmaPlan, accs: list[ir.Value], tid, war
     loop(b, 0, plan.width // 8, body, [], name="epilogue", vectorize=False, unroll=1)
 
 
-__all__ = ["WgmmaPlan", "emit_wgmma", "wgmma_plan"]
+__all__ = ["COPY_FLOPS", "WgmmaPlan", "emit_wgmma", "tf32_copies", "wgmma_plan"]
