@@ -21,11 +21,13 @@ kmajor", that writes one operand K-major into scratch first (`kmajor_copy_side`:
 transposed as it is written, else the smaller one copied); the race decides whether it pays.
 
 A float32 product of at least LIBRARY_ONLY_FLOPS has no variant "codegen" unless glue's kernel
-is asked for (`library_only`): glue's float32 kernels reach a third of cuBLASLt's speed on
-TF32 and two fifths in full float32 (the matmul suite on the H200: 4096^3 125.6 against 406
-TFLOP/s, 8192^3 122 against 363; "highest" 21 against 51), so from about 10 us of the library's
-time on, no fusion glue's kernel keeps makes up the difference, and racing it (and compiling
-it: the largest LLVM jobs of a float32 step) only costs compile time.
+is asked for (`library_only`). In full float32 glue's kernel reaches two fifths of cuBLASLt's
+speed ("highest": 21 against 51 TFLOP/s at 4096^3 and 8192^3). On TF32 the warpgroup kernel
+reaches four fifths (the matmul suite on an H100: 4096^3 314 against 403 TFLOP/s, 8192^3 290
+against 364, each MN-major operand first copied K-major, wgmma.py), and a training step's
+forward products would copy their weights that way on every call. Whether a fused epilogue
+makes up that fifth and the copies has not been measured; until it is, float32 products this
+large stay on the library alone, which also keeps their kernels out of the compile.
 """
 from __future__ import annotations
 
