@@ -12,7 +12,8 @@ import glue.numpy as gnp
 from glue.backend_cuda import CudaBackend, cublaslt
 from glue.reference import run_graph
 from glue.reference.compare import mismatch, tolerance_dtypes
-from glue.scheduler.gemm import gemm_spec
+from glue.scheduler.gemm import gemm_spec, operand_kernel, product_of_written
+from glue.scheduler.interpret import run_kernel
 from tests.backend_cuda import emulator
 
 BF16 = ml_dtypes.bfloat16
@@ -60,6 +61,27 @@ def test_every_training_contraction_is_a_gemm(name):
     assert specs and all(s is not None for s in specs), name
     batches, m, n, k = specs[0].shape
     assert specs[0].flops == 2 * batches * m * n * k
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("sides", [("a",), ("b",), ("a", "b")])
+def test_the_product_of_operands_written_k_major_is_the_kernels(name, sides):
+    """`operand_kernel` writing operands K-major (A as [batch, m, k], B as [batch, n, k]) and
+    `product_of_written` reading them there (as a TF32 product does before the warpgroup kernel)
+    give what the contraction kernel gives, epilogue and all: both run on the kernel-IR
+    interpreter, on the same random inputs."""
+    fn, shapes, dtype = CASES[name]
+    plan = glue.jit(fn, backend="cpu").lower(*_args(shapes, dtype)).lowering["plan"]
+    for kernel in (k for k in plan.kernels if k.kind == "contraction"):
+        spec = gemm_spec(kernel)
+        inputs = [(RNG.standard_normal(b.type.shape) * 0.5).astype(b.type.dtype.numpy) for b in kernel.inputs]
+        want = run_kernel(kernel, inputs)
+        written = [run_kernel(operand_kernel(spec, side, "t", transposed=side == "b"), inputs)[0] for side in sides]
+        batches, m, n, k = spec.shape
+        assert [w.shape for w in written] == [(batches, m, k) if side == "a" else (batches, n, k) for side in sides]
+        got = run_kernel(product_of_written(spec, sides), inputs + written)
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g.astype(np.float64), w.astype(np.float64), rtol=1e-6, atol=1e-6, err_msg=name)
 
 
 @needs_cc
