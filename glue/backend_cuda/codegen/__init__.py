@@ -479,7 +479,6 @@ class _Builder:
             copy = (outputs[0], inputs[kernel.init], kernel.outputs[0].type.nbytes)
         return self._launch(code, kernel, tuple(dict.fromkeys(inputs + outputs + list(extra))), group, copy)
 
-
     def contraction_launches(self, spec: GemmSpec | None, kernel: Kernel, inputs: list[Place],
                              outputs: list[Place], group: int, memory: _Memory, stream: int, symbol: str
                              ) -> list[Launch]:
@@ -580,9 +579,10 @@ def build_program(plan: Plan, name: str = "fn", arch: str = DEFAULT_ARCH, gemm: 
         stream = plan.streams.streams[i]
         spec = gemm_spec(kernel) if kernel.kind == "contraction" else None
         variants = gemm_variants(spec, gemm)
-        if "codegen" in variants:
-            launches += builder.contraction_launches(spec, kernel, inputs, outputs, i, memory, stream, symbol) \
-                if kernel.kind == "contraction" else [builder.launch(kernel, inputs, outputs, i, memory, stream)]
+        if "codegen" in variants and kernel.kind == "contraction":
+            launches += builder.contraction_launches(spec, kernel, inputs, outputs, i, memory, stream, symbol)
+        elif "codegen" in variants:
+            launches.append(builder.launch(kernel, inputs, outputs, i, memory, stream))
         def emit(k: Kernel, ins: list[Place], outs: list[Place], _symbol: str) -> Launch:
             return builder.launch(k, ins, outs, i)
 
