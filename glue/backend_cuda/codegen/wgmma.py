@@ -82,6 +82,12 @@ LOOPED_EPILOGUE = 16
 COPY_FLOPS = 1 << 32
 _TYPES = {dt.bfloat16: "bf16", dt.float16: "f16", dt.float32: "tf32"}  # the wgmma's operand type
 _TMA_TYPES = {"bf16": "bf16", "f16": "f16", "tf32": "f32"}
+_ITEMSIZE = {"bf16": 2, "f16": 2, "tf32": 4}
+
+
+def _stage_k(dtype: str) -> int:
+    """K per stage for operands of `dtype`: a 128-byte swizzled row."""
+    return hp.SWIZZLE_BYTES // _ITEMSIZE[dtype]
 
 
 @dataclass(frozen=True)
@@ -166,13 +172,6 @@ class WgmmaPlan:
         split = f" split-k {self.splits}" if self.splits > 1 else ""
         return (f"wgmma {self.dtype} {BM}x{self.width}x{self.bk} tma {self.stages} stages staged {layouts} "
                 f"warp-specialized {CONSUMERS}+1 warpgroups persistent{split}")
-
-
-_ITEMSIZE = {"bf16": 2, "f16": 2, "tf32": 4}
-
-
-def _stage_k(dtype: str) -> int:
-    return hp.SWIZZLE_BYTES // _ITEMSIZE[dtype]
 
 
 def _tiling(batches: int, m: int, n: int, depth: int, bk: int, may_split: bool) -> tuple[int, int]:
