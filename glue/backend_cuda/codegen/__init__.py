@@ -53,8 +53,8 @@ from glue.backend_cuda.codegen.data import emit_data
 from glue.backend_cuda.codegen.flash import PARTS, emit_flash, flash_spec
 from glue.backend_cuda.codegen.flash_hopper import emit_hopper_flash, hopper_flash_plan, row_values_bytes
 from glue.backend_cuda.codegen.hopper import TensorMap
-from glue.backend_cuda.codegen.library import ALIGN as SCRATCH_ALIGN
-from glue.backend_cuda.codegen.library import LIBRARY_VARIANTS, kmajor_copy_side, library_launches, library_only
+from glue.backend_cuda.codegen.library import (LIBRARY_VARIANTS, kmajor_copy_side, library_launches, library_only,
+                                               scratch_bytes)
 from glue.backend_cuda.codegen.pointwise import emit_pointwise
 from glue.backend_cuda.codegen.rows import emit_rows
 from glue.backend_cuda.codegen.wgmma import emit_wgmma, tf32_copies, wgmma_plan
@@ -493,7 +493,7 @@ class _Builder:
             places, offset = [], 0
             for copy in copies:
                 places.append(Place("scratch", stream, offset))
-                offset += -(-copy.outputs[0].type.nbytes // SCRATCH_ALIGN) * SCRATCH_ALIGN
+                offset += scratch_bytes(copy.outputs[0].type)
             read = inputs + places
             if wgmma_plan(product, tuple(dict.fromkeys(read + outputs)), tuple(read), self.arch, self.aligned,
                           may_split=True):

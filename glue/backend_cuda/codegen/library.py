@@ -118,6 +118,12 @@ def library_only(spec: GemmSpec) -> bool:
     return spec.operand_dtype == dt.float32 and spec.flops >= LIBRARY_ONLY_FLOPS
 
 
+def scratch_bytes(t: TensorType) -> int:
+    """The bytes a value of type `t` takes in a stream's scratch region: up to the next piece's
+    ALIGN-aligned start."""
+    return -(-t.nbytes // ALIGN) * ALIGN
+
+
 Emit = Callable[[Kernel, list[Place], list[Place], str], Launch]
 
 
@@ -133,7 +139,7 @@ def library_launches(spec: GemmSpec, group: int, symbol: str, inputs: list[Place
     def scratch(t: TensorType) -> Place:
         nonlocal offset
         place = Place("scratch", stream, offset)
-        offset += -(-t.nbytes // ALIGN) * ALIGN
+        offset += scratch_bytes(t)
         return place
 
     views = {}
@@ -167,4 +173,4 @@ def library_launches(spec: GemmSpec, group: int, symbol: str, inputs: list[Place
 
 
 __all__ = ["KMAJOR_COPY_FLOPS", "LIBRARY_ONLY_FLOPS", "LIBRARY_VARIANTS", "LibraryGemm", "kmajor_copy_side",
-           "library_launches", "library_only"]
+           "library_launches", "library_only", "scratch_bytes"]
