@@ -235,8 +235,12 @@ class KernelEmitter(BufferAccess):
     def store(self, em: GpuEmitter, store: Store) -> None:
         """A plain (mode "set") store of one point."""
         dtype = self.kernel.outputs[store.output].type.dtype
-        value = convert(self.b, em.stored(store.value), store.value.dtype, dtype)
-        self.b.store(to_memory(self.b, value, dtype), self.output_address(em, store))
+        value = convert(self.b, em.stored(store.value, dtype), store.value.dtype, dtype)
+        if dtype == dt.bfloat16 and self.packs_bf16:  # one `cvt` rounds, not the integer form's seven
+            bits = self.b.trunc(pack_bf16x2(self.b, value, value), memory_type(dtype))
+        else:
+            bits = to_memory(self.b, value, dtype)
+        self.b.store(bits, self.output_address(em, store))
 
     def store_all(self, em: GpuEmitter, stores: Sequence[Store]) -> None:
         """Plain stores of one point, every value computed before the first store: an output
@@ -244,7 +248,7 @@ class KernelEmitter(BufferAccess):
         earlier store would read that store back (a fused AdamW writes the new moment where
         the old second moment was, and then reads the second moment)."""
         for s in stores:
-            em.stored(s.value)
+            em.stored(s.value, self.kernel.outputs[s.output].type.dtype)
         for s in stores:
             self.store(em, s)
 
@@ -599,7 +603,7 @@ class LaneGroup:
         `KernelEmitter.store_all`)."""
         for s in stores:
             for em in self.emitters:
-                em.stored(s.value)
+                em.stored(s.value, self.ke.kernel.outputs[s.output].type.dtype)
         for s in stores:
             self._store(s)
 
@@ -610,7 +614,7 @@ class LaneGroup:
                 ke.store(em, store)
             return
         dtype = ke.kernel.outputs[store.output].type.dtype
-        values = [convert(b, em.stored(store.value), store.value.dtype, dtype) for em in self.emitters]
+        values = [convert(b, em.stored(store.value, dtype), store.value.dtype, dtype) for em in self.emitters]
         address = ke.output_address(self.emitters[0], store)
         align = min(VECTOR_BYTES, self.width * dtype.itemsize)
         if dtype == dt.bfloat16 and ke.packs_bf16:

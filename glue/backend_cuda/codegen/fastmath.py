@@ -298,6 +298,11 @@ class GpuEmitter(ExprEmitter):
             found.flags.append("contract")
         return found
 
-    def stored(self, e: Expr) -> ir.Value:
-        """The value to store for `e`: unrounded for 16-bit floats, which the store rounds."""
+    def stored(self, e: Expr, into: DType) -> ir.Value:
+        """The value to store for `e` into an output of dtype `into`: unrounded for 16-bit
+        floats, which the store rounds. A float32 narrowed to a bfloat16 output is stored as
+        the float32 itself: the store's rounding is the narrowing's, one `cvt` where rounding
+        it first and then packing the rounded value (exactly) took three and two masks."""
+        if into == dt.bfloat16 and _is_narrowing(e) and e.args[0].dtype == dt.float32:
+            return self.value(e.args[0])
         return self.loose(e) if e.dtype in HALF else self.value(e)

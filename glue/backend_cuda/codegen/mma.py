@@ -36,8 +36,9 @@ from llvmlite import ir
 
 from glue.backend_cuda.codegen.common import (PTR3, WARP, AccumulatorStores, Coordinates, KernelEmitter, LaneGroup,
                                               Vectorization, flat_index, moves_with)
+from glue.backend_cuda.codegen.fastmath import pack_bf16x2
 from glue.codegen.loops import loop, unflatten
-from glue.codegen.types import F16, F32, I16, I32, I64, memory_type, round_to_bf16_bits
+from glue.codegen.types import F16, F32, I16, I32, I64, memory_type
 from glue.errors import GlueError
 from glue.ir import dtypes as dt
 from glue.scheduler.kernel_ir import Expr, Kernel, Load, Op, loads_under
@@ -196,7 +197,7 @@ def _staged_bits(b: ir.IRBuilder, value: ir.Value, expr: Expr, fmt: Format) -> i
         return b.bitcast(b.fptrunc(value, F16), I16)
     if isinstance(expr, Load):
         return b.trunc(b.lshr(b.bitcast(value, I32), ir.Constant(I32, 16)), I16)
-    return round_to_bf16_bits(b, value)
+    return b.trunc(pack_bf16x2(b, value, value), I16)  # mma.sync's sm_80 has the one-instruction rounding
 
 
 def _copyable(s: _Staged) -> bool:
