@@ -104,6 +104,12 @@ def bulk_load(b: ir.IRBuilder, target: ir.Value, source: ir.Value, nbytes: int, 
     _asm(b, text, "r,l,r,~{memory}", [target, b.ptrtoint(source, I64), barrier])
 
 
+def prefetch_tensor_map(b: ir.IRBuilder, tensor_map: ir.Value) -> None:
+    """Start fetching a TMA descriptor (its parameter's generic address) into the descriptor
+    cache, so that the first load through it does not wait for the fetch."""
+    _asm(b, "prefetch.tensormap [$0];", "l,~{memory}", [b.ptrtoint(tensor_map, I64)])
+
+
 def set_max_registers(b: ir.IRBuilder, count: int, grow: bool) -> None:
     """Hand registers to the block's other warpgroups (`grow` False) or take them (True)."""
     _asm(b, f"setmaxnreg.{'inc' if grow else 'dec'}.sync.aligned.u32 {count};", "~{memory}", [])

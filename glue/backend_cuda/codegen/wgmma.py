@@ -350,6 +350,8 @@ def emit_wgmma(ke: KernelEmitter, plan: WgmmaPlan) -> tuple[int, int, str]:
         return batch, b.mul(tile_m, c64(BM)), b.mul(tile_n, c64(plan.width)), tile, split
 
     def init_barriers() -> None:
+        for tensor_map in ke.map_args:  # (the first loads then find them in the descriptor cache)
+            hp.prefetch_tensor_map(b, tensor_map)
         for s in range(plan.stages):
             hp.mbarrier_init(b, ring.full(c32(s)), 1)
             hp.mbarrier_init(b, ring.empty(c32(s)), CONSUMERS * WARPGROUP // WARP)  # one arrival per consumer warp
