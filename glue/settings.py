@@ -127,8 +127,9 @@ _FLAGS: tuple[Flag, ...] = (
          "tensor-core tile, BMxBNxBK/WARPS_MxWARPS_N (e.g. 128x128x32/2x2), used for every product it can serve, "
          "small ones too (default: chosen by the product's size)"),
     Flag("autotune", True, _bool,
-         "race glue's contraction kernel against cuBLASLt's variants and algorithms per contraction shape "
-         "(glue's own tile is chosen by a cost model, not raced); off: the library's first algorithm"),
+         "race glue's contraction kernel (in the tilings its cost model finds close, for large products) against "
+         "cuBLASLt's variants and algorithms per contraction shape; off: the library's first algorithm, and glue's "
+         "kernel in the cost model's tiling"),
     Flag("gemm", "auto", _choice("auto", "library", "codegen"),
          "who serves contractions on the GPU: the faster per shape, cuBLASLt, or glue's own kernels"),
     # scheduler knobs

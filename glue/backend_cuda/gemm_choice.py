@@ -1,8 +1,10 @@
-"""Who serves each contraction of a program: glue's own kernel or cuBLASLt, raced per shape.
+"""Who serves each contraction of a program, and how: glue's own kernel in one of its tilings or
+cuBLASLt in one of its algorithms, raced per shape.
 
-A plan kernel with several variants (glue's "codegen", the library's "library" and, for a TF32
-weight gradient, "library kmajor": see codegen/library.py) is timed each way on the GPU when
-the program loads, on random data in buffers of the program's types, and the fastest variant
+A plan kernel with several variants (glue's "codegen"; for a large warpgroup product also its
+other tilings that the cost model finds close, "codegen 128x192" and the like, see
+`codegen.wgmma.raced_tilings`; the library's "library" and, for a TF32 weight gradient,
+"library kmajor": see codegen/library.py) is timed each way on the GPU when the program loads, on random data in buffers of the program's types, and the fastest variant
 runs; the choice is kept in the disk cache (namespace "gemm"), keyed by the kernel's structure
 (`glue.backend.kernel_key`), the arch, the library's version and the variants' launch
 strategies, so a later process does not race again, and the copies of a layer race once.
@@ -18,7 +20,7 @@ runs (up to REPEATS) as make about GRAPH_US of work, over RUNS replays. A large 
 losers so cost a run or two instead of REPEATS x (WARMUP + RUNS). `glue.config.gemm` forces
 glue's kernel ("codegen") or the library's variants ("library", raced between themselves); with
 `glue.config.autotune` off, a kernel takes the variant "library" where it has one, with its
-first algorithm. The choices and their timings are on the executable (`gemm_choices`,
+first algorithm, and glue's kernel the cost model's tiling (no other is built). The choices and their timings are on the executable (`gemm_choices`,
 `gemm_algorithms`, `gemm_timings`) and in GLUE_DEBUG's log.
 """
 from __future__ import annotations
@@ -130,12 +132,13 @@ def choose_variants(exe: "CudaExecutable", program: "CudaProgram") -> dict[int, 
 
 
 def choices_text(exe: "CudaExecutable", program: "CudaProgram") -> str:
-    """A line per contraction with a library variant: who serves it, and the race's timings
+    """A line per contraction with several variants: who serves it, and the race's timings
     (or that the disk cache or a setting chose)."""
     lines = []
-    for group in sorted({l.group for l in program.launches if l.variant in LIBRARY_VARIANTS}):
+    for group in sorted({l.group for l in program.launches if l.variant != "codegen"}):
         choice, times = exe.gemm_choices.get(group, "codegen"), exe.gemm_timings.get(group)
-        how = choice if choice == "codegen" else f"{choice} (cuBLASLt algorithm {exe.gemm_algorithms.get(group, 0)})"
+        how = f"{choice} (cuBLASLt algorithm {exe.gemm_algorithms.get(group, 0)})" if choice in LIBRARY_VARIANTS \
+            else choice
         why = ", ".join(f"{v} {t:.1f} us" for v, t in times.items()) if times else \
             "from the disk cache, or as settings force"
         lines.append(f"  {program.plan.kernels[group].name}: {how}; {why}")

@@ -47,9 +47,14 @@ def _update_like(a, b):
 FORMS["update-like epilogue"] = (_update_like, lambda m, k, n: [(m, k), (k, n)])
 
 
-def _lower(fn, args, arch="sm_90a"):
+def _lower(fn, args, arch="sm_90a", autotune=False):
+    """The program lowered for glue's own kernels; with `autotune` off, in the cost model's
+    tilings alone (no raced variants)."""
     closed = glue.make_ir(fn)(*args)
-    return closed, CudaBackend().lower(closed.graph, name="wg", arch=arch, gemm="codegen")
+    with glue.config.override(autotune=autotune):
+        low = CudaBackend().lower(closed.graph, name="wg", arch=arch, gemm="codegen")
+        low["llvm"]  # (stages are built when first read)
+    return closed, low
 
 
 def _contractions(low):
@@ -132,6 +137,28 @@ def test_the_width_follows_the_number_of_waves():
     assert " 128x192x64 " in _strategy(fn, shapes(4096, 768, 2304))   # 384 blocks 192 wide: 3 waves (256: 3, 128: 5)
     assert " 128x192x64 " in _strategy(fn, shapes(4096, 3072, 768))   # 128 blocks: one wave (256: 96 blocks)
     assert " 128x128x64 " in _strategy(fn, shapes(768, 4096, 2304))   # 108 blocks (192: 72, 256: 54)
+
+
+def test_tilings_the_cost_model_finds_close_are_raced_as_variants_of_their_own():
+    """With autotune on, a large warpgroup product's other tilings within RACE_MARGIN of the
+    model's choice are variants "codegen 128x<width>[ split-k <s>]" (each a kernel in that
+    tiling, named by its strategy); with it off, or for a product under RACE_FLOPS, only the
+    model's choice is built."""
+    from glue.backend_cuda.codegen.wgmma import RACE_FLOPS, RACED_TILINGS
+
+    fn, shapes = FORMS["NN"]
+    args = [np.ones(s, BF16) for s in shapes(4096, 768, 3072)]  # mlp up: 256, 192 and 128 wide all close
+    variants = {launch.variant: launch.strategy for launch in _contractions(_lower(fn, args, autotune=True)[1])}
+    assert list(variants)[0] == "codegen" and 1 < len(variants) <= RACED_TILINGS
+    for variant, strategy in variants.items():
+        if variant != "codegen":
+            width, _, split = variant.removeprefix("codegen ").partition(" split-k ")
+            assert f" {width}x64 " in strategy and strategy.endswith(f"split-k {split}" if split else "persistent")
+    assert len(set(variants.values())) == len(variants)
+    assert {launch.variant for launch in _contractions(_lower(fn, args)[1])} == {"codegen"}
+    small = [np.ones(s, BF16) for s in shapes(1024, 256, 1024)]
+    assert 2 * 1024 * 256 * 1024 < RACE_FLOPS
+    assert {launch.variant for launch in _contractions(_lower(fn, small, autotune=True)[1])} == {"codegen"}
 
 
 def test_few_tiles_over_a_long_k_split_it():
@@ -233,3 +260,32 @@ def test_on_the_gpu_warpgroup_kernels_compute_the_reference(form, shape, dtype):
     closed = glue.make_ir(fn)(*args)
     outs, all_args = contraction_outputs_on_gpu(closed, args, "wgmma", name="wg", gemm="codegen")
     check_outputs(closed, all_args, outs, f"{form} {shape}")
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(detected_arch() != "sm_90a", reason="the warpgroup kernel needs an sm_90 GPU")
+@pytest.mark.parametrize("form", ["NN", "TN", "bias gelu"])
+@pytest.mark.parametrize("shape", [(4104, 776, 3080), (776, 4096, 2312)], ids=["edges", "split K, edges"])
+def test_on_the_gpu_every_raced_tiling_computes_the_reference(form, shape):
+    """Each variant of glue's own kernel the race may pick (`raced_tilings`) run alone, with
+    poisoned outputs, against the reference."""
+    from dataclasses import replace
+
+    from glue.backend_cuda.executor import CudaExecutable
+
+    fn, shapes = FORMS[form]
+    rng = np.random.default_rng(13)
+    args = [rng.standard_normal(s).astype(BF16) for s in shapes(*shape)]
+    closed = glue.make_ir(fn)(*args)
+    all_args = list(closed.consts) + args
+    with glue.config.override(autotune=True, cuda_poison=0xFF):
+        low = CudaBackend().lower(closed.graph, name="tilings", gemm="codegen")
+        program, ptx = low["llvm"], low["ptx"]
+        variants = sorted({launch.variant for launch in program.launches})
+        assert len(variants) > 1, variants
+        for variant in variants:
+            raced = {launch.group for launch in program.launches if launch.variant == variant}
+            alone = replace(program, launches=[replace(launch, variant="codegen") for launch in program.launches
+                                               if launch.variant == variant or launch.group not in raced])
+            outs = [np.asarray(o) for o in CudaExecutable(alone, ptx, "tilings")(*all_args)]
+            check_outputs(closed, all_args, outs, f"{form} {shape} {variant}")

@@ -57,7 +57,7 @@ from glue.backend_cuda.codegen.library import (LIBRARY_VARIANTS, kmajor_copy_sid
                                                scratch_bytes)
 from glue.backend_cuda.codegen.pointwise import emit_pointwise
 from glue.backend_cuda.codegen.rows import emit_rows
-from glue.backend_cuda.codegen.wgmma import emit_wgmma, tf32_copies, wgmma_plan
+from glue.backend_cuda.codegen.wgmma import emit_wgmma, raced_tilings, tf32_copies, tiling_name, wgmma_plan
 from glue.backend_cuda.ptx import DEFAULT_ARCH, ProgramPtx, checked, ptx_job
 from glue.codegen.scope import Analysis
 from glue.errors import BackendError
@@ -114,12 +114,13 @@ class _Recipe:
     aligned: bool = True               # operands start 16-byte aligned (else no vector access)
     part: str = ""                     # an attention kernel: which flash kernel (flash.PARTS)
     opt_level: int = 3                 # of the LLVM pipeline that compiles it
+    tiling: tuple[int, int] | None = None  # a warpgroup contraction's raced tiling (wgmma.raced_tilings)
 
     def emit(self) -> tuple[str, KernelShape]:
         module = ir.Module(name=self.symbol)
         places = tuple(dict.fromkeys(self.inputs + self.outputs + self.extra))
-        warpgroups = wgmma_plan(self.kernel, places, self.inputs, self.arch, self.aligned,
-                                may_split=bool(self.extra)) if self.kernel.kind == "contraction" else None
+        warpgroups = wgmma_plan(self.kernel, places, self.inputs, self.arch, self.aligned, may_split=bool(self.extra),
+                                tiling=self.tiling) if self.kernel.kind == "contraction" else None
         hopper_flash = hopper_flash_plan(self.kernel.call, self.part, places, self.inputs, self.arch, self.aligned) \
             if self.kernel.kind == "attention" else None
         on_warpgroups = warpgroups or hopper_flash  # (at most one applies: a contraction, or attention)
@@ -396,18 +397,18 @@ class _Builder:
         self._unsent.clear()
 
     def code(self, kernel: Kernel, inputs: list[Place], outputs: list[Place], columns: bool = False,
-             extra: tuple[Place, ...] = (), part: str = "") -> DeviceKernel:
+             extra: tuple[Place, ...] = (), part: str = "", tiling: tuple[int, int] | None = None) -> DeviceKernel:
         constant = sorted(i for i, p in enumerate(inputs) if p.kind == "argument" and p not in self.written)
         label = _symbol("_".join(kernel.ops[:5]) + (f"_{part}" if part else ""))[:60]
         # an attention kernel is its equation's facts (flash_spec), not the equation's variables
         keyed, what = (replace(kernel, call=None), repr(flash_spec(kernel.call))) if part else (kernel, "")
         key = self.keys(keyed, aliases(inputs + outputs + list(extra)), *self.context, f"constant inputs {constant}",
-                         f"columns={columns} working memory {len(extra)}", label, what)
+                         f"columns={columns} working memory {len(extra)} tiling {tiling}", label, what)
         found = self._by_key.get(key)
         if found is not None:
             return found
         recipe = _Recipe(kernel, f"glue_{label}_{key.hex()[:16]}", tuple(inputs), tuple(outputs), self.arch,
-                         self.written, columns, extra, self.aligned, part, self.opt_level)
+                         self.written, columns, extra, self.aligned, part, self.opt_level, tiling)
         start = time.perf_counter()
         found, source = _known.get(key), "memory"
         if found is None:
@@ -453,11 +454,12 @@ class _Builder:
                        tensor_maps=shape.tensor_maps)
 
     def launch(self, kernel: Kernel, inputs: list[Place], outputs: list[Place], group: int,
-               memory: _Memory | None = None, stream: int = 0, scratch_from: int = 0) -> Launch:
+               memory: _Memory | None = None, stream: int = 0, scratch_from: int = 0,
+               tiling: tuple[int, int] | None = None) -> Launch:
         """A launch of glue's own kernel over these places (a column reduction, or a warpgroup
         contraction splitting K, claims working memory from `memory`, on `stream`, from byte
         `scratch_from` of its scratch region; without it, a column reduction reduces by rows,
-        and a contraction does not split)."""
+        and a contraction does not split); a warpgroup contraction's in `tiling` where given."""
         columns, extra = False, ()
         if kernel.kind == "reduction" and memory is not None and self.aligned:
             plan = self.plans.get(kernel, lambda: ColumnPlan(kernel, Analysis()) if columns_fit(kernel, Analysis())
@@ -469,11 +471,12 @@ class _Builder:
         elif kernel.kind == "contraction" and memory is not None:
             places = tuple(dict.fromkeys(inputs + outputs))
             split = self.plans.get(kernel, lambda: wgmma_plan(kernel, places, tuple(inputs), self.arch, self.aligned,
-                                                              may_split=True), aliases(inputs + outputs))
+                                                              may_split=True, tiling=tiling),
+                                   aliases(inputs + outputs), tiling)
             if split is not None and split.splits > 1:
                 extra = (memory.claim_scratch(stream, split.partial_bytes, scratch_from),
                          memory.claim_counters(split.counter_bytes))
-        code = self.code(kernel, inputs, outputs, columns, extra)
+        code = self.code(kernel, inputs, outputs, columns, extra, tiling=tiling)
         copy = None
         if kernel.init is not None and inputs[kernel.init] != outputs[0]:
             copy = (outputs[0], inputs[kernel.init], kernel.outputs[0].type.nbytes)
@@ -482,25 +485,35 @@ class _Builder:
     def contraction_launches(self, spec: GemmSpec | None, kernel: Kernel, inputs: list[Place],
                              outputs: list[Place], group: int, memory: _Memory, stream: int, symbol: str
                              ) -> list[Launch]:
-        """glue's own launches of contraction kernel `group`: its kernel; or, for a float32
-        product on TF32 whose operands the warpgroup kernel cannot read in place
-        (`tf32_copies`), first a kernel writing each such operand K-major into the stream's
-        scratch region, then the warpgroup kernel reading them there."""
+        """glue's own launches of contraction kernel `group` (the variant "codegen"): its kernel;
+        or, for a float32 product on TF32 whose operands the warpgroup kernel cannot read in
+        place (`tf32_copies`), first a kernel writing each such operand K-major into the
+        stream's scratch region, then the warpgroup kernel reading them there. With
+        `config.autotune`, each other tiling of a warpgroup product worth racing
+        (`raced_tilings`) is a variant of its own ("codegen 128x192", ...), raced with the rest."""
+        product, read, copies, scratch_from = kernel, inputs, [], 0
         sides = tf32_copies(spec, self.arch)
         if sides:
-            product = product_of_written(spec, sides)
-            copies = [operand_kernel(spec, side, symbol, transposed=side == "b") for side in sides]
+            written = product_of_written(spec, sides)
+            operands = [operand_kernel(spec, side, symbol, transposed=side == "b") for side in sides]
             places, offset = [], 0
-            for copy in copies:
+            for operand in operands:
                 places.append(Place("scratch", stream, offset))
-                offset += scratch_bytes(copy.outputs[0].type)
-            read = inputs + places
-            if wgmma_plan(product, tuple(dict.fromkeys(read + outputs)), tuple(read), self.arch, self.aligned,
-                          may_split=True):
+                offset += scratch_bytes(operand.outputs[0].type)
+            if wgmma_plan(written, tuple(dict.fromkeys(inputs + places + outputs)), tuple(inputs + places), self.arch,
+                          self.aligned, may_split=True):
                 memory.claim_scratch(stream, offset)
-                written = [self.launch(copy, inputs, [place], group) for copy, place in zip(copies, places)]
-                return written + [self.launch(product, read, outputs, group, memory, stream, scratch_from=offset)]
-        return [self.launch(kernel, inputs, outputs, group, memory, stream)]
+                copies = [self.launch(operand, inputs, [place], group) for operand, place in zip(operands, places)]
+                product, read, scratch_from = written, inputs + places, offset
+        launches = copies + [self.launch(product, read, outputs, group, memory, stream, scratch_from)]
+        if not config.autotune:
+            return launches
+        for tiling in raced_tilings(product, tuple(dict.fromkeys(read + outputs)), tuple(read), self.arch,
+                                    self.aligned):
+            variant = f"codegen {tiling_name(tiling)}"
+            tiled = self.launch(product, read, outputs, group, memory, stream, scratch_from, tiling)
+            launches += [replace(launch, variant=variant) for launch in copies + [tiled]]
+        return launches
 
     def flash_launches(self, kernel: Kernel, inputs: list[Place], outputs: list[Place], group: int,
                        memory: _Memory, stream: int) -> list[Launch]:

@@ -72,6 +72,13 @@ MAX_SPLITS = 8
 # split tile's partials written, and then read back by the tile's last split (per split)
 FIXED_STEPS = 4
 PARTIAL_STEPS = 2
+# glue's own tilings of a product raced against each other (`raced_tilings`): the cost model's
+# choice and those it finds within RACE_MARGIN of it, RACED_TILINGS at most, for products of
+# RACE_FLOPS or more. Each is a kernel more to compile; below RACE_FLOPS (a 4096 x 512 x 256
+# product) a launch's fixed cost hides what a tiling changes.
+RACED_TILINGS = 3
+RACE_MARGIN = 1.25
+RACE_FLOPS = 1 << 30
 # Past this many operations and loads an element, the epilogue runs as a loop over the
 # accumulators (parked in local memory) instead of once per register pair: a fused AdamW update
 # (23) unrolled over a 256-wide tile's 64 pairs made 100 KB of PTX that took ptxas 2.5-3 s.
@@ -174,26 +181,24 @@ class WgmmaPlan:
                 f"warp-specialized {CONSUMERS}+1 warpgroups persistent{split}")
 
 
-def _tiling(batches: int, m: int, n: int, depth: int, bk: int, may_split: bool) -> tuple[int, int]:
-    """(tile width, splits of K) that finish first: the rounds of work units (a tile, or a
-    split of one) the persistent blocks take, times a unit's time: its steps of K and its fixed
-    cost (`FIXED_STEPS`; a split one also its partials), each step costing the tile's width
-    plus a quarter of its height (the A tile it loads whatever the width). On a tie the fewest
-    splits, then the widest. (A GPT-width product of N = 768 is 96 blocks 256 wide, 73% of the
-    multiprocessors, or 128 blocks 192 wide, 97%; its weight gradient, 768 x 768 over 4096
-    tokens, is 36 tiles 128 wide split in two: 72 units of 32 steps instead of 36 of 64.)
+def tilings(batches: int, m: int, n: int, depth: int, bk: int, may_split: bool) -> list[tuple[int, int]]:
+    """The (tile width, splits of K) the kernel may take, the cost model's fastest first: the
+    rounds of work units (a tile, or a split of one) the persistent blocks take, times a unit's
+    time: its steps of K and its fixed cost (`FIXED_STEPS`; a split one also its partials), each
+    step costing the tile's width plus a quarter of its height (the A tile it loads whatever
+    the width). On a tie the fewest splits, then the widest. (A GPT-width product of N = 768 is
+    96 blocks 256 wide, 73% of the multiprocessors, or 128 blocks 192 wide, 97%; its weight
+    gradient, 768 x 768 over 4096 tokens, is 36 tiles 128 wide split in two: 72 units of 32
+    steps instead of 36 of 64.)
 
     K splits only where the tiles are fewer than the multiprocessors, `may_split` (the kernel
     has working memory for the partials), in a divisor of K's steps (every split takes the same
     steps) leaving each split MIN_SPLIT_STEPS or more."""
+    return sorted(_choices(batches, m, n, depth, bk, may_split), key=lambda c: _cost(batches, m, n, depth, bk, c))
+
+
+def _choices(batches: int, m: int, n: int, depth: int, bk: int, may_split: bool) -> list[tuple[int, int]]:
     steps = -(-depth // bk)
-
-    def cost(choice: tuple[int, int]) -> tuple[int, int]:
-        width, splits = choice
-        units = batches * -(-m // BM) * -(-n // width) * splits
-        per_unit = steps // splits + FIXED_STEPS + (PARTIAL_STEPS * (splits + 1) if splits > 1 else 0)
-        return -(-units // SMS) * per_unit * (width + BM // 4), splits
-
     choices = []
     for width in WIDTHS:
         tiles = batches * -(-m // BM) * -(-n // width)
@@ -201,7 +206,17 @@ def _tiling(batches: int, m: int, n: int, depth: int, bk: int, may_split: bool) 
         if may_split and tiles < SMS:
             choices += [(width, s) for s in range(2, MAX_SPLITS + 1)
                         if steps % s == 0 and steps // s >= MIN_SPLIT_STEPS]
-    return min(choices, key=cost)
+    return choices
+
+
+def _cost(batches: int, m: int, n: int, depth: int, bk: int, choice: tuple[int, int]) -> tuple[int, int]:
+    """The cost model's time for a tiling (rounds of units, times a unit's steps, times the
+    columns a step loads), then its splits: the tie-break."""
+    width, splits = choice
+    steps = -(-depth // bk)
+    units = batches * -(-m // BM) * -(-n // width) * splits
+    per_unit = steps // splits + FIXED_STEPS + (PARTIAL_STEPS * (splits + 1) if splits > 1 else 0)
+    return -(-units // SMS) * per_unit * (width + BM // 4), splits
 
 
 def _side(view: View, param: int, is_a: bool, outer_size: int, depth: int, batches: int,
@@ -254,10 +269,11 @@ def tf32_copies(spec: GemmSpec | None, arch: str) -> tuple[str, ...]:
 
 
 def wgmma_plan(kernel: Kernel, places: tuple[Place, ...], inputs: tuple[Place, ...], arch: str,
-               aligned: bool, may_split: bool = False) -> WgmmaPlan | None:
+               aligned: bool, may_split: bool = False, tiling: tuple[int, int] | None = None) -> WgmmaPlan | None:
     """The warpgroup kernel for a contraction, or None where it does not apply (not sm_90a,
     operand types or layouts TMA cannot load, a product too small). `may_split`: the kernel
-    may have working memory (`partial_bytes`, `counter_bytes`) to split K over blocks."""
+    may have working memory (`partial_bytes`, `counter_bytes`) to split K over blocks.
+    `tiling` (width, splits) replaces the cost model's (`raced_tilings`)."""
     if not (aligned and _enabled(arch)):
         return None
     spec = gemm_spec(kernel)
@@ -268,9 +284,11 @@ def wgmma_plan(kernel: Kernel, places: tuple[Place, ...], inputs: tuple[Place, .
     if spec.a.dtype == dt.float32 and kernel.precision == "highest":  # full float32: no tensor cores
         return None
     batches, m, n, depth = spec.shape
-    width, splits = _tiling(batches, m, n, depth, _stage_k(_TYPES[spec.a.dtype]), may_split)
+    width, splits = tilings(batches, m, n, depth, _stage_k(_TYPES[spec.a.dtype]), may_split)[0]
     if batches * -(-m // BM) * -(-n // 128) * splits < MIN_BLOCKS:
         return None
+    if tiling is not None:
+        width, splits = tiling[0], tiling[1] if may_split else 1
     sides = [_side(view, places.index(inputs[view.buffer]), is_a, size, depth, batches, outer)
              for view, is_a, size, outer in ((spec.a, True, m, BM), (spec.b, False, n, width))]
     if None in sides:
@@ -279,6 +297,26 @@ def wgmma_plan(kernel: Kernel, places: tuple[Place, ...], inputs: tuple[Place, .
     stages = min(MAX_STAGES, (SHARED_LIMIT - hp.SWIZZLE_ATOM - 256) // (a.nbytes + b.nbytes))
     return WgmmaPlan(_TYPES[spec.a.dtype], width, stages, a, b, batches, m, n, depth, spec.batch, spec.m, spec.n,
                      splits)
+
+
+def raced_tilings(kernel: Kernel, places: tuple[Place, ...], inputs: tuple[Place, ...], arch: str,
+                  aligned: bool) -> list[tuple[int, int]]:
+    """The tilings of a warpgroup contraction that the executor races beside the cost model's
+    (`config.autotune`): the next cheapest, those the model puts within RACE_MARGIN of its
+    choice, RACED_TILINGS in all at most; none for a product under RACE_FLOPS or one the kernel
+    does not take."""
+    plan = wgmma_plan(kernel, places, inputs, arch, aligned, may_split=True)
+    if plan is None or 2 * plan.batches * plan.m * plan.n * plan.depth < RACE_FLOPS:
+        return []
+    shape = (plan.batches, plan.m, plan.n, plan.depth, plan.bk)
+    ranked = tilings(*shape, may_split=True)
+    best = _cost(*shape, ranked[0])[0]
+    return [c for c in ranked[1:RACED_TILINGS] if _cost(*shape, c)[0] <= RACE_MARGIN * best]
+
+
+def tiling_name(tiling: tuple[int, int]) -> str:
+    width, splits = tiling
+    return f"{BM}x{width}" + (f" split-k {splits}" if splits > 1 else "")
 
 
 class _Ring:
@@ -572,4 +610,5 @@ def _epilogue(ke: KernelEmitter, plan: WgmmaPlan, accs: list[ir.Value], tid, war
     loop(b, 0, plan.width // 8, body, [], name="epilogue", vectorize=False, unroll=1)
 
 
-__all__ = ["COPY_FLOPS", "WgmmaPlan", "emit_wgmma", "tf32_copies", "wgmma_plan"]
+__all__ = ["COPY_FLOPS", "WgmmaPlan", "emit_wgmma", "raced_tilings", "tf32_copies", "tiling_name", "tilings",
+           "wgmma_plan"]
