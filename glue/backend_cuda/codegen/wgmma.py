@@ -37,7 +37,7 @@ a K-major row, or 16 rows (2 KiB) down an MN-major tile.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from llvmlite import ir
@@ -304,14 +304,18 @@ def raced_tilings(kernel: Kernel, places: tuple[Place, ...], inputs: tuple[Place
     """The tilings of a warpgroup contraction that the executor races beside the cost model's
     (`config.autotune`): the next cheapest, those the model puts within RACE_MARGIN of its
     choice, RACED_TILINGS in all at most; none for a product under RACE_FLOPS or one the kernel
-    does not take."""
+    does not take. A tiling whose split partials would take more working memory than the
+    model's choice is not raced: the stream's scratch region is sized before the race, for
+    every variant (a GPT-2-width step's grew from 2 to 60 MiB when they were)."""
     plan = wgmma_plan(kernel, places, inputs, arch, aligned, may_split=True)
     if plan is None or 2 * plan.batches * plan.m * plan.n * plan.depth < RACE_FLOPS:
         return []
     shape = (plan.batches, plan.m, plan.n, plan.depth, plan.bk)
-    ranked = tilings(*shape, may_split=True)
+    ranked = tilings(*shape, may_split=True)[:RACED_TILINGS]
     best = _cost(*shape, ranked[0])[0]
-    return [c for c in ranked[1:RACED_TILINGS] if _cost(*shape, c)[0] <= RACE_MARGIN * best]
+    return [(width, splits) for width, splits in ranked[1:]
+            if _cost(*shape, (width, splits))[0] <= RACE_MARGIN * best
+            and replace(plan, width=width, splits=splits).partial_bytes <= plan.partial_bytes]
 
 
 def tiling_name(tiling: tuple[int, int]) -> str:
