@@ -235,9 +235,9 @@ def test_profiling_debug_timing_and_reference_checks_take_the_usual_path(stub, t
     _, lean = runs_lean(lambda: add(z))
     assert lean
     compiled.check = True  # (the stub computes nothing to compare: the lean call is off)
-    assert compiled.lean((z,)) is None
+    assert compiled.lean((z,), None) is None
     compiled.check = False
-    assert compiled.lean((z,)) is not None
+    assert compiled.lean((z,), None) is not None
 
 
 def test_poisoning_and_graphs_off_take_the_usual_path(stub):
@@ -306,7 +306,7 @@ def test_an_argument_of_another_type_at_a_remembered_address_takes_the_usual_pat
     neg16, add = glue.jit(lambda v: -v, backend="cuda"), glue.jit(lambda v: v + 1, backend="cuda")
     x = neg16(device(np.ones(16)))  # a program's output: written on stream 0
     add(x), add(x)
-    assert any(place[0][0] == x._device.ptr for place in executable(add)._lean)
+    assert any(key[0] == x._device.ptr for key in executable(add)._lean)
     address, neg8, x8 = x._device.ptr, glue.jit(lambda v: -v, backend="cuda"), device(np.ones(8))
     del neg16, x  # the program lets its sets go, and x's block goes back to the allocator
     y = neg8(x8)  # float32[8] at the same address, ordered on stream 0
