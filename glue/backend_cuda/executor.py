@@ -641,12 +641,13 @@ def _lean_call(exe: CudaExecutable) -> Callable[..., list[DeviceBuffer] | None]:
     The results are the outputs, or picked from the arguments and outputs as `__call__` picks
     them (`direct_picks`: donated arguments are results in place). No argument's buffer is a
     donated position's too: the call it remembers had a buffer of its own at each donated
-    position (the frontend copies an Array passed twice), and live buffers of distinct memory
-    have distinct addresses, so a call on those addresses has distinct buffers there (but
-    buffers of no bytes, which may share an address and have nothing to overwrite). What an entry of
-    `exe._lean` assumed changes only where `_lean` is cleared: a set let go (OutputSets'
-    `on_release`), a graph evicted, graphs turned off, poisoning turned on. Device pointers
-    are unique in the process (unified addressing): equal addresses are the same memory.
+    position (the frontend's usual path copies an Array passed twice), and live buffers of
+    distinct memory have distinct addresses, so a call on those addresses has distinct
+    buffers there (but buffers of no bytes, which may share an address and have nothing to
+    overwrite). What an entry of `exe._lean` assumed changes only where `_lean` is cleared: a
+    set let go (OutputSets' `on_release`), a graph evicted, graphs turned off, poisoning
+    turned on. Device pointers are unique in the process (unified addressing): equal
+    addresses are the same memory.
     Made once per executable with what each call needs at hand (the closure holds no reference
     to `exe`, so that dropping the executable frees it)."""
     entries, stats, lock = exe._lean, exe.graph_stats, exe.ctx.enqueue_lock
