@@ -27,7 +27,7 @@ from tests.backend_cuda import stub_driver
 LEAN = {"Jitted.__call__", "_lean_call.<locals>.lean", "_lean_call.<locals>.lean_call"}
 GENERAL = "CudaExecutable.__call__"
 # Bytecodes of glue's own a cached tiny call may run (CPython 3.11 ran 489 on the usual path
-# and runs 199 on the lean one; later versions run fewer): a guard against the lean path
+# and runs 228 on the lean one; later versions run fewer): a guard against the lean path
 # growing back, not a measurement.
 MAX_OPCODES = 260
 GLUE = os.path.dirname(glue.__file__) + os.sep
