@@ -18,7 +18,6 @@ launch). It uses no glue internals: copied into another checkout, it measures th
 from __future__ import annotations
 
 import argparse
-import collections
 import contextlib
 import os
 import statistics
