@@ -234,7 +234,7 @@ def host_path() -> list[tuple[str, float]]:
 
     rows = [
         ("jit call (whole path)", _median_us(lambda: add(z), 5000)),
-        ("lean call (frontend + executable)", _median_us(lambda: compiled.lean((z,)), 5000)),
+        ("lean call (frontend + executable)", _median_us(lambda: compiled.lean((z,), None), 5000)),
         ("executable lean_call", _median_us(lambda: exe.lean_call([z.buffer]), 5000)),
         ("Compiled.call_tree (usual path)", _median_us(lambda: compiled.call_tree([z]), 5000)),
         ("executable call (usual path)", _median_us(lambda: exe(z.buffer), 5000)),

@@ -41,11 +41,12 @@ from glue.scheduler.plan import Plan, place, prepare
 class Executable(Protocol):
     """A compiled program: call it with the arguments (constvars' values, then invars').
 
-    It may also have a `lean_call(buffers) -> list | None`, which jit tries first for calls
-    with no constants or donation: it runs a call on these argument buffers (of the program's
-    argument types, which the caller has checked) and returns the output buffers, when the
-    call is a cheap one such as a loop's repeated call (CudaExecutable: one graph replay), and
-    returns None having done nothing otherwise."""
+    It may also have a `lean_call(buffers, hosts) -> list | None`, which jit tries first: it
+    runs a call on these argument buffers (of the program's argument types, which the caller
+    has checked; host scalars at the positions `hosts`; at donated positions buffers the
+    caller gives up) and returns the result buffers, when the call is a cheap one such as a
+    loop's repeated call (CudaExecutable: one graph replay), and returns None having done
+    nothing otherwise."""
 
     kernels: list[Any]
 

@@ -54,6 +54,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from operator import attrgetter
 from sys import getrefcount
+from types import SimpleNamespace
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -81,7 +82,6 @@ from glue.settings import config
 
 log = logging.getLogger("glue")
 _PTR, _SHAPE, _DTYPE, _STREAM, _WAITED_ON = map(attrgetter, ("ptr", "shape", "dtype", "stream", "waited_on"))
-_PLACE = attrgetter("ptr", "waited_on")  # an argument's part of a lean call's key
 
 GRAPH_CACHE = 8  # graphs kept per executable (distinct sets of buffer addresses)
 # Host values (a step count, a learning rate, a small batch) up to this size are copied into a
@@ -89,6 +89,7 @@ GRAPH_CACHE = 8  # graphs kept per executable (distinct sets of buffer addresses
 # addresses stay the same, so its graph replays. A fresh buffer per call would make every call a
 # new capture, and past a few of those the program launches its kernels one by one.
 STAGED_BYTES = DIRECT_MAX
+SCALAR_SLOT = 16  # bytes between the slots of a program's host scalars (see `_ScalarSlots`)
 LIST_CHECKS = 8  # arguments from which a call checks them a list at a time (see `_arguments`)
 
 
@@ -122,6 +123,26 @@ class _Step:
         return pointers
 
 
+class _ScalarSlots:
+    """Where a program's host scalars (a step count, a learning rate, AdamW's bias corrections)
+    are copied in: a slot per 0-d argument that is not a donated result, all carved from one
+    block, and that block's bytes on the host (`host`, typed by `views`). A usual call copies a
+    scalar into its slot (`_to_device` stages it there); a lean call writes its scalars into the
+    host bytes and copies the whole block in one driver call. The slots it did not write get
+    what the host bytes last held for them: no kernel of that call reads them (it reads those
+    arguments elsewhere), and the calls queued before it have read them already."""
+
+    def __init__(self, arg_types: Sequence[TensorType], unstaged: set[int], stream: Stream):
+        at = [i for i, t in enumerate(arg_types) if not t.shape and i not in unstaged]
+        layout = [((), arg_types[i].dtype, arg_types[i].nbytes, SCALAR_SLOT * k) for k, i in enumerate(at)]
+        self.nbytes = SCALAR_SLOT * len(at)
+        self.slots = dict(zip(at, DeviceBuffer.pieces(layout, self.nbytes, stream) if at else []))
+        self.host = np.zeros(self.nbytes, np.uint8)
+        self.views = {i: self.host[off:off + n].view(t.numpy).reshape(())
+                      for i, (_, t, n, off) in zip(at, layout)}
+        self.ptr = self.slots[at[0]].ptr if at else 0
+
+
 @dataclass
 class GraphStats:
     replays: int = 0
@@ -143,9 +164,9 @@ class CudaExecutable:
         self.streams = self.ctx.compute_streams(plan.n_streams)
         self.stream = self.streams[0]
         self._cost: CostAnalysis | None = None  # estimated when first asked for
-        # Lean calls (`lean_call`): the arguments' `_PLACE`s -> (output set, its block, graph
+        # Lean calls (`lean_call`): the arguments' addresses -> (output set, its block, graph
         # exec, graph key) of the graph calls that ran on them; forgotten where one could go stale.
-        self._lean: dict[tuple, list[tuple[list[DeviceBuffer], Any, int, tuple[int, ...]]]] = {}
+        self._lean: dict[tuple[int, ...], list[tuple[list[DeviceBuffer], Any, Any, tuple[int, ...]]]] = {}
         self._poison_byte: int | None = config.cuda_poison
         self._use_graphs: bool = config.cuda_graphs
         self.use_dependent = config.cuda_pdl
@@ -204,16 +225,18 @@ class CudaExecutable:
         self._results, self._homes = _homed(program.results, program.plan.memory.spare_donors, program.arg_types)
         # A donated argument's buffer becomes a result, which the next call must not overwrite.
         self._unstaged = {r.slot for r in self._results if r.kind == "donated"}
+        self._scalars = _ScalarSlots(program.arg_types, self._unstaged, self.stream)
+        self._staging.update(self._scalars.slots)
         self._picks = direct_picks(self._results, program.arg_types)
         # The commonest case of all: the results are the fresh outputs, in order.
         n_args = len(program.arg_types)
         self._just_outputs = self._picks == (list(range(n_args, n_args + len(self._out_layout))), [])
         self._copy = drv.load().cuMemcpyDtoDAsync
-        # Lean calls replay graphs into fresh outputs that are the results: a program whose
-        # results are more, or that launches directly from the start (graphs off, or a
-        # while_loop's host steps), has none.
-        self.lean_call: Callable[[list[DeviceBuffer]], list[DeviceBuffer] | None] | None = \
-            _lean_call(self) if self._just_outputs and self._out_layout and self._use_graphs else None
+        # Lean calls replay graphs whose results are fresh outputs and donated arguments: a
+        # program whose results need more (copies, literals), or that launches directly from the
+        # start (graphs off, or a while_loop's host steps), has none.
+        self.lean_call: Callable[..., list[DeviceBuffer] | None] | None = \
+            _lean_call(self) if self._picks is not None and self._use_graphs else None
 
     @property
     def poison(self) -> int | None:
@@ -433,7 +456,7 @@ class CudaExecutable:
             if graph is None:
                 self.graph_stats.direct += 1
                 self._enqueue(self._bases(buffers, outputs), buffers, prof)
-            elif self.lean_call is not None and not staged and self._poison_byte is None:
+            elif self.lean_call is not None and self._poison_byte is None:
                 self._remember_lean(buffers, chosen, graph, key)
         if self._just_outputs:
             return outputs
@@ -453,11 +476,11 @@ class CudaExecutable:
         call passes one): a lean call whose arguments sit at the addresses of `buffers` and are
         ordered on stream 0, as these now are, may replay it into that set (the graph reads and
         writes those addresses, whoever holds them now)."""
-        candidates = self._lean.setdefault(tuple(map(_PLACE, buffers)), [])
+        candidates = self._lean.setdefault(tuple(map(_PTR, buffers)), [])
         for known in candidates:
             if known[0] is chosen:
                 return
-        candidates.append((chosen, chosen[0]._block, graph.exec, key))
+        candidates.append((chosen, chosen[0]._block if chosen else _NO_BLOCK, graph.exec_handle, key))
 
     def _poison(self, outputs: list[DeviceBuffer]) -> None:
         """Fill the outputs and the arena with the poison byte, so that a value no kernel wrote
@@ -590,55 +613,94 @@ class CudaExecutable:
         return self._cost
 
 
-def _lean_call(exe: CudaExecutable) -> Callable[[list[DeviceBuffer]], list[DeviceBuffer] | None]:
-    """The lean call of `exe` (`exe.lean_call(buffers)`): the call of a loop that runs what an
-    earlier call ran, as one graph replay and little else. It returns the outputs, or None,
-    having done nothing, where the call needs more (then call the executable). The caller
-    vouches that `buffers` have the argument types (the frontend compares its Arrays' avals).
+# The block of a call without fresh outputs (its results are all donated arguments): no other
+# stream used it.
+_NO_BLOCK = SimpleNamespace(other_streams=())
+
+
+def _lean_call(exe: CudaExecutable) -> Callable[..., list[DeviceBuffer] | None]:
+    """The lean call of `exe` (`exe.lean_call(buffers, hosts)`): the call of a loop that runs
+    what an earlier call ran, as one graph replay and little else. It returns the results, or
+    None, having done nothing, where the call needs more (then call the executable). The caller
+    vouches that `buffers` have the argument types (the frontend compares its Arrays' avals and
+    its scalars' classes) and that it owns the buffers at donated positions; `hosts` are the
+    positions of host scalars (NumPy scalars, Python floats and bools) among them, which are
+    copied into their slots (`_ScalarSlots`) in one driver call before the replay.
 
     It replays a graph that an earlier call (`__call__`, through `_remember_lean`) replayed or
     captured on these argument addresses, into an output set of that call's, and asks:
     - no profile is open: a profiled call launches its kernels one by one, timed;
-    - every argument is a device buffer that stream 0 is already ordered after: the entries are
-      keyed by each argument's address and the stream its last write is ordered on (`_PLACE`:
-      ptr, waited_on), which a host value or a donated Array's None does not have; an argument
-      written elsewhere must be waited for first, a host value uploaded;
+    - every argument but the scalars is a device buffer that stream 0 is already ordered after
+      (`waited_on`), as every argument of the call it remembers was once that call had run: an
+      argument written elsewhere must be waited for first, another host value (no `ptr`)
+      uploaded; a host scalar's slot has stream 0's order (only stream 0 writes it);
     - an output set that went with these addresses is free (only its list holds its buffers, as
       `OutputSets.take` asks) and no other stream used its block (there the allocator, not
-      stream order, keeps its reuse safe); its buffers are then made pending on stream 0, as
-      `take` makes them.
-    What an entry of `exe._lean` assumed changes only where `_lean` is cleared: a set let go
-    (OutputSets' `on_release`), a graph evicted, graphs turned off, poisoning turned on. Device
-    pointers are unique in the process (unified addressing): equal addresses are the same memory.
+      stream order, keeps its reuse safe); its buffers, and the donated arguments the graph
+      overwrites, are then made pending on stream 0, as `take` and `__call__` make them.
+    The results are the outputs, or picked from the arguments and outputs as `__call__` picks
+    them (`direct_picks`: donated arguments are results in place). No argument's buffer is a
+    donated position's too: the call it remembers had a buffer of its own at each donated
+    position (the frontend's usual path copies an Array passed twice), and live buffers of
+    distinct memory have distinct addresses, so a call on those addresses has distinct
+    buffers there (but buffers of no bytes, which may share an address and have nothing to
+    overwrite). What an entry of `exe._lean` assumed changes only where `_lean` is cleared: a
+    set let go (OutputSets' `on_release`), a graph evicted, graphs turned off, poisoning
+    turned on. Device pointers are unique in the process (unified addressing): equal
+    addresses are the same memory.
     Made once per executable with what each call needs at hand (the closure holds no reference
     to `exe`, so that dropping the executable frees it)."""
     entries, stats, lock = exe._lean, exe.graph_stats, exe.ctx.enqueue_lock
     most_recent, unheld = exe._graphs.move_to_end, exe._outputs.unheld
-    launch, stream, handle, name = drv.load().cuGraphLaunch, exe.stream, exe.stream.handle, exe.name
+    driver, stream, name = drv.load(), exe.stream, exe.name
+    # (the binding makes a CUstream of an int handle at every call; this one is made once)
+    launch, handle = driver.cuGraphLaunch, driver.CUstream(stream.handle)
     active, pending = profiler.active, DeviceBuffer.mark_all_pending
+    picks, donated = (None, ()) if exe._just_outputs else exe._picks
+    ordered = [stream] * len(exe.program.arg_types)  # every argument's `waited_on` in a call it can serve
+    scalars = exe._scalars
+    staged = {i: (scalars.views[i], slot) for i, slot in scalars.slots.items()}
+    copy_in, scalars_at, scalars_from, scalar_bytes = \
+        driver.cuMemcpyHtoDAsync, scalars.ptr, scalars.host.ctypes.data, scalars.nbytes
 
-    def lean_call(buffers: list[DeviceBuffer]) -> list[DeviceBuffer] | None:
+    def lean_call(buffers: list[Any], hosts: Sequence[int] = ()) -> list[DeviceBuffer] | None:
         if active() is not None:
             return None
+        for i in hosts:  # host scalars: into the host bytes of their slots, which stand in for them
+            view_slot = staged.get(i)
+            if view_slot is None:
+                return None
+            view_slot[0][()] = buffers[i]
+            buffers[i] = view_slot[1]
         try:
-            places = tuple(map(_PLACE, buffers))
+            key = tuple(map(_PTR, buffers))
         except AttributeError:  # not a device buffer
             return None
+        if list(map(_WAITED_ON, buffers)) != ordered:
+            return None
         with lock:  # (entries change under it: a set let go is forgotten before anyone reuses its block)
-            for chosen, block, graph_exec, key in entries.get(places, ()):
+            for chosen, block, graph_exec, graph_key in entries.get(key, ()):
                 if list(map(getrefcount, chosen)) == unheld and not block.other_streams:
                     break
             else:
                 return None
             outputs = chosen[:]  # held now: no other call takes the set once the lock is let go
-            pending(outputs, stream)  # written next, as OutputSets.take hands a set out
+            # written next: the set, as OutputSets.take hands it out, and the donated arguments
+            pending(outputs + list(map(buffers.__getitem__, donated)) if donated else outputs, stream)
+            if hosts:
+                err, = copy_in(scalars_at, scalars_from, scalar_bytes, handle)
+                if err:
+                    raise drv.error_for("cuMemcpyHtoDAsync", err, detail=f"the host scalars of {name}")
             err, = launch(graph_exec, handle)  # (Graph.launch, inline)
             if err:
                 raise drv.error_for("cuGraphLaunch", err, detail=f"a replay of {name} on {stream}")
-            most_recent(key)  # (counted as `_replay` counts a replay)
+            most_recent(graph_key)  # (counted as `_replay` counts a replay)
             stats.replays += 1
             stats.captures_in_a_row = 0
+        if picks is None:
             return outputs
+        every = buffers + outputs
+        return list(map(every.__getitem__, picks))
 
     return lean_call
 

@@ -33,14 +33,15 @@ import numpy as np
 from glue import profiler
 from glue.backend import Backend, Lowering, get_backend
 from glue.errors import GlueError, describe_location, user_frame_location
-from glue.frontend.array import Array, buffers_of, device_buffer_of, wrap_results
-from glue.frontend.pytree import LEAF, PyTreeDef, flatten_call, leaf_paths, tree_flatten, tree_unflatten
+from glue.frontend.array import Array, buffers_of, delete_all, device_buffer_of, wrap_results
+from glue.frontend.pytree import LEAF, PyTreeDef, flatten_call, leaf_paths, tree_flatten, tree_unflatten, unflattener
 from glue.frontend.tracing import Tracer, current_trace, open_traces, trace_flat, type_of
 from glue.frontend.transforms.inline import inline
 from glue.ir import ClosedGraph, TensorType
 from glue.settings import config
 
 _AVAL = attrgetter("aval")
+_DEVICE = itertools.repeat("_device")
 log = logging.getLogger("glue")
 
 _DUMP_COUNT = itertools.count()
@@ -338,26 +339,31 @@ class Compiled:
         # is, would otherwise be copied in again at every call.
         self._consts = tuple(_resident(self._backend, c) for c in lowered.closed.consts)
         self._out_tree = lowered.out_tree
+        self._unflatten = unflattener(lowered.out_tree)
         # A program that prints returns its effect token last; the caller does not see it.
         self._n_results = lowered.out_tree.num_leaves
         self._donated = lowered.donated
         # what a donated Array says it went to, made once (a step donates a hundred leaves a call)
         self._donated_to = [f"{lowered.name} (argument {i} of its flattened inputs)" for i in lowered.donated]
-        # An output whose type equals an argument type gets that very TensorType object as its
-        # aval, so when a loop feeds it back in, the cache lookup compares types by identity.
+        # One TensorType object per distinct argument type (`arg_avals`, per argument): outputs
+        # of such a type get it as their aval, and so do the Arrays of a call that sets the hot
+        # signature (`Jitted._call`), so that a loop's checks compare types by identity.
         arg_types = {t: t for t in lowered.signature.types}
+        self.arg_avals = [arg_types[t] for t in lowered.signature.types]
         self._avals = [arg_types.get(t, t) for t in lowered.closed.graph.out_types]
+        # No effect token to drop from the results.
+        self._all_results = self._n_results == len(self._avals)
         # A call with no donation or effect token (and, checked per call, no reference check or
         # debug timing): the usual one. (Captured constants are buffers of the backend by now.)
-        self._plain = not self._donated and self._n_results == len(self._avals)
-        # The lean call (`_lean_call`), where the backend has one (`lean_call`), the call is
-        # plain and the arguments are leaves or flat lists or tuples of them; `lean` is it while
-        # no reference check or debug timing is on (else `_no_lean`).
-        launch = getattr(executable, "lean_call", None) if self._plain else None
+        self._plain = not self._donated and self._all_results
+        # The lean call (`_lean_call`), where the backend has one (`lean_call`), the program
+        # returns no effect token and the arguments are leaves or flat lists or tuples of them;
+        # `lean` is it while no reference check or debug timing is on (else `_no_lean`).
+        launch = getattr(executable, "lean_call", None) if self._all_results else None
         layout = _layout(lowered.signature) if launch is not None else None
         self._lean_fn = None if layout is None else _lean_call(
-            launch, layout, [arg_types[t] for t in lowered.signature.types], self._avals, self._out_tree,
-            list(self._consts))
+            launch, layout, self.arg_avals, self._avals, self._out_tree, list(self._consts),
+            self._donated, self._donated_to)
         self.has_lean = self._lean_fn is not None
         self._arm()
 
@@ -450,7 +456,7 @@ class Compiled:
             outs = wrap_results(self.executable(*self._consts, *buffers_of(leaves)), self._avals)
         else:
             outs = self.call_flat(leaves)
-        return outs[0] if self._out_tree is LEAF else tree_unflatten(self._out_tree, outs)
+        return self._unflatten(outs)
 
     def call_flat(self, leaves: Sequence[Any]) -> list[Array]:
         """Run on the flat dynamic leaves; one Array per output."""
@@ -487,8 +493,11 @@ class Compiled:
         # A leaf passed twice must not be overwritten through one position while the other is
         # read; the usual call passes every leaf once, which one set tells.
         seen = collections.Counter(map(id, leaves)) if len(set(map(id, leaves))) < len(leaves) else None
-        for i, donated_to in zip(self._donated, self._donated_to):
-            a = leaves[i]
+        donated = list(map(leaves.__getitem__, self._donated))
+        if seen is None and list(map(type, donated)).count(Array) == len(donated):  # (the usual call)
+            delete_all(donated, self._donated_to)
+            return
+        for i, a, donated_to in zip(self._donated, donated, self._donated_to):
             if a.__class__ is Array:
                 if seen is not None and seen[id(a)] > 1:
                     buffers[i] = self._backend.private_copy(buffers[i])
@@ -517,7 +526,7 @@ class Compiled:
 
 def _lean_call(launch: Callable[[list[Any]], list[Any] | None], layout: list[tuple[type, int] | None],
                arg_avals: list[TensorType], out_avals: list[TensorType], out_tree: PyTreeDef,
-               consts: list[Any]) -> Callable[[tuple], Any]:
+               consts: list[Any], donated: tuple[int, ...], donated_to: list[str]) -> Callable[[tuple], Any]:
     """A program's lean call (JAX's C++ dispatch, in Python): `lean(args)` runs a call of the
     jitted function through the backend's lean call (`launch`: CudaExecutable.lean_call) and
     returns its results, or returns None, having done nothing, where the call needs the usual
@@ -526,44 +535,63 @@ def _lean_call(launch: Callable[[list[Any]], list[Any] | None], layout: list[tup
     - in `Jitted.__call__`: no keywords, and the settings tracing reads unchanged since this
       program ran (`config.trace_version`), which with the checks here make the call's
       Signature this program's; no trace open: a jitted call inside a trace is traced through;
-    - in `Compiled`: no donation or effect token (then the backend has more to do than run the
-      program), no static arguments (`_layout`: their values would need comparing) and, while
+    - in `Compiled`: no effect token (then the backend has more to do than run the program),
+      no static arguments (`_layout`: their values would need comparing) and, while
       `Compiled.lean` is this, no reference check or debug timing; captured constants (`consts`,
       the backend's buffers since the program was compiled) go before the arguments;
     - here: the arguments in the program's `layout` (lists and tuples of their class and
       length), every leaf an Array (`device_buffer_of` raises TypeError for anything else) of
-      the program's argument type (a list at a time; a loop's results fed back carry these
-      very type objects, `arg_avals`, so they compare by identity).
-    The backend checks its buffers (see the cuda executor's `_lean_call`). The outputs become
-    Arrays as `wrap_results` makes them; a single output here, without its list and loop (they
-    were a fifth of a tiny call's bytecodes)."""
+      the program's argument type (a list at a time; a loop's results fed back, and the Arrays
+      of the call that made this program the hot one, carry these very type objects,
+      `arg_avals`, so they compare by identity); or, where the hot call (`hot`, from
+      `_array_layout`) passed host scalars, whose class fixes their type, the leaves of the
+      hot call's classes, its Arrays of its types (`_same_arrays`) and no scalar at a donated
+      position: the backend gets the scalars and where they are (`hosts`).
+    The backend checks its buffers (see the cuda executor's `_lean_call`): a host Array's or a
+    deleted Array's (None) takes the usual path, which uploads it or says where it was donated,
+    as an Array passed at two positions, one donated, does (the usual path copies it there).
+    Once the call is queued the donated Arrays (`donated`: leaf positions) are deleted, as
+    `Compiled._donate` deletes them.
+    The outputs become Arrays as `wrap_results` makes them; a single output here, without its
+    list and loop (they were a fifth of a tiny call's bytecodes)."""
     flat = not any(layout)  # every argument a leaf: the arguments are the leaves
-    single = out_tree is LEAF
+    single, unflatten = out_tree is LEAF, unflattener(out_tree)
+    kept = frozenset(donated)  # (a donated scalar takes the usual path, which copies it)
     new, out_aval = Array.__new__, out_avals[0] if out_avals else None
 
-    def lean(args: tuple) -> Any:
+    def lean(args: tuple, hot: tuple | None) -> Any:
         leaves = args if flat else _laid_out(args, layout)
         try:
             buffers = list(map(device_buffer_of, leaves))
         except TypeError:  # a leaf that is not an Array, or arguments not in the layout (None)
-            return None
-        if list(map(_AVAL, leaves)) != arg_avals:
-            return None
-        outputs = launch(consts + buffers if consts else buffers)
+            leaves = _same_arrays(args, hot) if hot is not None and hot[4] else None
+            if leaves is None or (donated and not kept.isdisjoint(hot[4])):
+                return None
+            # the Arrays' buffers and the scalars themselves (which have no `_device`)
+            buffers, hosts = list(map(getattr, leaves, _DEVICE, leaves)), hot[4]
+            if consts:
+                hosts = [i + len(consts) for i in hosts]
+        else:
+            if list(map(_AVAL, leaves)) != arg_avals:
+                return None
+            hosts = ()
+        outputs = launch(consts + buffers if consts else buffers, hosts)
         if outputs is None:
             return None
+        if donated:
+            delete_all(list(map(leaves.__getitem__, donated)), donated_to)
         if single:
             array = new(Array)
             array._device = outputs[0]
             array.aval = out_aval
             array._value = array._donated_to = None
             return array
-        return tree_unflatten(out_tree, wrap_results(outputs, out_avals))
+        return unflatten(wrap_results(outputs, out_avals))
 
     return lean
 
 
-def _no_lean(args: tuple) -> None:
+def _no_lean(args: tuple, hot: tuple | None) -> None:
     """`Compiled.lean` where there is no lean call (or while it is off): every call takes the
     usual path."""
     return None
@@ -593,8 +621,8 @@ class Jitted:
         # a call passing Arrays of those types and scalars of those classes in that layout takes
         # the same program.
         self._hot: tuple[Signature | None, Any, tuple | None, int] = (None, None, None, -1)
-        self._latest: tuple[Compiled | None, int] = (None, -1)  # the latest program with a lean call, and
-                                                                # the trace_version then
+        # The latest program with a lean call, the trace_version then and the hot layout.
+        self._latest: tuple[Compiled | None, int, tuple | None] = (None, -1, None)
         self._last: Signature | None = None
 
     @property
@@ -644,9 +672,9 @@ class Jitted:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         # The lean call (`_lean_call`: what it checks and why) of the program the latest call
         # ran, while the settings tracing reads are as they were then (`version`; -1: none).
-        compiled, version = self._latest
+        compiled, version, hot = self._latest
         if version == config.trace_version and not kwargs and not open_traces.traces:
-            out = compiled.lean(args)
+            out = compiled.lean(args, hot)
             if out is not None:
                 return out
         return self._call(args, kwargs)
@@ -665,9 +693,9 @@ class Jitted:
                 compiled = self._compiled.get(sig)
                 if compiled is None:
                     compiled = self._compiled[sig] = self.lower(*args, **kwargs).compile()
-            version = config.trace_version
-            self._hot = (sig, compiled, _array_layout(leaves, sig), version)
-            self._latest = (compiled, version) if compiled.has_lean else (None, -1)
+            version, hot = config.trace_version, _array_layout(leaves, sig, compiled.arg_avals)
+            self._hot = (sig, compiled, hot, version)
+            self._latest = (compiled, version, hot) if compiled.has_lean else (None, -1, None)
         if profiler.active() is None:
             return compiled.call_tree(leaves)
         with profiler.span("call", self.name):
@@ -691,20 +719,24 @@ def _layout(sig: Signature) -> list[tuple[type, int] | None] | None:
     return layout
 
 
-def _array_layout(leaves: Sequence[Any], sig: Signature) -> tuple | None:
-    """(layout, classes, array positions, avals) when the arguments are laid out as `_layout`
-    allows and every leaf is a hot leaf (a glue.Array, or a scalar whose class fixes its type: a
-    NumPy scalar, a Python float or bool): the layout (None where every argument is a leaf),
-    the leaves' classes, where the Arrays are among them (None: everywhere) and their avals.
-    Else None."""
+def _array_layout(leaves: Sequence[Any], sig: Signature, arg_avals: list[TensorType]) -> tuple | None:
+    """(layout, classes, array positions, avals, scalar positions) when the arguments are laid
+    out as `_layout` allows and every leaf is a hot leaf (a glue.Array, or a scalar whose class
+    fixes its type: a NumPy scalar, a Python float or bool): the layout (None where every
+    argument is a leaf), the leaves' classes, where the Arrays are among them (None:
+    everywhere) and where the scalars are (a tuple), and the Arrays' avals,
+    the program's `arg_avals` (`Compiled.arg_avals`), which the Arrays take as theirs (equal
+    types: the signature is the program's), so that a loop's fixed arguments compare by
+    identity from now on, as its results fed back do. Else None."""
     layout = _layout(sig)
     if layout is None or not all(map(_hot_leaf, leaves)):
         return None
     classes = [x.__class__ for x in leaves]
     at = [i for i, c in enumerate(classes) if c is Array]
-    arrays = [leaves[i] for i in at]
+    for i in at:
+        leaves[i].aval = arg_avals[i]
     return (layout if any(layout) else None), classes, (None if len(at) == len(leaves) else at), \
-        list(map(_AVAL, arrays))
+        [arg_avals[i] for i in at], tuple(i for i, c in enumerate(classes) if c is not Array)
 
 
 def _hot_leaf(x: Any) -> bool:
@@ -732,7 +764,7 @@ def _same_arrays(args: tuple, hot: tuple) -> Sequence[Any] | None:
     """The leaves of `args` if they have the layout of `hot` (from `_array_layout`): the same
     classes, and Arrays of the same avals (compared a list at a time: a loop passes back the very
     TensorType objects, which compare by identity before anything else), else None."""
-    layout, classes, at, avals = hot
+    layout, classes, at, avals, _ = hot
     leaves = args if layout is None else _laid_out(args, layout)
     if leaves is None or list(map(type, leaves)) != classes:
         return None

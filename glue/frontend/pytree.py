@@ -11,6 +11,8 @@ from __future__ import annotations
 import sys
 from collections import OrderedDict, defaultdict
 from dataclasses import dataclass
+from functools import partial
+from operator import itemgetter
 from typing import Any, Callable, Hashable, Iterable, Sequence
 
 from glue.errors import GlueError, describe_location, user_frame_location
@@ -239,6 +241,24 @@ def tree_unflatten(treedef: PyTreeDef, leaves: Iterable[Any]) -> Any:
         raise TreeStructureError(f"tree_unflatten: the structure {treedef} has {treedef.num_leaves} "
                                  f"leaves, but {len(leaves)} were given {_where()}")
     return _build(treedef, iter(leaves))
+
+
+def unflattener(treedef: PyTreeDef) -> Callable[[Sequence[Any]], Any]:
+    """`tree_unflatten(treedef, ·)`, made once for many calls (a jitted function's outputs): a
+    leaf is the list's item, and a tuple whose children are leaves and lists of leaves (a
+    training step's params, state and loss) one `itemgetter` of items and slices, which runs
+    no bytecode per leaf."""
+    if treedef.kind == "leaf":
+        return itemgetter(0)
+    kids = treedef.children
+    if treedef.kind == "tuple" and len(kids) > 1 and \
+            all(c.kind == "leaf" or (c.kind == "list" and all(g.kind == "leaf" for g in c.children)) for c in kids):
+        parts, start = [], 0
+        for c in kids:
+            parts.append(start if c.kind == "leaf" else slice(start, start + c.num_leaves))
+            start += c.num_leaves
+        return itemgetter(*parts)
+    return partial(tree_unflatten, treedef)
 
 
 def _build(node: PyTreeDef, it: Any) -> Any:

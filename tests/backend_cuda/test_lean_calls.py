@@ -2,10 +2,12 @@
 tests/backend_cuda/stub_driver.py, so these test what the host does, not the values).
 
 A loop's cached call runs three frames (Jitted.__call__, the program's lean call, the
-executable's `lean_call`) and one graph launch; every call the lean call cannot serve as the
-usual call would takes the usual path, which these tests check case by case (donation, changed
-arguments, host values, profiling, debug timing, poisoning, graphs off, an argument written
-elsewhere, a result waited for, a trace, ...)."""
+executable's `lean_call`) and one graph launch (and one copy of its host scalars, if it passes
+any); donated arguments are deleted as on the usual path. Every call the lean call cannot serve
+as the usual call would takes the usual path, which these tests check case by case (an Array
+passed twice, a donated scalar, changed arguments, host values, profiling, debug timing,
+poisoning, graphs off, an argument written elsewhere, a result waited for, a trace, ...), and
+a property compares donated steps with and without the lean call."""
 from __future__ import annotations
 
 import collections
@@ -14,6 +16,7 @@ import sys
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 import glue
 from glue.backend_cuda.executor import GRAPH_CACHE
@@ -24,7 +27,7 @@ from tests.backend_cuda import stub_driver
 LEAN = {"Jitted.__call__", "_lean_call.<locals>.lean", "_lean_call.<locals>.lean_call"}
 GENERAL = "CudaExecutable.__call__"
 # Bytecodes of glue's own a cached tiny call may run (CPython 3.11 ran 489 on the usual path
-# and runs 199 on the lean one; later versions run fewer): a guard against the lean path
+# and runs 228 on the lean one; later versions run fewer): a guard against the lean path
 # growing back, not a measurement.
 MAX_OPCODES = 260
 GLUE = os.path.dirname(glue.__file__) + os.sep
@@ -160,15 +163,117 @@ def test_lists_in_and_pytrees_out(stub):
     assert not lean
 
 
-def test_donation_takes_the_usual_path(stub):
-    f = glue.jit(lambda v: v + 1, backend="cuda", donate_argnums=0)
-    z = warm_loop(f, device(np.ones(16)))
-    assert not f._compiled[next(iter(f._compiled))].has_lean
-    old = z
-    z, lean = runs_lean(lambda: f(z))
-    assert not lean and old.is_deleted
-    with pytest.raises(glue.GlueError, match="donated"):
-        f(old)
+def _sgd(ws, ms, x, lr):
+    """A training step's shape: lists of weights and momenta (donated), an input, a scalar."""
+    ms = [0.9 * m + w * x for m, w in zip(ms, ws)]
+    return [w - lr * m for w, m in zip(ws, ms)], ms, (x * x).sum()
+
+
+def _sgd_state(n=3):
+    return [device(np.ones(16)) for _ in range(n)], [device(np.zeros(16)) for _ in range(n)], device(np.ones(16))
+
+
+def test_a_donated_step_is_one_graph_launch_and_one_copy_of_its_scalars(stub):
+    f = glue.jit(_sgd, backend="cuda", donate_argnums=(0, 1))
+    ws, ms, x = _sgd_state()
+    for t in range(4):
+        ws, ms, loss = f(ws, ms, x, np.float32(0.1 / (t + 1)))
+    exe = executable(f)
+    before = dict(stub.calls)
+    old_ws, old_buffers = ws, [w._device for w in ws]
+    (ws, ms, loss), names, opcodes = traced(lambda: f(ws, ms, x, np.float32(0.01)))
+    assert LEAN <= names and GENERAL not in names and "Jitted._call" not in names
+    # one graph launch, one copy of the scalars, nothing else
+    assert {k: stub.calls[k] - before.get(k, 0) for k in stub.calls if stub.calls[k] != before.get(k, 0)} == \
+        {"cuGraphLaunch": 1, "cuMemcpyHtoDAsync": 1}
+    assert exe.graph_stats.replays > 0
+    # donated as the usual path donates: the Arrays deleted, their buffers results in place
+    assert all(w.is_deleted for w in old_ws) and not any(w.is_deleted for w in ws)
+    donated_in_place = {id(b) for b in old_buffers} & {id(w._device) for w in ws + ms}
+    assert donated_in_place and all(b.event is None and b.written_on is b.waited_on is exe.stream for b in old_buffers)
+    with pytest.raises(glue.GlueError, match="donated to"):
+        f(old_ws, ms, x, np.float32(0.01))
+    # the scalar went through its slot: a float of another class is another hot layout
+    _, lean = runs_lean(lambda: f(ws, ms, x, 0.01))
+    assert not lean
+
+
+def test_an_array_at_a_donated_position_and_another_is_copied_on_the_usual_path(stub):
+    f = glue.jit(lambda a, b: (a * 2, b + 1), backend="cuda", donate_argnums=0)
+    a, b = device(np.ones(16)), device(np.ones(16))
+    for _ in range(4):
+        a, b = f(a, b)
+    _, lean = runs_lean(lambda: f(a, b))
+    assert lean
+    z = device(np.ones(16))
+    (p, q), lean = runs_lean(lambda: f(z, z))
+    assert not lean and z.is_deleted and p._device is not q._device
+
+
+def test_a_donated_scalar_takes_the_usual_path(stub):
+    f = glue.jit(lambda v, s: (v * s, s + 1.0), backend="cuda", donate_argnums=1)
+    v = device(np.ones(16))
+    for _ in range(4):
+        v, _ = f(v, np.float32(2.0))
+    _, lean = runs_lean(lambda: f(v, np.float32(2.0)))
+    assert not lean
+
+
+@settings(max_examples=15)
+@given(st.lists(st.sampled_from(["feed", "keep", "wait", "fresh", "deleted", "twice", "host", "float"]),
+                min_size=3, max_size=14))
+def test_donated_lean_calls_do_what_the_usual_path_does(actions):
+    """A donated step run through a sequence of calls, with the lean call and without it (every
+    call on the usual path): the same errors, the same results (types, which results hold a
+    donated argument's buffer), the same Arrays deleted; and in both, a call's results never
+    share memory with an Array the test still holds."""
+    jit_module = sys.modules["glue.frontend.jit"]
+
+    def run(lean):
+        log, held = [], []
+        with pytest.MonkeyPatch.context() as m, stub_driver.installed():
+            if not lean:
+                m.setattr(jit_module, "_lean_call", lambda *args: None)
+            usual = jit_module.Jitted._call
+            m.setattr(jit_module.Jitted, "_call", lambda *a: log.append("usual") or usual(*a))
+            f = glue.jit(_sgd, backend="cuda", donate_argnums=(0, 1))
+            ws, ms, x = _sgd_state(2)
+            previous = ws
+            for action in ["feed"] * 4 + actions:  # (the third and fourth lean)
+                args = [ws, ms, x, np.float32(0.5)]
+                if action == "fresh":
+                    args[0] = [device(np.ones(16))] + ws[1:]
+                elif action == "deleted":
+                    args[0] = previous
+                elif action == "twice":
+                    args[0] = [ws[0], ws[0]]
+                elif action == "host":
+                    args[2] = np.ones(16, np.float32)
+                elif action == "float":
+                    args[3] = 0.5
+                passed = [a for a in args[0] + args[1] + [args[2]] if isinstance(a, glue.Array)]
+                donated = {id(a._device): i for i, a in enumerate(args[0] + args[1]) if not a.is_deleted}
+                try:
+                    out = f(*args)
+                except glue.GlueError as err:
+                    log.append(("error", str(err).split(" (argument")[0][:60]))
+                    continue
+                results = out[0] + out[1] + [out[2]]
+                log.append((action, [str(r.aval) for r in results],
+                            [donated.get(id(r._device), -1) for r in results], [a.is_deleted for a in passed]))
+                live = [a for a in held + [x] if not a.is_deleted]
+                assert not {r._device.ptr for r in results} & {a._device.ptr for a in live}
+                if action == "wait":
+                    out[2].block_until_ready()
+                if action == "keep":
+                    held += results
+                previous = args[0]
+                ws, ms = out[0], out[1]
+        return log
+
+    with_lean, without = run(True), run(False)
+    assert [e for e in with_lean if e != "usual"] == [e for e in without if e != "usual"]
+    assert with_lean.count("usual") < without.count("usual") == len(actions) + 4
 
 
 def test_other_arguments_take_the_usual_path(stub):
@@ -235,9 +340,9 @@ def test_profiling_debug_timing_and_reference_checks_take_the_usual_path(stub, t
     _, lean = runs_lean(lambda: add(z))
     assert lean
     compiled.check = True  # (the stub computes nothing to compare: the lean call is off)
-    assert compiled.lean((z,)) is None
+    assert compiled.lean((z,), None) is None
     compiled.check = False
-    assert compiled.lean((z,)) is not None
+    assert compiled.lean((z,), None) is not None
 
 
 def test_poisoning_and_graphs_off_take_the_usual_path(stub):
@@ -306,7 +411,7 @@ def test_an_argument_of_another_type_at_a_remembered_address_takes_the_usual_pat
     neg16, add = glue.jit(lambda v: -v, backend="cuda"), glue.jit(lambda v: v + 1, backend="cuda")
     x = neg16(device(np.ones(16)))  # a program's output: written on stream 0
     add(x), add(x)
-    assert any(place[0][0] == x._device.ptr for place in executable(add)._lean)
+    assert any(key[0] == x._device.ptr for key in executable(add)._lean)
     address, neg8, x8 = x._device.ptr, glue.jit(lambda v: -v, backend="cuda"), device(np.ones(8))
     del neg16, x  # the program lets its sets go, and x's block goes back to the allocator
     y = neg8(x8)  # float32[8] at the same address, ordered on stream 0

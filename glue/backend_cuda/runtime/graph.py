@@ -18,17 +18,21 @@ from glue.backend_cuda.runtime.stream import Event, Stream
 
 
 class Graph:
-    """An instantiated CUDA graph (a `CUgraphExec`) and the graph it came from."""
+    """An instantiated CUDA graph (a `CUgraphExec`) and the graph it came from. `exec_handle`
+    is the exec as the binding's `CUgraphExec`, made once: given an int, the binding makes one
+    at every launch."""
 
-    __slots__ = ("graph", "exec", "nodes", "_launch")
+    __slots__ = ("graph", "exec", "exec_handle", "nodes", "_launch")
 
     def __init__(self, graph: int, exec_: int, nodes: int):
         self.graph, self.exec, self.nodes = graph, exec_, nodes
-        self._launch = drv.load().cuGraphLaunch
+        driver = drv.load()
+        self.exec_handle = driver.CUgraphExec(exec_)
+        self._launch = driver.cuGraphLaunch
 
     def launch(self, stream: Stream) -> None:
         """Queue one replay of the whole graph on `stream`."""
-        err, = self._launch(self.exec, stream.handle)
+        err, = self._launch(self.exec_handle, stream.handle)
         if err:
             raise drv.error_for("cuGraphLaunch", err, detail=f"a graph of {self.nodes} nodes on {stream}")
 
