@@ -693,6 +693,30 @@ class AccumulatorStores:
             group.preload([s.value for s in stores])
             group.store_all(stores)
 
+    def store_tile(self, inside: ir.Value, quad: ir.Value, rows: Sequence[ir.Value], columns: Sequence[ir.Value],
+                   sums: Callable[[int, int], Sequence[ir.Value]]) -> None:
+        """The stores of a lane's fragments: at each of its `rows` and the column pairs
+        `columns` (8 apart, in order), the sums `sums(row, group)`. Where `quads` and the groups
+        come in fours, a tile wholly `inside` the output takes `store_quads` and one on its edge
+        the pairs (both emitted: `inside` is known only at run time)."""
+        b = self.ke.b
+
+        def pairs() -> None:
+            for r, m in enumerate(rows):
+                for g, n in enumerate(columns):
+                    self.store_pair(m, n, sums(r, g))
+
+        if not (self.quads and len(columns) % QUAD == 0):
+            pairs()
+            return
+        with b.if_else(inside) as (whole, edge):
+            with whole:
+                for r, m in enumerate(rows):
+                    for g0 in range(0, len(columns), QUAD):
+                        self.store_quads(m, columns[g0], quad, [sums(r, g) for g in range(g0, g0 + QUAD)])
+            with edge:
+                pairs()
+
     def store_quads(self, m: ir.Value, n: ir.Value, quad: ir.Value, sums: Sequence[Sequence[ir.Value]]) -> None:
         """Where `quads`, inside the output (no bounds checked): the stores of QUAD
         consecutive 8-column groups of row m, this lane (`quad`-th of its quad) holding the

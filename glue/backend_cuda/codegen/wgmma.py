@@ -598,26 +598,12 @@ def _epilogue(ke: KernelEmitter, plan: WgmmaPlan, accs: list[ir.Value], tid, war
         for half in range(2):
             stores.store_pair(b.add(row0, c(8 * half)), b.add(col0, b.mul(j, c(8))), registers(half))
 
-    def registers(j: int, half: int) -> list[ir.Value]:
-        return accs[4 * j + 2 * half:4 * j + 2 * half + 2]
-
     if parked is None:
-        if stores.quads:  # a tile wholly inside the output stores whole sectors (`store_quads`)
-            inside = b.and_(b.icmp_unsigned("<=", b.add(m0, c(BM)), c(plan.m)),
-                            b.icmp_unsigned("<=", b.add(n0, c(plan.width)), c(plan.n)))
-            quad = b.trunc(b.urem(lane, c(QUAD)), I32)
-            with b.if_else(inside) as (whole, edge):
-                with whole:
-                    for j0 in range(0, plan.width // 8, QUAD):
-                        for half in range(2):
-                            stores.store_quads(b.add(row0, c(8 * half)), b.add(col0, c(8 * j0)), quad,
-                                               [registers(j, half) for j in range(j0, j0 + QUAD)])
-                with edge:
-                    for j in range(plan.width // 8):
-                        pairs_at(b, c(j), lambda half: registers(j, half))
-            return
-        for j in range(plan.width // 8):
-            pairs_at(b, c(j), lambda half: registers(j, half))
+        inside = b.and_(b.icmp_unsigned("<=", b.add(m0, c(BM)), c(plan.m)),
+                        b.icmp_unsigned("<=", b.add(n0, c(plan.width)), c(plan.n)))
+        stores.store_tile(inside, b.trunc(b.urem(lane, c(QUAD)), I32), [row0, b.add(row0, c(8))],
+                          [b.add(col0, c(8 * j)) for j in range(plan.width // 8)],
+                          lambda half, j: accs[4 * j + 2 * half:4 * j + 2 * half + 2])
         return
     for r, acc in enumerate(accs):
         b.store(acc, b.gep(parked, [c(0), c(r)], inbounds=True))
