@@ -124,13 +124,17 @@ def test_emulated_tensor_core_kernels_compute_the_reference(form, m, k, n, dtype
 @pytest.mark.parametrize("form", sorted(FORMS))
 @pytest.mark.parametrize("dtype", [BF16, np.float16, np.float32], ids=["bf16", "f16", "tf32"])
 def test_emulated_16_byte_staging_computes_the_reference(form, dtype):
-    """Extents that are multiples of 8 (but not of the tile) stage each chunk with 16-byte loads."""
+    """Extents that are multiples of 8 (but not of the tile) stage each chunk with 16-byte loads;
+    a 16-bit output's tiles wholly inside it store 16-byte vectors after a quad's shuffles
+    (`AccumulatorStores.store_quads`; the emulator runs the shuffles), its edge tiles pairs."""
     fn, shapes = FORMS[form]
     rng = np.random.default_rng(3)
     args = [rng.standard_normal(s).astype(dtype) for s in shapes(136, 48, 72)]
     closed, low = _lower(fn, args)
     ptx = "".join(low["ptx"].modules.values())
     assert "cp.async.cg.shared.global" in ptx and re.search(r"cp\.async\.wait_group\s+2;", ptx)
+    sixteen_bit_out = dtype != np.float32 and form != "f32 out"
+    assert ("st.global.v4.b32" in ptx and "shfl.sync.bfly" in ptx) == sixteen_bit_out
     all_args = list(closed.consts) + args
     check_outputs(closed, all_args, emulator.run_program(low["llvm"], all_args, poison=0xFF), form, tf32=True)
 

@@ -183,12 +183,20 @@ def test_few_tiles_over_a_long_k_split_it():
 @pytest.mark.parametrize("dtype", [BF16, np.float32], ids=["bf16 out", "f32 out"])
 def test_the_epilogue_stores_neighbouring_columns_as_one_vector(form, dtype):
     """Whatever the operands' layout (NT once stored every bf16 column alone: nothing it loads
-    moves along N), a fragment's column pair is one store."""
+    moves along N), a fragment's column pair is one store; a 16-bit output's tiles wholly inside
+    it go further: each quad of lanes trades its words (shuffles) so that every lane stores 8
+    columns of a row as one 16-byte vector (`AccumulatorStores.store_quads`), and only tiles on
+    the edge store pairs."""
     fn, shapes = FORMS[form]
-    _, low = _lower(lambda a, b: fn(a, b).astype(dtype), [np.ones(s, BF16) for s in shapes(4096, 256, 768)])
-    ptx = low["ptx"].modules[_contractions(low)[0].symbol]
-    stores = set(re.findall(r"st\.global\.[a-z0-9.]+", ptx))
-    assert stores == {"st.global.b32" if dtype == BF16 else "st.global.v2.b32"}, stores
+    for m, n, edges in ((4096, 768, False), (4104, 776, True)):
+        _, low = _lower(lambda a, b: fn(a, b).astype(dtype), [np.ones(s, BF16) for s in shapes(m, 256, n)])
+        ptx = low["ptx"].modules[_contractions(low)[0].symbol]
+        stores = set(re.findall(r"st\.global\.[a-z0-9.]+", ptx))
+        if dtype == BF16:
+            assert stores == ({"st.global.v4.b32", "st.global.b32"} if edges else {"st.global.v4.b32"}), stores
+            assert len(re.findall(r"shfl\.sync\.bfly", ptx)) == 4 * ptx.count("st.global.v4.b32")
+        else:
+            assert stores == {"st.global.v2.b32"}, stores
 
 
 def test_tensor_maps_describe_each_operand_as_it_lies():

@@ -39,7 +39,7 @@ from glue.codegen.expr import ExprEmitter, convert
 from glue.codegen.loops import unflatten
 from glue.ir.core import strides
 from glue.codegen.scope import Analysis, hoist
-from glue.codegen.types import F32, I1, I8, I32, I64, from_memory, memory_type, to_memory
+from glue.codegen.types import F32, I1, I8, I16, I32, I64, from_memory, memory_type, to_memory
 from glue.ir import dtypes as dt
 from glue.scheduler.kernel_ir import (Dim, Div, Expr, Index, Kernel, Load, Mod, Reduction, Store, loads_under,
                                       subexpressions)
@@ -614,20 +614,34 @@ class LaneGroup:
                 ke.store(em, store)
             return
         dtype = ke.kernel.outputs[store.output].type.dtype
-        values = [convert(b, em.stored(store.value, dtype), store.value.dtype, dtype) for em in self.emitters]
         address = ke.output_address(self.emitters[0], store)
         align = min(VECTOR_BYTES, self.width * dtype.itemsize)
-        if dtype == dt.bfloat16 and ke.packs_bf16:
+        if dtype.itemsize == 2:
             words = ir.Constant(ir.VectorType(I32, self.width // 2), ir.Undefined)
-            for pair in range(self.width // 2):
-                word = pack_bf16x2(b, values[2 * pair], values[2 * pair + 1])
+            for pair, word in enumerate(self.words(store)):
                 words = b.insert_element(words, word, ir.Constant(I32, pair))
             b.store(words, address, align=align)
             return
+        values = [convert(b, em.stored(store.value, dtype), store.value.dtype, dtype) for em in self.emitters]
         vector = ir.Constant(ir.VectorType(memory_type(dtype), self.width), ir.Undefined)
         for lane, value in enumerate(values):
             vector = b.insert_element(vector, to_memory(b, value, dtype), ir.Constant(I32, lane))
         b.store(vector, address, align=align)
+
+    def words(self, store: Store) -> list[ir.Value]:
+        """The group's values of a store to a 16-bit output, rounded and packed two lanes to a
+        32-bit word (lane 2i in the low half), not stored."""
+        ke, b = self.ke, self.ke.b
+        dtype = ke.kernel.outputs[store.output].type.dtype
+        values = [convert(b, em.stored(store.value, dtype), store.value.dtype, dtype) for em in self.emitters]
+        if dtype == dt.bfloat16 and ke.packs_bf16:
+            return [pack_bf16x2(b, values[2 * i], values[2 * i + 1]) for i in range(self.width // 2)]
+        halves = [to_memory(b, value, dtype) for value in values]
+        bits = [b.zext(h if h.type == I16 else b.bitcast(h, I16), I32) for h in halves]
+        return [b.or_(bits[2 * i], b.shl(bits[2 * i + 1], ir.Constant(I32, 16))) for i in range(self.width // 2)]
+
+
+QUAD = 4  # lanes of a fragment's quad: together they hold 8 consecutive columns of a row a group
 
 
 class AccumulatorStores:
@@ -645,6 +659,12 @@ class AccumulatorStores:
         pairs = Vectorization(k, ke.analysis, v, 2, row_stores=True) if v is not None and k.parallel[v] % 2 == 0 \
             else None
         self.pairs = pairs if pairs is not None and pairs.width == 2 else None
+        rows = Vectorization(k, ke.analysis, v, k.parallel[v], row_stores=True) if self.pairs is not None else None
+        # Whether `store_quads` serves: every store a plain one of a 16-bit float, 8 columns of
+        # which are 16 contiguous, aligned bytes of the output
+        self.quads = rows is not None and rows.width == 8 and all(
+            s in rows.stores and s in self.pairs.stores and k.outputs[s.output].type.dtype in (dt.bfloat16, dt.float16)
+            for s in k.stores)
 
     def _dims(self, m: ir.Value, n: ir.Value) -> list[ir.Value | None]:
         k = self.ke.kernel
@@ -672,3 +692,71 @@ class AccumulatorStores:
                 em.rows = [total]
             group.preload([s.value for s in stores])
             group.store_all(stores)
+
+    def store_tile(self, inside: ir.Value, quad: ir.Value, rows: Sequence[ir.Value], columns: Sequence[ir.Value],
+                   sums: Callable[[int, int], Sequence[ir.Value]]) -> None:
+        """The stores of a lane's fragments: at each of its `rows` and the column pairs
+        `columns` (8 apart, in order), the sums `sums(row, group)`. Where `quads` and the groups
+        come in fours, a tile wholly `inside` the output takes `store_quads` and one on its edge
+        the pairs (both emitted: `inside` is known only at run time)."""
+        b = self.ke.b
+
+        def pairs() -> None:
+            for r, m in enumerate(rows):
+                for g, n in enumerate(columns):
+                    self.store_pair(m, n, sums(r, g))
+
+        if not (self.quads and len(columns) % QUAD == 0):
+            pairs()
+            return
+        with b.if_else(inside) as (whole, edge):
+            with whole:
+                for r, m in enumerate(rows):
+                    for g0 in range(0, len(columns), QUAD):
+                        self.store_quads(m, columns[g0], quad, [sums(r, g) for g in range(g0, g0 + QUAD)])
+            with edge:
+                pairs()
+
+    def store_quads(self, m: ir.Value, n: ir.Value, quad: ir.Value, sums: Sequence[Sequence[ir.Value]]) -> None:
+        """Where `quads`, inside the output (no bounds checked): the stores of QUAD
+        consecutive 8-column groups of row m, this lane (`quad`-th of its quad) holding the
+        sums at columns n + 8g + 2 quad and the next of group g (`sums[g]`), n a multiple of 8
+        past the lane's own offset. Each output's words are computed for every group first (an
+        output may be written in place over an input), transposed across the quad (`transposed`),
+        and stored as one 16-byte vector a lane: columns n' + 8 quad .. + 7 of group `quad`, so a
+        warp writes 64 contiguous bytes in each of its 8 rows instead of 16 (half a sector)."""
+        ke, b, stores = self.ke, self.ke.b, self.ke.kernel.stores
+        lane_column = b.mul(b.zext(quad, I64), ir.Constant(I64, 2))
+        first = b.sub(n, lane_column)  # the groups' first column
+        words = []
+        for g, group_sums in enumerate(sums):
+            group = LaneGroup(ke, self.pairs, self._dims(m, b.add(n, ir.Constant(I64, 8 * g))))
+            for em, total in zip(group.emitters, group_sums):
+                em.rows = [total]
+            group.preload([s.value for s in stores])
+            for s in stores:
+                for em in group.emitters:
+                    em.stored(s.value, ke.kernel.outputs[s.output].type.dtype)
+            words.append([group.words(s)[0] for s in stores])
+        mine = ke.emitter(self._dims(m, b.add(first, b.mul(b.zext(quad, I64), ir.Constant(I64, 8)))))
+        for i, store in enumerate(stores):
+            row = self.transposed(quad, [words[g][i] for g in range(QUAD)])
+            vector = ir.Constant(ir.VectorType(I32, QUAD), ir.Undefined)
+            for lane, word in enumerate(row):
+                vector = b.insert_element(vector, word, ir.Constant(I32, lane))
+            b.store(vector, ke.output_address(mine, store), align=VECTOR_BYTES)
+
+    def transposed(self, quad: ir.Value, words: Sequence[ir.Value]) -> list[ir.Value]:
+        """The 4 x 4 transpose of a quad's words (lane q holds row q): lane q gets column q,
+        word i from lane i. Two butterfly rounds, across lanes 2 apart and then 1 apart: each
+        lane keeps the half of its words whose index bit matches its own and swaps the other
+        half with its partner."""
+        b = self.ke.b
+        x = list(words)
+        for bit in (2, 1):
+            high = b.icmp_unsigned("!=", b.and_(quad, ir.Constant(quad.type, bit)), ir.Constant(quad.type, 0))
+            for i in [i for i in range(QUAD) if not i & bit]:
+                sent = b.select(high, x[i], x[i + bit])  # the word the partner keeps
+                got = self.ke.shuffle_xor(sent, bit)
+                x[i], x[i + bit] = b.select(high, got, x[i]), b.select(high, x[i + bit], got)
+        return x

@@ -488,13 +488,16 @@ def emit_mma(ke: KernelEmitter, a_expr: Expr, b_expr: Expr, m_dims: list[int], n
         async_call(ke, "llvm.nvvm.cp.async.wait.group", 0)  # the zero fills past the end land before exit
 
     stores = AccumulatorStores(ke, coordinates, m_size, n_size)
-    for i in range(tile.frags_m):
-        for j in range(tile.frags_n):
-            for half in range(2):  # c0, c1 at row group, columns pair, pair + 1; c2, c3 eight rows down
-                m = b.add(m0, b.add(warp_m, b.add(group, c(i * 16 + 8 * half))))
-                n = b.add(n0, b.add(warp_n, b.add(pair, c(j * 8))))
-                at = 4 * (i * tile.frags_n + j) + 2 * half
-                stores.store_pair(m, n, accs[at:at + 2])
+    # fragment (i, j): c0, c1 at row group, columns pair, pair + 1; c2, c3 eight rows down
+    rows = [b.add(m0, b.add(warp_m, b.add(group, c(i * 16 + 8 * half)))) for i in range(tile.frags_m) for half in range(2)]
+    columns = [b.add(n0, b.add(warp_n, b.add(pair, c(j * 8)))) for j in range(tile.frags_n)]
+    inside = b.and_(b.icmp_unsigned("<=", b.add(m0, c(tile.bm)), c(m_size)),
+                    b.icmp_unsigned("<=", b.add(n0, c(tile.bn)), c(n_size)))
+
+    def sums(row: int, j: int) -> list[ir.Value]:
+        at = 4 * ((row // 2) * tile.frags_n + j) + 2 * (row % 2)
+        return accs[at:at + 2]
+    stores.store_tile(inside, b.trunc(quarter, I32), rows, columns, sums)
     b.ret_void()
     layouts = "".join("k" if s.k_fastest else "o" for s in (a, bb))
     how = f"cp.async {STAGES} stages" if pipelined else "through registers"

@@ -43,7 +43,7 @@ from typing import Callable
 from llvmlite import ir
 
 from glue.backend_cuda.codegen import hopper as hp
-from glue.backend_cuda.codegen.common import WARP, AccumulatorStores, Coordinates, KernelEmitter, Place
+from glue.backend_cuda.codegen.common import QUAD, WARP, AccumulatorStores, Coordinates, KernelEmitter, Place
 from glue.backend_cuda.ptx import sm_number
 from glue.codegen.loops import loop
 from glue.codegen.types import F32, I32, I64
@@ -599,8 +599,11 @@ def _epilogue(ke: KernelEmitter, plan: WgmmaPlan, accs: list[ir.Value], tid, war
             stores.store_pair(b.add(row0, c(8 * half)), b.add(col0, b.mul(j, c(8))), registers(half))
 
     if parked is None:
-        for j in range(plan.width // 8):
-            pairs_at(b, c(j), lambda half: accs[4 * j + 2 * half:4 * j + 2 * half + 2])
+        inside = b.and_(b.icmp_unsigned("<=", b.add(m0, c(BM)), c(plan.m)),
+                        b.icmp_unsigned("<=", b.add(n0, c(plan.width)), c(plan.n)))
+        stores.store_tile(inside, b.trunc(b.urem(lane, c(QUAD)), I32), [row0, b.add(row0, c(8))],
+                          [b.add(col0, c(8 * j)) for j in range(plan.width // 8)],
+                          lambda half, j: accs[4 * j + 2 * half:4 * j + 2 * half + 2])
         return
     for r, acc in enumerate(accs):
         b.store(acc, b.gep(parked, [c(0), c(r)], inbounds=True))
