@@ -5,7 +5,10 @@ arena: a value's memory-plan placement becomes a (table slot, byte offset) pair 
 Kernels do not compile those pairs in (see `kernels.py`): each plan kernel is a `KernelUse`
 of the code of its structural key (`glue.backend.kernel_key`), with its own operand places,
 so identical kernels (the layers of a model; the same layer in another program) are one
-`KernelSource`, built into one LLVM module and compiled once. A call kernel (control flow, a
+`KernelSource`, built into one LLVM module and compiled once. A blocked contraction's code
+reads its sizes when it is called (`matmul.py`), so contractions that differ only in their
+sizes (a layer's products, forward and backward) are one `KernelSource` too, keyed without
+them, and each use carries its own numbers (`Launch`). A call kernel (control flow, a
 print) has no code of its own: it is a `CallSite`, whose step runs compiled bodies on the same
 table entries (`calls.py`). Each graph output is then either
 a fresh output buffer, a donated argument's buffer, a copy of an argument (an output that is an
@@ -25,9 +28,9 @@ from llvmlite import ir
 from glue.backend.cache import code_version
 from glue.backend.kernel_key import ByStructure, KernelKeys, aliases
 from glue.backend_cpu.calls import CallSite
-from glue.backend_cpu.kernels import KernelBuilder, KernelFunction
+from glue.backend_cpu.kernels import KernelBuilder, KernelFunction, Launch
 from glue.backend_cpu.literals import lift as lift_literals
-from glue.backend_cpu.matmul import blocked_contraction
+from glue.backend_cpu.matmul import blocked_contraction, plan as plan_contraction
 from glue.backend_cpu.offsets import lift as lift_offsets
 from glue.backend_cpu.target import Pipeline, host, thread_count
 from glue.codegen.mathlib import UNARY_FUNCTIONS
@@ -124,11 +127,20 @@ class KernelModule:
 @dataclass(frozen=True)
 class KernelUse:
     """A plan kernel: the key of its code and its operands' distinct places, in the order of
-    the code's pointer parameters."""
+    the code's pointer parameters, and where that code serves kernels of other sizes, this
+    kernel's `Launch`."""
 
     key: bytes
     kernel: Kernel
     places: tuple[Operand, ...]
+    launch: Launch | None = None
+
+    def function(self, code: KernelFunction) -> KernelFunction:
+        """The function of the code as this use runs it: its own kernel, and its own work."""
+        own = replace(code, kernel=self.kernel)
+        launch = self.launch
+        return own if launch is None else \
+            replace(own, units=launch.units, cost=launch.cost, scratch_bytes=launch.scratch_bytes)
 
 
 @dataclass
@@ -217,7 +229,7 @@ def build_program(plan: Plan, options_key: str = "", opt_level: int = 3) -> Prog
     kernel_key = KernelKeys()
     # Copies of one lowered group (a model's layers) share their expression objects, and so
     # their moved and lifted kernels: the key's memo (`KernelKeys`) then finds them without a walk.
-    moves, lifts = ByStructure(), ByStructure()
+    moves, lifts, contractions = ByStructure(), ByStructure(), ByStructure()
     for kernel in plan.kernels:
         inputs = [_operand(placements[b.value_id], n_args, arena_slot) for b in kernel.inputs]
         outputs = [_operand(placements[b.value_id], n_args, arena_slot) for b in kernel.outputs]
@@ -241,8 +253,14 @@ def build_program(plan: Plan, options_key: str = "", opt_level: int = 3) -> Prog
         operands = inputs + outputs
         shared = aliases(operands)
         label = _label(kernel)
-        key = kernel_key(code, shared, *context, label)
+        contraction = contractions.get(code, lambda: plan_contraction(code, host().vector_bits)) \
+            if code.kind == "contraction" else None
+        if contraction is None:
+            key, launch = kernel_key(code, shared, *context, label), None
+        else:
+            key = kernel_key(code, shared, *context, label, *contraction.signature, sizes=False)
+            launch = contraction.launch
         if key not in sources:
             sources[key] = KernelSource(key, code, shared, f"glue_{label}_{key.hex()[:16]}")
-        uses.append(KernelUse(key, kernel, tuple(operands[i] for i in dict.fromkeys(shared))))
+        uses.append(KernelUse(key, kernel, tuple(operands[i] for i in dict.fromkeys(shared)), launch))
     return Program(plan, sources, uses, opt_level, tuple(literals))
