@@ -22,12 +22,27 @@ over the columns, which LLVM vectorises, storing straight into the outputs.
 Sizes: KC so that a packed B panel (KC x NR) takes half the L1 cache, NC so that the packed
 B block (KC x NC) takes half the L2 cache, MB so that the partial sums stay within
 `cpu_matmul_sums_bytes` (they are touched once per micro-kernel call, in order, so L2/L3 serves them).
+
+One code for several sizes: LLVM's time is per distinct module, and a training step's
+contractions often differ only in their sizes (a GPT-2-width layer's 4096x768 by 768x2304,
+768x3072, 3072x768 ... products, forward and backward). `plan` computes on the host every number
+the code depends on (`Sizes`: the flat extents, the blocking, left's stride, the scratch layout;
+then every operand's strides), and the program (`program.py`) keys a contraction without its
+sizes, compiling in those numbers that all the contractions sharing the code have alike (all of
+them for a contraction alone: LLVM optimises code with known trip counts in two thirds of the
+time); the code reads the others at its entry, from its use's `Launch`. Always compiled in: the
+micro-tile (MR, NR, the vector type), each operand's last stride (1), and the extents that
+unflatten a group of dims (all but a group's first: a division by a constant is a few
+multiplications, by a value a division instruction, and packing divides at every step). How
+left is read (packed, or in place at unit or another stride) and whether its packing vectorises
+are decided from the sizes and keyed (`Contraction.signature`). Every number a use passes is
+the one its own code would have compiled in, so its results are the same bits.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import astuple, dataclass, fields
-from typing import Any, Sequence
+from typing import Sequence
 
 from llvmlite import ir
 
@@ -79,33 +94,27 @@ class Sizes:
     step in elements per step of the flat k (read in place); `a_at`, `sums_at`: where the
     packed A panel and the partial sums start in the scratch (the packed B block at 0)."""
 
-    B: Any
-    M: Any
-    N: Any
-    K: Any
-    kc: Any
-    nc: Any
-    mb: Any
-    k_blocks: Any
-    m_blocks: Any
-    n_blocks: Any
-    left_stride: Any
-    a_at: Any
-    sums_at: Any
+    B: int | ir.Value
+    M: int | ir.Value
+    N: int | ir.Value
+    K: int | ir.Value
+    kc: int | ir.Value
+    nc: int | ir.Value
+    mb: int | ir.Value
+    k_blocks: int | ir.Value
+    m_blocks: int | ir.Value
+    n_blocks: int | ir.Value
+    left_stride: int | ir.Value
+    a_at: int | ir.Value
+    sums_at: int | ir.Value
 
 
 @dataclass(frozen=True)
 class Contraction:
-    """A contraction kernel planned for the blocked path, on the host: its split (`_split`),
-    what its code depends on besides its structure and may not read at run time (`signature`,
-    part of its key), and what a call of that code passes (`launch`).
-
-    The code of kernels that differ only in their sizes is one: the extents and operand
-    strides are values read when it is called, but for the extents that unflatten a flat index
-    (every extent of a group of dims but its first: division by a constant is a few
-    multiplications, by a value a division instruction, and packing divides once per element)
-    and each operand's last stride (1). Which way left is read, and whether packing it
-    vectorises, depend on its strides; both are decided here and keyed."""
+    """A contraction kernel planned for the blocked path, on the host (see the module doc):
+    its split (`_split`), what its code depends on besides its structure that is always
+    compiled in (`signature`, part of its key), and its numbers (`sizes`, `strides`), which a
+    call of code shared with other sizes passes (`launch`)."""
 
     left: Expr
     right: Expr
@@ -212,7 +221,7 @@ class MatmulBuilder(KernelBuilder):
     call (`Sizes`)."""
 
     def __init__(self, module: ir.Module, kernel: Kernel, symbol: str, operand_aliases: Sequence[int],
-                 contraction: Contraction):
+                 contraction: Contraction, compiled_in: Sequence[int | None]):
         super().__init__(module, kernel, symbol, operand_aliases, sized=True)
         c = self.plan = contraction
         self.left, self.right = c.left, c.right
@@ -223,9 +232,10 @@ class MatmulBuilder(KernelBuilder):
         self.nr = c.nr
         self.lanes = self.nr // 2
         self.pack_left = c.left_read == "packed"
-        # The call's numbers, read once at the entry.
-        values = [self.b.load(self.b.gep(self.sizes, [self.const(i)], source_etype=I64), typ=I64)
-                  for i in range(len(fields(Sizes)) + sum(map(len, c.strides)))]
+        # The numbers of the call that are not compiled in, read once at the entry.
+        values = [self.const(n) if n is not None else
+                  self.b.load(self.b.gep(self.sizes, [self.const(i)], source_etype=I64), typ=I64)
+                  for i, n in enumerate(compiled_in)]
         self.n = Sizes(*values[:len(fields(Sizes))])
         rest = iter(values[len(fields(Sizes)):])
         strides = [[next(rest) for _ in operand] + [None] for operand in c.strides]
@@ -507,10 +517,19 @@ def _min(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
     return b.select(b.icmp_signed("<", x, y), x, y)
 
 
+def common_sizes(launches: Sequence[tuple[int, ...]]) -> tuple[int | None, ...]:
+    """Per number of the `Launch.sizes` of contractions sharing code, their common value, or
+    None where they differ (the code reads it when it is called)."""
+    return tuple(n[0] if len(set(n)) == 1 else None for n in zip(*launches))
+
+
 def blocked_contraction(module: ir.Module, kernel: Kernel, symbol: str, operand_aliases: Sequence[int],
-                        vector_bits: int) -> KernelFunction | None:
-    """The kernel's function through the blocked path, or None when it does not apply."""
+                        vector_bits: int, compiled_in: Sequence[int | None] | None = None) -> KernelFunction | None:
+    """The kernel's function through the blocked path, or None when it does not apply; the
+    numbers of its `Launch.sizes` that `compiled_in` gives (all: the kernel's own, by default)
+    are constants of the code, the others read when it is called."""
     contraction = plan(kernel, vector_bits)
     if contraction is None:
         return None
-    return MatmulBuilder(module, kernel, symbol, operand_aliases, contraction).build()
+    numbers = contraction.launch.sizes if compiled_in is None else compiled_in
+    return MatmulBuilder(module, kernel, symbol, operand_aliases, contraction, numbers).build()
