@@ -243,7 +243,8 @@ class MatmulBuilder(KernelBuilder):
         self.out_strides = strides[len(kernel.inputs):]
         # Unflattening a group never reads its first extent: those vary between the kernels
         # sharing this code, the others are `divisors`.
-        self.extents = [(0,) + d for d in c.divisors]
+        lengths = [len(g) for g in c.groups] + [len(kernel.reduce)]
+        self.extents = [(0, *d) if n else () for d, n in zip(c.divisors, lengths)]
 
     # --- helpers --------------------------------------------------------------------------
     def const(self, v: int) -> ir.Constant:

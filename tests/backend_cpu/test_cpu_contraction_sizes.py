@@ -98,6 +98,7 @@ FORMS = {  # name: (fn of (a, b), a's shape for m, k, batch), b's shape for k, n
     "batched": (lambda a, b: gnp.einsum("bmk,bkn->bmn", a, b), lambda m, k, bt: (bt, m, k),
                 lambda k, n, bt: (bt, k, n)),
     "epilogue": (lambda a, b: gnp.tanh(a @ b) * 2.0 + 1.0, lambda m, k, bt: (m, k), lambda k, n, bt: (k, n)),
+    "outer": (lambda a, b: gnp.tensordot(a, b, axes=0), lambda m, k, bt: (m,), lambda k, n, bt: (n,)),  # no reduce dims
 }
 
 
