@@ -129,16 +129,19 @@ class Contraction:
 
     @property
     def signature(self) -> tuple[str, ...]:
+        """What the code compiles in whatever its sizes, as key parts."""
         return ("blocked contraction", f"nr={self.nr}", f"divisors={self.divisors}", f"left={self.left_read}",
                 f"linear left={self.linear_left}")
 
     @property
     def scratch_bytes(self) -> int:
+        """Per-thread scratch: the packed B block, the packed A panel, the unit's partial sums."""
         s = self.sizes
         return s.sums_at + _round64(s.mb * s.nc * self.acc.itemsize)
 
     @property
     def launch(self) -> Launch:
+        """Every number the code may read (`Sizes`, then the strides) and this kernel's work."""
         s = self.sizes
         numbers = astuple(s) + tuple(n for operand in self.strides for n in operand)
         return Launch(numbers, s.B * s.m_blocks * s.n_blocks, 2.0 * s.B * s.M * s.N * s.K, self.scratch_bytes)
@@ -202,8 +205,9 @@ def plan(kernel: Kernel, vector_bits: int) -> Contraction | None:
 
 class _StridedEmitter(CpuEmitter):
     """`CpuEmitter` for code shared by kernels of other sizes: the "shapes" it is given are its
-    operands' strides, values of the call but the last (1), and an element's offset is the sum
-    of each axis's index times its stride."""
+    operands' strides (values: compiled in, or read when the code is called; None for the last
+    axis, whose stride is 1), and an element's offset is the sum of each axis's index times its
+    stride."""
 
     def offset(self, index: Sequence[Index], strides: Sequence[ir.Value | None]) -> ir.Value:
         total: ir.Value | None = None
@@ -217,13 +221,13 @@ class _StridedEmitter(CpuEmitter):
 
 class MatmulBuilder(KernelBuilder):
     """Emits a contraction kernel as packed, register-blocked loops (see the module doc), for
-    every kernel of its structure and `Contraction.signature`: its sizes are read from the
-    call (`Sizes`)."""
+    every kernel of its structure and `Contraction.signature`: of the numbers of its uses'
+    `Launch.sizes`, those `compiled_in` gives are constants, the others read from the call."""
 
     def __init__(self, module: ir.Module, kernel: Kernel, symbol: str, operand_aliases: Sequence[int],
                  contraction: Contraction, compiled_in: Sequence[int | None]):
         super().__init__(module, kernel, symbol, operand_aliases, sized=True)
-        c = self.plan = contraction
+        c = self.contraction = contraction
         self.left, self.right = c.left, c.right
         self.batch, self.row_dims, self.col_dims = (list(g) for g in c.groups)
         self.acc = c.acc
@@ -296,7 +300,7 @@ class MatmulBuilder(KernelBuilder):
         with self.b.if_then(self.b.icmp_signed("<", self.start, self.end)):
             loop(self.b, self.start, self.end, self.unit, name="unit", vectorize=False, unroll=1)
         self.b.ret_void()
-        launch = self.plan.launch
+        launch = self.contraction.launch
         return KernelFunction(source, self.symbol, launch.units, 1, launch.cost, scratch_bytes=launch.scratch_bytes)
 
     def unit(self, b: ir.IRBuilder, u: ir.Value, _) -> list:
@@ -391,7 +395,7 @@ class MatmulBuilder(KernelBuilder):
         # heads merged back) becomes MR x lanes x interleave copies of its index arithmetic,
         # which LLVM then spends tens of seconds on (GPT-2 width step: 20 s for one kernel),
         # for a packing loop of gathers that vectors do not speed up.
-        loop(b, 0, k_len, step, name="ka", vectorize=self.plan.linear_left)
+        loop(b, 0, k_len, step, name="ka", vectorize=self.contraction.linear_left)
 
     def left_address(self, bc, m: ir.Value, k: ir.Value) -> ir.Value:
         """The address of left(row m, flat reduce index k), a plain load read in place."""
@@ -420,7 +424,7 @@ class MatmulBuilder(KernelBuilder):
         start = [b.select(first, zero, b.load(at, typ=vt, align=self.size)) for at in tile]
         in_place = isinstance(source, list)
         # In place, the rows share one element offset: the step count itself at unit stride.
-        walk = in_place and self.plan.left_read == "strided"
+        walk = in_place and self.contraction.left_read == "strided"
 
         def step(b: ir.IRBuilder, kk: ir.Value, state: list[ir.Value]):
             pb, at, accs = state[0], state[1] if walk or not in_place else kk, state[2:]

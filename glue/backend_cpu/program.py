@@ -9,9 +9,8 @@ so identical kernels (the layers of a model; the same layer in another program) 
 differ only in their sizes (a layer's products, forward and backward) are one `KernelSource`
 too: keyed without their sizes, their code compiles in the numbers they all have alike and
 reads the others when it is called (`matmul.py`), each use passing its own (`Launch`). A call
-kernel (control flow, a
-print) has no code of its own: it is a `CallSite`, whose step runs compiled bodies on the same
-table entries (`calls.py`). Each graph output is then either
+kernel (control flow, a print) has no code of its own: it is a `CallSite`, whose step runs
+compiled bodies on the same table entries (`calls.py`). Each graph output is then either
 a fresh output buffer, a donated argument's buffer, a copy of an argument (an output that is an
 input), or a literal.
 
@@ -64,9 +63,9 @@ class Operand:
 @dataclass(frozen=True)
 class KernelSource:
     """One distinct kernel's code as it is built: the first plan kernel with its key, the
-    aliasing of its operands, the symbol its module defines, and for a blocked contraction
-    shared by kernels of other sizes, the numbers of its `Launch` compiled in (None where the
-    code reads them when it is called)."""
+    aliasing of its operands, the symbol its module defines, and for a blocked contraction,
+    per number of its uses' `Launch.sizes`, the value its code compiles in (None: the code
+    reads it when it is called)."""
 
     key: bytes
     kernel: Kernel
@@ -199,7 +198,7 @@ class Program:
 
 
 @dataclass(frozen=True)
-class _Step:
+class _Planned:
     """A plan kernel on its way to a `KernelUse`: its code (after the rewrites), operands and
     their aliasing, label, and for a blocked contraction its plan; `key` is its code's key,
     a contraction's without its sizes."""
@@ -250,7 +249,7 @@ def build_program(plan: Plan, options_key: str = "", opt_level: int = 3) -> Prog
     # Copies of one lowered group (a model's layers) share their expression objects, and so
     # their moved and lifted kernels: the key's memo (`KernelKeys`) then finds them without a walk.
     moves, lifts, contractions = ByStructure(), ByStructure(), ByStructure()
-    steps: list[CallSite | _Step] = []
+    steps: list[CallSite | _Planned] = []
     for kernel in plan.kernels:
         inputs = [_operand(placements[b.value_id], n_args, arena_slot) for b in kernel.inputs]
         outputs = [_operand(placements[b.value_id], n_args, arena_slot) for b in kernel.outputs]
@@ -278,13 +277,13 @@ def build_program(plan: Plan, options_key: str = "", opt_level: int = 3) -> Prog
             if code.kind == "contraction" else None
         key = kernel_key(code, shared, *context, label) if contraction is None else \
             kernel_key(code, shared, *context, label, *contraction.signature, sizes=False)
-        steps.append(_Step(kernel, code, tuple(operands), shared, label, contraction, key))
+        steps.append(_Planned(kernel, code, tuple(operands), shared, label, contraction, key))
     # What the contractions sharing code all have alike is compiled in (a contraction alone
     # has all of its sizes compiled in: the code of its sizes alone, which LLVM optimises in
     # two thirds of the time).
     fellows: dict[bytes, list[tuple[int, ...]]] = {}
     for step in steps:
-        if isinstance(step, _Step) and step.contraction is not None:
+        if isinstance(step, _Planned) and step.contraction is not None:
             fellows.setdefault(step.key, []).append(step.contraction.launch.sizes)
     compiled_in = {key: common_sizes(sizes) for key, sizes in fellows.items()}
     for step in steps:
