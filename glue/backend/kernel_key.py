@@ -11,6 +11,10 @@ the layers of a model, or the same layer in two programs, share one compiled ker
 The walk is iterative (kernels of 10,000-op chains are deep DAGs) and numbers each shared node
 once, so a key costs time linear in the kernel's size; equal nodes get one number whether or not
 they are one object.
+
+A backend whose code reads a kernel's sizes when it runs (the cpu backend's blocked
+contractions) keys it without them (`sizes=False`: extents and shapes become ranks), adding
+whatever sizes its code still compiles in to the context.
 """
 from __future__ import annotations
 
@@ -80,12 +84,16 @@ def structure_text(roots: Sequence[Any]) -> list[str]:
     return lines
 
 
-def kernel_structure(kernel: Kernel) -> list[str]:
-    """The kernel as text without its names: kind, domain, operand types, reductions, stores."""
-    head = [f"{kernel.kind} parallel={kernel.parallel} reduce={kernel.reduce} init={kernel.init} "
-            f"precision={kernel.precision}",
-            "in " + " ".join(str(b.type) for b in kernel.inputs),
-            "out " + " ".join(str(b.type) for b in kernel.outputs)]
+def kernel_structure(kernel: Kernel, sizes: bool = True) -> list[str]:
+    """The kernel as text without its names: kind, domain, operand types, reductions, stores;
+    without `sizes`, the domain and the operand types are only their ranks (and dtypes)."""
+    def typed(t: TensorType) -> str:
+        return str(t) if sizes else f"{t.dtype.name}[{','.join('?' * len(t.shape))}]"
+    domain = f"parallel={kernel.parallel} reduce={kernel.reduce}" if sizes else \
+        f"parallel rank={len(kernel.parallel)} reduce rank={len(kernel.reduce)}"
+    head = [f"{kernel.kind} {domain} init={kernel.init} precision={kernel.precision}",
+            "in " + " ".join(typed(b.type) for b in kernel.inputs),
+            "out " + " ".join(typed(b.type) for b in kernel.outputs)]
     return head + structure_text([kernel.reductions, kernel.stores])
 
 
@@ -96,11 +104,11 @@ def aliases(places: Sequence[Hashable]) -> tuple[int, ...]:
     return tuple(first.setdefault(p, i) for i, p in enumerate(places))
 
 
-def kernel_key(kernel: Kernel, operand_aliases: Sequence[int], *context: str) -> bytes:
-    """The SHA-256 key of a kernel's code: its structure, its aliasing, and `context` (what the
-    backend's code also depends on)."""
+def kernel_key(kernel: Kernel, operand_aliases: Sequence[int], *context: str, sizes: bool = True) -> bytes:
+    """The SHA-256 key of a kernel's code: its structure (with its sizes or without), its
+    aliasing, and `context` (what the backend's code also depends on)."""
     h = hashlib.sha256()
-    for part in (*context, repr(tuple(operand_aliases)), *kernel_structure(kernel)):
+    for part in (*context, repr(tuple(operand_aliases)), *kernel_structure(kernel, sizes)):
         data = part.encode()
         h.update(len(data).to_bytes(8, "little"))
         h.update(data)
@@ -136,9 +144,9 @@ class KernelKeys:
     def __init__(self) -> None:
         self._keys = ByStructure()
 
-    def __call__(self, kernel: Kernel, operand_aliases: Sequence[int], *context: str) -> bytes:
-        return self._keys.get(kernel, lambda: kernel_key(kernel, operand_aliases, *context), tuple(operand_aliases),
-                              context)
+    def __call__(self, kernel: Kernel, operand_aliases: Sequence[int], *context: str, sizes: bool = True) -> bytes:
+        return self._keys.get(kernel, lambda: kernel_key(kernel, operand_aliases, *context, sizes=sizes),
+                              tuple(operand_aliases), context, sizes)
 
 
 __all__ = ["ByStructure", "KernelKeys", "aliases", "kernel_key", "kernel_structure", "structure_text"]

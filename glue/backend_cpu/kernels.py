@@ -8,7 +8,9 @@ and using `scratch` as per-thread working memory. Where each operand lives is no
 compiled kernel serves every place a program (or another program) uses it. A small wrapper
 resolves the places and calls the kernel body with one `noalias` pointer per distinct location
 (an output written in place over an input is one pointer, which the code depends on: the
-operands' `aliases`), so LLVM knows no store clobbers another buffer.
+operands' `aliases`), so LLVM knows no store clobbers another buffer. Code shared by kernels of
+other sizes (the blocked contractions of `matmul.py`) also reads numbers of its use from
+`places`, after the pairs: the wrapper passes the body a pointer to them (`Launch.sizes`).
 
 The loops a kernel becomes depend on its kind:
 - pointwise: units are the elements of the domain; one loop over rows (all dims but the last)
@@ -112,6 +114,18 @@ class KernelFunction:
         return self.kernel.kind
 
 
+@dataclass(frozen=True)
+class Launch:
+    """What a use of code shared by kernels of other sizes supplies: the numbers its code reads
+    when called (`sizes`, after its operands' places) and its own work, which replace the
+    `KernelFunction`'s facts of the kernel the code was built for."""
+
+    sizes: tuple[int, ...]
+    units: int
+    cost: float
+    scratch_bytes: int
+
+
 def cost_per_point(kernel: Kernel) -> float:
     """Operations per domain point, transcendental functions counted as ten."""
     total = 0.0
@@ -123,16 +137,19 @@ def cost_per_point(kernel: Kernel) -> float:
     return max(total, 1.0)
 
 
-def define_wrapper(module: ir.Module, symbol: str, operand_aliases: Sequence[int]) -> tuple[ir.Function, list[int]]:
+def define_wrapper(module: ir.Module, symbol: str, operand_aliases: Sequence[int],
+                   sized: bool = False) -> tuple[ir.Function, list[int]]:
     """The entry point `symbol` (resolving places) and the internal body it calls, whose
-    parameters are one noalias pointer per distinct operand location, then start, end and
-    scratch. `operand_aliases[i]` is the first operand at operand i's location. Returns the body
-    and, per operand, the index of its pointer parameter."""
+    parameters are one noalias pointer per distinct operand location, then (where `sized`) a
+    pointer to the use's sizes, then start, end and scratch. `operand_aliases[i]` is the first
+    operand at operand i's location. Returns the body and, per operand, the index of its
+    pointer parameter."""
     distinct = list(dict.fromkeys(operand_aliases))
     which = [distinct.index(a) for a in operand_aliases]
-    body = ir.Function(module, ir.FunctionType(VOID, [PTR] * len(distinct) + [I64, I64, PTR]), f"{symbol}.body")
+    pointers = len(distinct) + sized
+    body = ir.Function(module, ir.FunctionType(VOID, [PTR] * pointers + [I64, I64, PTR]), f"{symbol}.body")
     body.linkage = "internal"
-    for arg in list(body.args[:len(distinct)]) + [body.args[-1]]:
+    for arg in list(body.args[:pointers]) + [body.args[-1]]:
         arg.add_attribute("noalias")
     entry = ir.Function(module, SIGNATURE, symbol)
     b = ir.IRBuilder(entry.append_basic_block("entry"))
@@ -143,6 +160,8 @@ def define_wrapper(module: ir.Module, symbol: str, operand_aliases: Sequence[int
         offset = b.load(b.gep(places, [ir.Constant(I64, 2 * j + 1)], source_etype=I64), typ=I64)
         base = b.load(b.gep(table, [slot], source_etype=PTR), typ=PTR)
         pointers.append(b.gep(base, [offset], source_etype=ir.IntType(8)))
+    if sized:
+        pointers.append(b.gep(places, [ir.Constant(I64, 2 * len(distinct))], source_etype=I64))
     b.call(body, pointers + [start, end, scratch])
     b.ret_void()
     return body, which
@@ -181,14 +200,16 @@ class CpuEmitter(ExprEmitter):
 class KernelBuilder(BufferAccess):
     """Emits one kernel's function into a module."""
 
-    def __init__(self, module: ir.Module, kernel: Kernel, symbol: str, operand_aliases: Sequence[int]):
+    def __init__(self, module: ir.Module, kernel: Kernel, symbol: str, operand_aliases: Sequence[int],
+                 sized: bool = False):
         self.kernel = kernel
         self.symbol = symbol
-        self.fn, which = define_wrapper(module, symbol, operand_aliases)
+        self.fn, which = define_wrapper(module, symbol, operand_aliases, sized)
         params = self.fn.args
         n_in = len(kernel.inputs)
         self.in_ptrs = [params[w] for w in which[:n_in]]
         self.out_ptrs = [params[w] for w in which[n_in:]]
+        self.sizes = params[-4] if sized else None  # the use's `Launch.sizes`
         self.start, self.end, self.scratch = params[-3:]
         self.b = ir.IRBuilder(self.fn.append_basic_block("entry"))
         self.shapes = [buf.type.shape for buf in kernel.inputs]

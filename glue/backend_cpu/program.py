@@ -5,9 +5,12 @@ arena: a value's memory-plan placement becomes a (table slot, byte offset) pair 
 Kernels do not compile those pairs in (see `kernels.py`): each plan kernel is a `KernelUse`
 of the code of its structural key (`glue.backend.kernel_key`), with its own operand places,
 so identical kernels (the layers of a model; the same layer in another program) are one
-`KernelSource`, built into one LLVM module and compiled once. A call kernel (control flow, a
-print) has no code of its own: it is a `CallSite`, whose step runs compiled bodies on the same
-table entries (`calls.py`). Each graph output is then either
+`KernelSource`, built into one LLVM module and compiled once. Blocked contractions that
+differ only in their sizes (a layer's products, forward and backward) are one `KernelSource`
+too: keyed without their sizes, their code compiles in the numbers they all have alike and
+reads the others when it is called (`matmul.py`), each use passing its own (`Launch`). A call
+kernel (control flow, a print) has no code of its own: it is a `CallSite`, whose step runs
+compiled bodies on the same table entries (`calls.py`). Each graph output is then either
 a fresh output buffer, a donated argument's buffer, a copy of an argument (an output that is an
 input), or a literal.
 
@@ -22,12 +25,12 @@ from dataclasses import dataclass, field, replace
 
 from llvmlite import ir
 
-from glue.backend.cache import code_version
+from glue.backend.cache import code_version, digest
 from glue.backend.kernel_key import ByStructure, KernelKeys, aliases
 from glue.backend_cpu.calls import CallSite
-from glue.backend_cpu.kernels import KernelBuilder, KernelFunction
+from glue.backend_cpu.kernels import KernelBuilder, KernelFunction, Launch
 from glue.backend_cpu.literals import lift as lift_literals
-from glue.backend_cpu.matmul import blocked_contraction
+from glue.backend_cpu.matmul import Contraction, blocked_contraction, common_sizes, plan as plan_contraction
 from glue.backend_cpu.offsets import lift as lift_offsets
 from glue.backend_cpu.target import Pipeline, host, thread_count
 from glue.codegen.mathlib import UNARY_FUNCTIONS
@@ -60,12 +63,15 @@ class Operand:
 @dataclass(frozen=True)
 class KernelSource:
     """One distinct kernel's code as it is built: the first plan kernel with its key, the
-    aliasing of its operands, and the symbol its module defines."""
+    aliasing of its operands, the symbol its module defines, and for a blocked contraction,
+    per number of its uses' `Launch.sizes`, the value its code compiles in (None: the code
+    reads it when it is called)."""
 
     key: bytes
     kernel: Kernel
     aliases: tuple[int, ...]
     symbol: str
+    compiled_in: tuple[int | None, ...] | None = None
 
     def build(self, opt_level: int) -> KernelModule:
         """The LLVM module defining `symbol`, what the function computes, and how to optimise
@@ -74,7 +80,8 @@ class KernelSource:
         module.triple, module.data_layout = host().triple, host().data_layout
         built = None
         if self.kernel.kind == "contraction":
-            built = blocked_contraction(module, self.kernel, self.symbol, self.aliases, host().vector_bits)
+            built = blocked_contraction(module, self.kernel, self.symbol, self.aliases, host().vector_bits,
+                                        self.compiled_in)
         if built is None:
             built = KernelBuilder(module, self.kernel, self.symbol, self.aliases).build()
         return KernelModule(str(module), built, pipeline(opt_level, body_size(self.kernel)))
@@ -124,11 +131,20 @@ class KernelModule:
 @dataclass(frozen=True)
 class KernelUse:
     """A plan kernel: the key of its code and its operands' distinct places, in the order of
-    the code's pointer parameters."""
+    the code's pointer parameters, and where that code serves kernels of other sizes, this
+    kernel's `Launch`."""
 
     key: bytes
     kernel: Kernel
     places: tuple[Operand, ...]
+    launch: Launch | None = None
+
+    def function(self, code: KernelFunction) -> KernelFunction:
+        """The function of the code as this use runs it: its own kernel, and its own work."""
+        own = replace(code, kernel=self.kernel)
+        launch = self.launch
+        return own if launch is None else \
+            replace(own, units=launch.units, cost=launch.cost, scratch_bytes=launch.scratch_bytes)
 
 
 @dataclass
@@ -181,6 +197,21 @@ class Program:
         return "\n".join(parts)
 
 
+@dataclass(frozen=True)
+class _Planned:
+    """A plan kernel on its way to a `KernelUse`: its code (after the rewrites), operands and
+    their aliasing, label, and for a blocked contraction its plan; `key` is its code's key,
+    a contraction's without its sizes."""
+
+    kernel: Kernel
+    code: Kernel
+    operands: tuple[Operand, ...]
+    aliases: tuple[int, ...]
+    label: str
+    contraction: Contraction | None
+    key: bytes
+
+
 def _operand(p: Placement, n_args: int, arena_slot: int) -> Operand:
     if p.kind == "arena":
         return Operand(arena_slot, p.slot)
@@ -217,12 +248,13 @@ def build_program(plan: Plan, options_key: str = "", opt_level: int = 3) -> Prog
     kernel_key = KernelKeys()
     # Copies of one lowered group (a model's layers) share their expression objects, and so
     # their moved and lifted kernels: the key's memo (`KernelKeys`) then finds them without a walk.
-    moves, lifts = ByStructure(), ByStructure()
+    moves, lifts, contractions = ByStructure(), ByStructure(), ByStructure()
+    steps: list[CallSite | _Planned] = []
     for kernel in plan.kernels:
         inputs = [_operand(placements[b.value_id], n_args, arena_slot) for b in kernel.inputs]
         outputs = [_operand(placements[b.value_id], n_args, arena_slot) for b in kernel.outputs]
         if kernel.call is not None:
-            uses.append(CallSite(kernel, call_plan(kernel), inputs, outputs))
+            steps.append(CallSite(kernel, call_plan(kernel), inputs, outputs))
             continue
         code = kernel
         fixed = frozenset(i for i, place in enumerate(inputs) if place in outputs)
@@ -241,8 +273,28 @@ def build_program(plan: Plan, options_key: str = "", opt_level: int = 3) -> Prog
         operands = inputs + outputs
         shared = aliases(operands)
         label = _label(kernel)
-        key = kernel_key(code, shared, *context, label)
+        contraction = contractions.get(code, lambda: plan_contraction(code, host().vector_bits)) \
+            if code.kind == "contraction" else None
+        key = kernel_key(code, shared, *context, label) if contraction is None else \
+            kernel_key(code, shared, *context, label, *contraction.signature, sizes=False)
+        steps.append(_Planned(kernel, code, tuple(operands), shared, label, contraction, key))
+    # What the contractions sharing code all have alike is compiled in (a contraction alone
+    # has all of its sizes compiled in: the code of its sizes alone, which LLVM optimises in
+    # two thirds of the time).
+    fellows: dict[bytes, list[tuple[int, ...]]] = {}
+    for step in steps:
+        if isinstance(step, _Planned) and step.contraction is not None:
+            fellows.setdefault(step.key, []).append(step.contraction.launch.sizes)
+    compiled_in = {key: common_sizes(sizes) for key, sizes in fellows.items()}
+    for step in steps:
+        if isinstance(step, CallSite):
+            uses.append(step)
+            continue
+        key, launch, numbers = step.key, None, None
+        if step.contraction is not None:
+            launch, numbers = step.contraction.launch, compiled_in[key]
+            key = digest(key, repr(numbers))
         if key not in sources:
-            sources[key] = KernelSource(key, code, shared, f"glue_{label}_{key.hex()[:16]}")
-        uses.append(KernelUse(key, kernel, tuple(operands[i] for i in dict.fromkeys(shared))))
+            sources[key] = KernelSource(key, step.code, step.aliases, f"glue_{step.label}_{key.hex()[:16]}", numbers)
+        uses.append(KernelUse(key, step.kernel, tuple(step.operands[i] for i in dict.fromkeys(step.aliases)), launch))
     return Program(plan, sources, uses, opt_level, tuple(literals))

@@ -16,7 +16,6 @@ from __future__ import annotations
 import ctypes
 import threading
 import time
-from dataclasses import replace
 from typing import Any, Sequence
 
 import numpy as np
@@ -26,7 +25,7 @@ from glue.backend.results import assemble
 from glue.backend_cpu.calls import CallSite, CallStep, array_at
 from glue.backend_cpu.code import LoadedKernel
 from glue.backend_cpu.kernels import KernelFunction
-from glue.backend_cpu.program import Operand, Program
+from glue.backend_cpu.program import KernelUse, Program
 from glue.backend_cpu.target import thread_count
 from glue.codegen.analysis import CostAnalysis, MemoryAnalysis, analyse_memory, estimate_cost
 from glue.errors import BackendError
@@ -163,13 +162,15 @@ _HOST = _HostMemory()
 
 class _Step:
     """One kernel of a call: its shared code's entry point, the places of this use's operands
-    (the i64 pairs the code reads them from) and its chunks of work."""
+    (the i64 pairs the code reads them from, then the sizes it reads where it serves kernels of
+    other sizes) and its chunks of work."""
 
     __slots__ = ("entry", "places", "address", "chunks")
 
-    def __init__(self, code: LoadedKernel, places: Sequence[Operand], threads: int, function: KernelFunction):
+    def __init__(self, code: LoadedKernel, use: KernelUse, threads: int, function: KernelFunction):
         self.entry = code.entry
-        self.places = (ctypes.c_int64 * max(2 * len(places), 1))(*(n for p in places for n in (p.slot, p.offset)))
+        numbers = [n for p in use.places for n in (p.slot, p.offset)] + list(use.launch.sizes if use.launch else ())
+        self.places = (ctypes.c_int64 * max(len(numbers), 1))(*numbers)
         self.address = ctypes.addressof(self.places)
         self.chunks = split(function, threads)
 
@@ -184,12 +185,12 @@ class Executable:
         self._code = code  # keeps each kernel's code linked while this program may run it
         self._cost: CostAnalysis | None = None  # estimated when first asked for, not at every compile
         self.kernels: list[KernelFunction | CallSite] = [
-            use if isinstance(use, CallSite) else replace(code[use.key].function, kernel=use.kernel)
+            use if isinstance(use, CallSite) else use.function(code[use.key].function)
             for use in program.uses]
         self.threads = thread_count()
         self._steps: list[_Step | CallStep] = [
             CallStep(use, (bodies or {})[k]) if isinstance(use, CallSite)
-            else _Step(code[use.key], use.places, self.threads, f)
+            else _Step(code[use.key], use, self.threads, f)
             for k, (use, f) in enumerate(zip(program.uses, self.kernels))]
         self._scratch = max((f.scratch_bytes for f in self.kernels if isinstance(f, KernelFunction)), default=0)
         self._free: list[_Workspace] = []

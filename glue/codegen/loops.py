@@ -104,16 +104,20 @@ def nest(b: ir.IRBuilder, extents: Sequence[int], body: NestBody, carried: Seque
     return level(0, [], list(carried))
 
 
-def unflatten(b: ir.IRBuilder, flat: ir.Value, extents: Sequence[int]) -> list[ir.Value]:
-    """Row-major coordinates of a flat index over `extents` (division by constants only)."""
+def unflatten(b: ir.IRBuilder, flat: ir.Value, extents: Sequence[int | ir.Value]) -> list[ir.Value]:
+    """Row-major coordinates of a flat index over `extents`: constants, or values the code
+    reads when it runs (a division by a constant is a few multiplications, by a value a
+    division instruction). The first extent is never read: the outermost coordinate is what
+    the divisions leave."""
     coords: list[ir.Value] = []
     rest = flat
     for k, n in reversed(list(enumerate(extents))):
         if k == 0:
             coords.append(rest)
-        elif n == 1:
+        elif isinstance(n, int) and n == 1:
             coords.append(ir.Constant(I64, 0))
         else:
-            coords.append(b.urem(rest, ir.Constant(I64, n)))
-            rest = b.udiv(rest, ir.Constant(I64, n))
+            divisor = ir.Constant(I64, n) if isinstance(n, int) else n
+            coords.append(b.urem(rest, divisor))
+            rest = b.udiv(rest, divisor)
     return coords[::-1]
