@@ -23,7 +23,9 @@ once the previous step's group has completed (`wgmma.wait_group 1`: one step sta
 the tensor cores) frees that step's stage; meanwhile the producer goes on into the block's
 next tile, so that its first stages load while the consumers run this tile's epilogue. The
 epilogue (the kernel's stores: bias, activation, cast, residual, an optimizer update) runs on
-each accumulator where it lies, neighbouring columns stored as one vector.
+each accumulator where it lies, neighbouring columns stored as one vector; where every store
+is a plain 16-bit one, an interior tile's fragment quads trade words so that each lane stores
+16 bytes of one row (`AccumulatorStores.store_tile`).
 
 Operands are K-major (the contracting dim contiguous: a row-major lhs, the rhs of `x @ w.T`) or
 MN-major (the other dim contiguous); TMA brings either as it lies and `wgmma` reads 16-bit
