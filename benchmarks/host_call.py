@@ -2,8 +2,8 @@
 
 Three loops, each call fed the previous call's results (issue #14's cached call):
 - "tiny": `z = add(z)`, one float32[16] Array in, one out;
-- "list step": a 4-layer tanh MLP training step, `ws, loss = step(ws, x, y)` (4 weights and two
-  inputs in, 5 outputs);
+- "list step": the loops suite's 4-layer tanh MLP training step (benchmarks/cuda_loops.py),
+  `ws, loss = step(ws, x, y)` (4 weights and two inputs in, 5 outputs);
 - "donated step": the step suite's training step (benchmarks/step.py: params, AdamW moments,
   tokens, targets and the two bias corrections, NumPy scalars that change every step) at a tiny
   size, params and moments donated (`donate_argnums=(0, 1, 2)`).
@@ -13,7 +13,8 @@ files under glue/: deterministic, whatever the load), whether the lean call serv
 the median over rounds of the host's us per call (rounds of `--calls` calls, nothing waited
 for inside a round; the device is drained between rounds). `--stub` runs on
 tests/backend_cuda/stub_driver.py (no GPU: its own Python adds about 0.6 us to each graph
-launch). It uses no glue internals: copied into another checkout, it measures that one alike.
+launch). Its only glue internal is the counter (glue/testing/host.py): copied with it into
+another checkout, it measures that one alike.
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from typing import Any, Callable
 import numpy as np
 
 import glue
-import glue.numpy as gnp
+from glue.testing.host import traced
 
 
 def _tiny() -> tuple[Callable[[Any], Any], Any]:
@@ -37,21 +38,12 @@ def _tiny() -> tuple[Callable[[Any], Any], Any]:
 
 
 def _list_step() -> tuple[Callable[[Any], Any], Any]:
-    def loss_fn(ws, x, y):
-        h = x
-        for w in ws:
-            h = gnp.tanh(h @ w)
-        return ((h - y) ** 2).mean()
+    from benchmarks.cuda_loops import _mlp_data, _step
 
-    def step(ws, x, y):
-        loss, grads = glue.value_and_grad(loss_fn)(ws, x, y)
-        return [w - 0.01 * g for w, g in zip(ws, grads)], loss
-
-    jitted = glue.jit(step, backend="cuda")
-    rng = np.random.default_rng(0)
-    put = lambda a: glue.device_put(a.astype(np.float32), "cuda")  # noqa: E731
-    ws = [put(rng.standard_normal((32, 32)) * 0.1) for _ in range(4)]
-    x, y = put(rng.standard_normal((8, 32))), put(rng.standard_normal((8, 32)))
+    jitted = glue.jit(_step, backend="cuda")
+    ws, x, y = _mlp_data()
+    ws = [glue.device_put(w, "cuda") for w in ws]
+    x, y = glue.device_put(x, "cuda"), glue.device_put(y, "cuda")
     return (lambda state: jitted(state[0], x, y)), (ws, None)
 
 
@@ -81,35 +73,15 @@ def _donated_step() -> tuple[Callable[[Any], Any], Any]:
 CASES = {"tiny": _tiny, "list step": _list_step, "donated step": _donated_step}
 
 
-def _bytecodes(call: Callable[[], Any]) -> tuple[Any, int, bool]:
-    """(call()'s result, the bytecodes of glue's own code it ran, whether it stayed off jit's
-    usual path: `Jitted._call`)."""
-    root, names, count = os.path.dirname(glue.__file__) + os.sep, set(), [0]
-
-    def tracer(frame, event, arg):
-        if event == "call":
-            frame.f_trace_opcodes = True
-            names.add(frame.f_code.co_qualname)
-        elif event == "opcode" and frame.f_code.co_filename.startswith(root):
-            count[0] += 1
-        return tracer
-
-    sys.settrace(tracer)
-    try:
-        result = call()
-    finally:
-        sys.settrace(None)
-    return result, count[0], "Jitted._call" not in names
-
-
 def measure(name: str, rounds: int, calls: int) -> dict:
     step, state = CASES[name]()
     for _ in range(8):  # compiled, its graphs captured, its output sets known
         state = step(state)
     codes = []
     for _ in range(5):
-        state, n, lean = _bytecodes(lambda: step(state))
+        state, names, n = traced(lambda: step(state))
         codes.append(n)
+    lean = "Jitted._call" not in names
     from glue.backend_cuda.runtime import get_context
 
     ctx, times = get_context(), []

@@ -10,8 +10,6 @@ poisoning, graphs off, an argument written elsewhere, a result waited for, a tra
 a property compares donated steps with and without the lean call."""
 from __future__ import annotations
 
-import collections
-import os
 import sys
 
 import numpy as np
@@ -22,6 +20,7 @@ import glue
 from glue.backend_cuda.executor import GRAPH_CACHE
 from glue.backend_cuda.runtime.device_array import OutputSets
 from glue.settings import config
+from glue.testing.host import traced
 from tests.backend_cuda import stub_driver
 
 LEAN = {"Jitted.__call__", "_lean_call.<locals>.lean", "_lean_call.<locals>.lean_call"}
@@ -30,34 +29,12 @@ GENERAL = "CudaExecutable.__call__"
 # and runs 228 on the lean one; later versions run fewer): a guard against the lean path
 # growing back, not a measurement.
 MAX_OPCODES = 260
-GLUE = os.path.dirname(glue.__file__) + os.sep
 
 
 @pytest.fixture
 def stub():
     with stub_driver.installed() as driver:
         yield driver
-
-
-def traced(call):
-    """(the result of `call()`, the qualified names of the functions it ran, how many bytecodes
-    of glue's own code it ran)."""
-    names, opcodes = set(), collections.Counter()
-
-    def tracer(frame, event, arg):
-        if event == "call":
-            frame.f_trace_opcodes = True
-            names.add(frame.f_code.co_qualname)
-        elif event == "opcode" and frame.f_code.co_filename.startswith(GLUE):
-            opcodes[frame.f_code.co_qualname] += 1
-        return tracer
-
-    sys.settrace(tracer)
-    try:
-        result = call()
-    finally:
-        sys.settrace(None)
-    return result, names, sum(opcodes.values())
 
 
 def device(x):
