@@ -173,6 +173,12 @@ def test_few_tiles_over_a_long_k_split_it():
     assert launch.strategy.endswith(" 128x128x64 tma 6 stages staged oo warp-specialized 2+1 warpgroups "
                                     "persistent split-k 2"), launch.strategy
     assert launch.grid == 72
+    # the model ties 128 x 192 tiles split in 4 (twice the partials) with it: both are raced
+    raced = {launch.variant: launch.strategy for launch in
+             _contractions(_lower(fn, [np.ones(s, BF16) for s in shapes(768, 4096, 768)], autotune=True)[1])}
+    assert raced.keys() == {"codegen", "codegen 128x192 split-k 4"}, raced
+    assert raced["codegen 128x192 split-k 4"].endswith(" 128x192x64 tma 5 stages staged oo warp-specialized "
+                                                       "2+1 warpgroups persistent split-k 4")
     assert [p.kind for p in launch.params[-2:]] == ["scratch", "counters"]
     assert low["llvm"].scratch == (2 * 36 * 128 * 128 * 4,)
     assert "split-k" not in _strategy(fn, shapes(4096, 4096, 4096))

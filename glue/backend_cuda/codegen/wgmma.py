@@ -80,6 +80,12 @@ PARTIAL_STEPS = 2
 # product) a launch's fixed cost hides what a tiling changes.
 RACED_TILINGS = 3
 RACE_MARGIN = 1.25
+# A raced tiling's split partials may take up to this many times the working memory of the
+# model's choice (none where the choice does not split): a GPT-width weight gradient's 128 x 128
+# tiles split in 2 and its 128 x 192 tiles split in 4 tie in the model, and the second needs
+# twice the partials. The stream's scratch region is sized before the race, for every variant:
+# unbounded, racing splits grew a GPT-2-width step's from 2 to 60 MiB.
+RACE_PARTIALS_GROWTH = 2
 RACE_FLOPS = 1 << 30
 # Past this many operations and loads an element, the epilogue runs as a loop over the
 # accumulators (parked in local memory) instead of once per register pair: a fused AdamW update
@@ -306,9 +312,8 @@ def raced_tilings(kernel: Kernel, places: tuple[Place, ...], inputs: tuple[Place
     """The tilings of a warpgroup contraction that the executor races beside the cost model's
     (`config.autotune`): the next cheapest, those the model puts within RACE_MARGIN of its
     choice, RACED_TILINGS in all at most; none for a product under RACE_FLOPS or one the kernel
-    does not take. A tiling whose split partials would take more working memory than the
-    model's choice is not raced: the stream's scratch region is sized before the race, for
-    every variant (a GPT-2-width step's grew from 2 to 60 MiB when they were)."""
+    does not take, and none whose split partials would take more than RACE_PARTIALS_GROWTH
+    times the working memory of the model's choice."""
     plan = wgmma_plan(kernel, places, inputs, arch, aligned, may_split=True)
     if plan is None or 2 * plan.batches * plan.m * plan.n * plan.depth < RACE_FLOPS:
         return []
@@ -317,7 +322,7 @@ def raced_tilings(kernel: Kernel, places: tuple[Place, ...], inputs: tuple[Place
     best = _cost(*shape, ranked[0])[0]
     return [(width, splits) for width, splits in ranked[1:]
             if _cost(*shape, (width, splits))[0] <= RACE_MARGIN * best
-            and replace(plan, width=width, splits=splits).partial_bytes <= plan.partial_bytes]
+            and replace(plan, width=width, splits=splits).partial_bytes <= RACE_PARTIALS_GROWTH * plan.partial_bytes]
 
 
 def tiling_name(tiling: tuple[int, int]) -> str:
