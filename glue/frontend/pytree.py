@@ -24,8 +24,6 @@ class TreeStructureError(GlueError, ValueError):
     """A pytree does not have the structure it must have (tree_map's other trees, unflatten's
     leaves, a registration)."""
 
-from glue.errors import GlueError, describe_location, user_frame_location
-
 
 @dataclass(frozen=True)
 class PyTreeDef:
