@@ -198,7 +198,9 @@ class CpuEmitter(ExprEmitter):
 
 
 class KernelBuilder(BufferAccess):
-    """Emits one kernel's function into a module."""
+    """Emits one kernel's function into a module; its points' values through `emitter_class`."""
+
+    emitter_class: type[CpuEmitter] = CpuEmitter
 
     def __init__(self, module: ir.Module, kernel: Kernel, symbol: str, operand_aliases: Sequence[int],
                  sized: bool = False):
@@ -229,7 +231,7 @@ class KernelBuilder(BufferAccess):
 
     # --- memory ------------------------------------------------------------------------------
     def emitter(self, dims: Sequence[ir.Value | None], outer: ExprEmitter | None = None) -> ExprEmitter:
-        em = CpuEmitter(self.b, dims, self.shapes, self.load)
+        em = self.emitter_class(self.b, dims, self.shapes, self.load)
         if outer is not None:
             em.memo = dict(outer.memo)
             em.rows = outer.rows

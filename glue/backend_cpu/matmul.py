@@ -224,6 +224,8 @@ class MatmulBuilder(KernelBuilder):
     every kernel of its structure and `Contraction.signature`: of the numbers of its uses'
     `Launch.sizes`, those `compiled_in` gives are constants, the others read from the call."""
 
+    emitter_class = _StridedEmitter
+
     def __init__(self, module: ir.Module, kernel: Kernel, symbol: str, operand_aliases: Sequence[int],
                  contraction: Contraction, compiled_in: Sequence[int | None]):
         super().__init__(module, kernel, symbol, operand_aliases, sized=True)
@@ -272,13 +274,6 @@ class MatmulBuilder(KernelBuilder):
             for d, c in enumerate(unflatten(self.b, k, self.extents[3])):
                 dims[p + d] = c
         return dims
-
-    def emitter(self, dims: Sequence[ir.Value | None], outer: ExprEmitter | None = None) -> ExprEmitter:
-        em = _StridedEmitter(self.b, dims, self.shapes, self.load)
-        if outer is not None:
-            em.memo = dict(outer.memo)
-            em.rows = outer.rows
-        return em
 
     def output_address(self, em: ExprEmitter, store: Store) -> ir.Value:
         offset = em.offset(store.index, self.out_strides[store.output])
