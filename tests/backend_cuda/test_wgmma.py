@@ -165,22 +165,24 @@ def test_tilings_the_cost_model_finds_close_are_raced_as_variants_of_their_own()
 
 def test_few_tiles_over_a_long_k_split_it():
     """A weight gradient of a GPT-width layer (768 x 768 over 4096 tokens) is 36 tiles: split
-    in two, 72 blocks each take half of K; its partials and counters are the kernel's working
-    memory (two parameters after its operands). Many tiles, or a short K, do not split."""
+    in three, 108 blocks take 21 or 22 of K's 64 steps each; its partials and counters are the
+    kernel's working memory (two parameters after its operands). Many tiles, or a short K, do
+    not split."""
     fn, shapes = FORMS["TN"]
     _, low = _lower(fn, [np.ones(s, BF16) for s in shapes(768, 4096, 768)])
     launch = _contractions(low)[0]
     assert launch.strategy.endswith(" 128x128x64 tma 6 stages staged oo warp-specialized 2+1 warpgroups "
-                                    "persistent split-k 2"), launch.strategy
-    assert launch.grid == 72
-    # the model ties 128 x 192 tiles split in 4 (twice the partials) with it: both are raced
+                                    "persistent split-k 3"), launch.strategy
+    assert launch.grid == 108
+    # raced beside it: 128 x 192 tiles split in 5 (the partials of 120 units, 1.7 times as
+    # many bytes) and 128 x 128 tiles split in 2
     raced = {launch.variant: launch.strategy for launch in
              _contractions(_lower(fn, [np.ones(s, BF16) for s in shapes(768, 4096, 768)], autotune=True)[1])}
-    assert raced.keys() == {"codegen", "codegen 128x192 split-k 4"}, raced
-    assert raced["codegen 128x192 split-k 4"].endswith(" 128x192x64 tma 5 stages staged oo warp-specialized "
-                                                       "2+1 warpgroups persistent split-k 4")
+    assert raced.keys() == {"codegen", "codegen 128x192 split-k 5", "codegen 128x128 split-k 2"}, raced
+    assert raced["codegen 128x192 split-k 5"].endswith(" 128x192x64 tma 5 stages staged oo warp-specialized "
+                                                       "2+1 warpgroups persistent split-k 5")
     assert [p.kind for p in launch.params[-2:]] == ["scratch", "counters"]
-    assert low["llvm"].scratch == (2 * 36 * 128 * 128 * 4,)
+    assert low["llvm"].scratch == (3 * 36 * 128 * 128 * 4,)
     assert "split-k" not in _strategy(fn, shapes(4096, 4096, 4096))
     assert "split-k" not in _strategy(fn, shapes(768, 512, 768))  # 8 steps of K: too few to split
 
@@ -281,7 +283,8 @@ def test_on_the_gpu_warpgroup_kernels_compute_the_reference(form, shape, dtype):
 @pytest.mark.cuda
 @pytest.mark.skipif(detected_arch() != "sm_90a", reason="the warpgroup kernel needs an sm_90 GPU")
 @pytest.mark.parametrize("form", ["NN", "TN", "bias gelu"])
-@pytest.mark.parametrize("shape", [(4104, 776, 3080), (520, 8192, 1032)], ids=["edges", "split K, edges"])
+@pytest.mark.parametrize("shape", [(4104, 776, 3080), (520, 8192, 1032), (768, 4096, 768)],
+                         ids=["edges", "split K, edges", "uneven splits"])
 def test_on_the_gpu_every_raced_tiling_computes_the_reference(form, shape):
     """Each variant of glue's own kernel the race may pick (`raced_tilings`) run alone, with
     poisoned outputs, against the reference."""

@@ -161,8 +161,8 @@ class WgmmaPlan:
 
     @property
     def steps(self) -> int:
-        """Steps of K each split of a tile takes."""
-        return -(-self.depth // self.bk) // self.splits
+        """Steps of K a tile takes (all its splits together)."""
+        return -(-self.depth // self.bk)
 
     @property
     def partial_bytes(self) -> int:
@@ -196,12 +196,12 @@ def tilings(batches: int, m: int, n: int, depth: int, bk: int, may_split: bool) 
     step costing the tile's width plus a quarter of its height (the A tile it loads whatever
     the width). On a tie the fewest splits, then the widest. (A GPT-width product of N = 768 is
     96 blocks 256 wide, 73% of the multiprocessors, or 128 blocks 192 wide, 97%; its weight
-    gradient, 768 x 768 over 4096 tokens, is 36 tiles 128 wide split in two: 72 units of 32
-    steps instead of 36 of 64.)
+    gradient, 768 x 768 over 4096 tokens, is 36 tiles 128 wide split in three: 108 units of 21
+    or 22 steps instead of 36 of 64.)
 
     K splits only where the tiles are fewer than the multiprocessors, `may_split` (the kernel
-    has working memory for the partials), in a divisor of K's steps (every split takes the same
-    steps) leaving each split MIN_SPLIT_STEPS or more."""
+    has working memory for the partials), into splits of K's steps as even as they come (their
+    steps differ by one at most: `_Span`), each MIN_SPLIT_STEPS or more."""
     return sorted(_choices(batches, m, n, depth, bk, may_split), key=lambda c: _cost(batches, m, n, depth, bk, c))
 
 
@@ -213,7 +213,7 @@ def _choices(batches: int, m: int, n: int, depth: int, bk: int, may_split: bool)
         choices.append((width, 1))
         if may_split and tiles < SMS:
             choices += [(width, s) for s in range(2, MAX_SPLITS + 1)
-                        if steps % s == 0 and steps // s >= MIN_SPLIT_STEPS]
+                        if steps // s >= MIN_SPLIT_STEPS]
     return choices
 
 
@@ -223,7 +223,7 @@ def _cost(batches: int, m: int, n: int, depth: int, bk: int, choice: tuple[int, 
     width, splits = choice
     steps = -(-depth // bk)
     units = batches * -(-m // BM) * -(-n // width) * splits
-    per_unit = steps // splits + FIXED_STEPS + (PARTIAL_STEPS * (splits + 1) if splits > 1 else 0)
+    per_unit = -(-steps // splits) + FIXED_STEPS + (PARTIAL_STEPS * (splits + 1) if splits > 1 else 0)
     return -(-units // SMS) * per_unit * (width + BM // 4), splits
 
 
@@ -381,7 +381,6 @@ def emit_wgmma(ke: KernelEmitter, plan: WgmmaPlan) -> tuple[int, int, str]:
     tiles_m, tiles_n = -(-plan.m // BM), -(-plan.n // plan.width)
     total = plan.tiles * plan.splits
     grid = min(total, SMS)
-    steps = plan.steps
     ring = _Ring(ke, plan)
     parked = b.alloca(ir.ArrayType(F32, plan.width // 2)) if _epilogue_size(ke.kernel) > LOOPED_EPILOGUE else None
 
@@ -405,29 +404,49 @@ def emit_wgmma(ke: KernelEmitter, plan: WgmmaPlan) -> tuple[int, int, str]:
             hp.mbarrier_init(b, ring.full(c32(s)), 1)
             hp.mbarrier_init(b, ring.empty(c32(s)), CONSUMERS * WARPGROUP // WARP)  # one arrival per consumer warp
 
+    # Each loop over the block's units carries `before`: the steps of K it took on earlier ones,
+    # which place every step in the ring (splits of one tile may differ by a step).
     def produce() -> None:
-        def step(b: ir.IRBuilder, i: ir.Value, _: list) -> list:
+        def step(b: ir.IRBuilder, i: ir.Value, carried: list) -> list:
+            before, = carried
             batch, m0, n0, _tile, split = unit(b, i)
-            _produce(ke, plan, ring, b.mul(i, c64(steps)), b.mul(split, c64(steps)), batch, m0, n0)
-            return []
-        loop(b, 0, mine, step, [], name="tiles", vectorize=False, unroll=1)
+            span = _Span(b, plan, split)
+            _produce(ke, plan, ring, before, span, batch, m0, n0)
+            return [b.add(before, span.steps)]
+        loop(b, 0, mine, step, [c64(0)], name="tiles", vectorize=False, unroll=1)
 
     def consume(_: ir.Value) -> None:
-        def step(b: ir.IRBuilder, i: ir.Value, _: list) -> list:
+        def step(b: ir.IRBuilder, i: ir.Value, carried: list) -> list:
+            before, = carried
             batch, m0, n0, tile, split = unit(b, i)
-            accs = _consume(ke, plan, ring, b.mul(i, c64(steps)), steps, tid, warpgroup)
+            span = _Span(b, plan, split)
+            accs = _consume(ke, plan, ring, before, span.steps, tid, warpgroup)
             if plan.splits == 1:
                 _epilogue(ke, plan, accs, tid, warpgroup, batch, m0, n0, parked)
-                return []
-            splits = _Splits(ke, plan, tid, tile, len(accs))
-            with b.if_then(splits.count_in(accs, split)):
-                _epilogue(ke, plan, splits.sums(), tid, warpgroup, batch, m0, n0, parked)
-            return []
-        loop(b, 0, mine, step, [], name="tiles", vectorize=False, unroll=1)
+            else:
+                splits = _Splits(ke, plan, tid, tile, len(accs))
+                with b.if_then(splits.count_in(accs, split)):
+                    _epilogue(ke, plan, splits.sums(), tid, warpgroup, batch, m0, n0, parked)
+            return [b.add(before, span.steps)]
+        loop(b, 0, mine, step, [c64(0)], name="tiles", vectorize=False, unroll=1)
 
     hp.warp_specialized(ke, init_barriers, produce, consume)
     b.ret_void()
     return grid, (CONSUMERS + 1) * WARPGROUP, str(plan)
+
+
+class _Span:
+    """The steps of K of one split of a tile: split s of S takes steps [s T / S, (s + 1) T / S)
+    of the tile's T, so that the splits differ by a step at most (constants where K does not
+    split)."""
+
+    def __init__(self, b: ir.IRBuilder, plan: WgmmaPlan, split: ir.Value):
+        if plan.splits == 1:
+            self.first, self.steps = ir.Constant(I64, 0), ir.Constant(I64, plan.steps)
+            return
+        first, after = (b.udiv(b.mul(at, ir.Constant(I64, plan.steps)), ir.Constant(I64, plan.splits))
+                        for at in (split, b.add(split, ir.Constant(I64, 1))))
+        self.first, self.steps = first, b.sub(after, first)
 
 
 class _Splits:
@@ -510,11 +529,11 @@ def _coords(b: ir.IRBuilder, side: Side, outer: ir.Value, k0: ir.Value, batch: i
     return found
 
 
-def _produce(ke: KernelEmitter, plan: WgmmaPlan, ring: _Ring, before: ir.Value, first: ir.Value, batch, m0, n0
+def _produce(ke: KernelEmitter, plan: WgmmaPlan, ring: _Ring, before: ir.Value, span: _Span, batch, m0, n0
              ) -> None:
-    """The producer thread on one unit (`before`: the block's steps on earlier units; `first`:
-    the unit's first step of K): for each of its steps, wait for its stage to be free, then
-    load A's and B's tiles into it."""
+    """The producer thread on one unit (`before`: the block's steps on earlier units; `span`:
+    the unit's steps of K): for each of its steps, wait for its stage to be free, then load A's
+    and B's tiles into it."""
     b = ke.b
 
     def step(b: ir.IRBuilder, t: ir.Value, _: list) -> list:
@@ -523,14 +542,14 @@ def _produce(ke: KernelEmitter, plan: WgmmaPlan, ring: _Ring, before: ir.Value, 
         with b.if_then(b.icmp_unsigned(">=", g, ir.Constant(I64, plan.stages))):
             hp.wait_parity(b, ring.empty(s), b.xor(parity, ir.Constant(I32, 1)))  # the stage's previous use
         hp.arrive_expect_bytes(b, ring.full(s), plan.stage_bytes)
-        k0 = b.mul(b.add(first, t), ir.Constant(I64, plan.bk))
+        k0 = b.mul(b.add(span.first, t), ir.Constant(I64, plan.bk))
         for side, outer, tile, map_arg in ((plan.a, m0, ring.a_tile(s), ke.map_args[0]),
                                            (plan.b, n0, ring.b_tile(s), ke.map_args[1])):
             for box, coords in enumerate(_coords(b, side, outer, k0, batch)):
                 hp.tma_load(b, b.add(tile, ir.Constant(I32, box * BOX_BYTES)), map_arg, coords, ring.full(s))
         return []
 
-    loop(b, 0, plan.steps, step, [], name="produce", vectorize=False, unroll=1)
+    loop(b, 0, span.steps, step, [], name="produce", vectorize=False, unroll=1)
 
 
 def _descriptor(b: ir.IRBuilder, side: Side, tile: ir.Value, j: int, k_step: int) -> ir.Value:
@@ -542,7 +561,7 @@ def _descriptor(b: ir.IRBuilder, side: Side, tile: ir.Value, j: int, k_step: int
                                 8 * hp.SWIZZLE_BYTES)
 
 
-def _consume(ke: KernelEmitter, plan: WgmmaPlan, ring: _Ring, before: ir.Value, steps: int, tid, warpgroup
+def _consume(ke: KernelEmitter, plan: WgmmaPlan, ring: _Ring, before: ir.Value, steps: ir.Value, tid, warpgroup
              ) -> list[ir.Value]:
     """A consumer warpgroup's mainloop on one unit (`before`: the block's steps on earlier
     units): its 64 x BN accumulators after the unit's `steps` steps of K, every stage freed."""
@@ -576,7 +595,7 @@ def _consume(ke: KernelEmitter, plan: WgmmaPlan, ring: _Ring, before: ir.Value, 
     zero = ir.Constant(F32, 0.0)
     accs = loop(b, 0, steps, step, [zero] * (plan.width // 2), name="kstep", vectorize=False, unroll=1)
     hp.wgmma_wait(b, 0)
-    free(b.add(before, ir.Constant(I64, steps - 1)))  # the last stage: the producer is on the next tile
+    free(b.sub(b.add(before, steps), ir.Constant(I64, 1)))  # the last stage: the producer is on the next tile
     return accs
 
 
