@@ -677,7 +677,7 @@ def _lean_call(exe: CudaExecutable) -> tuple[Callable[..., list[DeviceBuffer] | 
     copy_in, scalars_at, scalars_from, scalar_bytes = \
         driver.cuMemcpyHtoDAsync, scalars.ptr, scalars.host.ctypes.data, scalars.nbytes
 
-    def replay(key: tuple[int, ...], rewritten: list[DeviceBuffer],
+    def replay(key: tuple[int, ...], rewritten: Sequence[DeviceBuffer],
                hosts: Sequence[int]) -> list[DeviceBuffer] | None:
         """The graph remembered for the argument addresses `key` into a free output set of its
         own, after the host scalars' copy (`hosts`); the donated arguments it overwrites
@@ -724,7 +724,7 @@ def _lean_call(exe: CudaExecutable) -> tuple[Callable[..., list[DeviceBuffer] | 
             return None
         if list(map(_WAITED_ON, buffers)) != ordered:
             return None
-        outputs = replay(key, list(map(buffers.__getitem__, donated)) if donated else [], hosts)
+        outputs = replay(key, list(map(buffers.__getitem__, donated)) if donated else (), hosts)
         if outputs is None or picks is None:
             return outputs
         every = buffers + outputs
@@ -739,7 +739,7 @@ def _lean_call(exe: CudaExecutable) -> tuple[Callable[..., list[DeviceBuffer] | 
             return None
         if buffer.waited_on is not stream:
             return None
-        return replay(key, [], ())
+        return replay(key, (), ())
 
     return lean_call, lean_call_one
 
