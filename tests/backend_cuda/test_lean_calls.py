@@ -128,7 +128,7 @@ def test_a_calls_outputs_are_held_before_it_lets_the_lock_go(stub):
     assert first and (second is None or not {id(b) for b in first} & {id(b) for b in second})
 
 
-def test_a_one_argument_call_the_one_argument_path_declines_takes_the_lists_or_the_usual_path(stub, tmp_path):
+def test_what_the_one_argument_path_declines_takes_the_lists_or_the_usual_path(stub, tmp_path):
     add = glue.jit(lambda v: v + 1, backend="cuda")
     z = warm_loop(add, device(np.ones(16)))
     exe = executable(add)
