@@ -46,7 +46,8 @@ class Executable(Protocol):
     has checked; host scalars at the positions `hosts`; at donated positions buffers the
     caller gives up) and returns the result buffers, when the call is a cheap one such as a
     loop's repeated call (CudaExecutable: one graph replay), and returns None having done
-    nothing otherwise."""
+    nothing otherwise. A program of one argument whose results are its outputs may also have a
+    `lean_call_one(buffer)`: `lean_call([buffer], ())` without building or comparing lists."""
 
     kernels: list[Any]
 

@@ -235,8 +235,14 @@ class CudaExecutable:
         # Lean calls replay graphs whose results are fresh outputs and donated arguments: a
         # program whose results need more (copies, literals), or that launches directly from the
         # start (graphs off, or a while_loop's host steps), has none.
-        self.lean_call: Callable[..., list[DeviceBuffer] | None] | None = \
-            _lean_call(self) if self._picks is not None and self._use_graphs else None
+        self.lean_call: Callable[..., list[DeviceBuffer] | None] | None = None
+        # (`lean_call_one`: the same for a program of one argument whose results are its outputs,
+        # as a loop's `z = f(z)`, handed that argument's buffer alone)
+        self.lean_call_one: Callable[[Any], list[DeviceBuffer] | None] | None = None
+        if self._picks is not None and self._use_graphs:
+            self.lean_call, one = _lean_call(self)
+            if len(program.arg_types) == 1 and self._just_outputs:
+                self.lean_call_one = one
 
     @property
     def poison(self) -> int | None:
@@ -618,7 +624,8 @@ class CudaExecutable:
 _NO_BLOCK = SimpleNamespace(other_streams=())
 
 
-def _lean_call(exe: CudaExecutable) -> Callable[..., list[DeviceBuffer] | None]:
+def _lean_call(exe: CudaExecutable) -> tuple[Callable[..., list[DeviceBuffer] | None],
+                                             Callable[[Any], list[DeviceBuffer] | None]]:
     """The lean call of `exe` (`exe.lean_call(buffers, hosts)`): the call of a loop that runs
     what an earlier call ran, as one graph replay and little else. It returns the results, or
     None, having done nothing, where the call needs more (then call the executable). The caller
@@ -649,11 +656,18 @@ def _lean_call(exe: CudaExecutable) -> Callable[..., list[DeviceBuffer] | None]:
     turned on. Device pointers are unique in the process (unified addressing): equal
     addresses are the same memory.
     Made once per executable with what each call needs at hand (the closure holds no reference
-    to `exe`, so that dropping the executable frees it)."""
+    to `exe`, so that dropping the executable frees it), and with it `lean_call_one(buffer)`,
+    `lean_call([buffer])` for a program of one argument whose results are its outputs (a tiny
+    loop's `z = f(z)`), which checks that argument without a list's maps: a cached tiny call
+    spent a third of its host time in building and comparing one-element lists."""
     entries, stats, lock = exe._lean, exe.graph_stats, exe.ctx.enqueue_lock
+    # (`with lock` looks up and binds __enter__ and __exit__ at every call: 4x the time of these)
+    acquire, release = lock.acquire, lock.release
     most_recent, unheld = exe._graphs.move_to_end, exe._outputs.unheld
+    # (a one-element list's maps and comparison take 6x one call's time)
+    one_output, only_in_a_list = len(unheld) == 1, unheld[0] if unheld else None
     driver, stream, name = drv.load(), exe.stream, exe.name
-    # (the binding makes a CUstream of an int handle at every call; this one is made once)
+    # (the binding makes a CUstream of an int handle at every call: this one is made once)
     launch, handle = driver.cuGraphLaunch, driver.CUstream(stream.handle)
     active, pending = profiler.active, DeviceBuffer.mark_all_pending
     picks, donated = (None, ()) if exe._just_outputs else exe._picks
@@ -662,6 +676,38 @@ def _lean_call(exe: CudaExecutable) -> Callable[..., list[DeviceBuffer] | None]:
     staged = {i: (scalars.views[i], slot) for i, slot in scalars.slots.items()}
     copy_in, scalars_at, scalars_from, scalar_bytes = \
         driver.cuMemcpyHtoDAsync, scalars.ptr, scalars.host.ctypes.data, scalars.nbytes
+
+    def replay(key: tuple[int, ...], rewritten: Sequence[DeviceBuffer],
+               hosts: Sequence[int]) -> list[DeviceBuffer] | None:
+        """The graph remembered for the argument addresses `key` into a free output set of its
+        own, after the host scalars' copy (`hosts`); the donated arguments it overwrites
+        (`rewritten`) are made pending with the set. None, having done nothing, where no set is
+        free."""
+        acquire()  # (entries change under it: a set let go is forgotten before anyone reuses its block)
+        try:
+            for chosen, block, graph_exec, graph_key in entries.get(key, ()):
+                free = getrefcount(chosen[0]) == only_in_a_list if one_output else \
+                    list(map(getrefcount, chosen)) == unheld
+                if free and not block.other_streams:
+                    break
+            else:
+                return None
+            outputs = chosen[:]  # held now: no other call takes the set once the lock is let go
+            # written next: the set, as OutputSets.take hands it out, and the donated arguments
+            pending(outputs + rewritten if rewritten else outputs, stream)
+            if hosts:
+                err, = copy_in(scalars_at, scalars_from, scalar_bytes, handle)
+                if err:
+                    raise drv.error_for("cuMemcpyHtoDAsync", err, detail=f"the host scalars of {name}")
+            err, = launch(graph_exec, handle)  # (Graph.launch, inline)
+            if err:
+                raise drv.error_for("cuGraphLaunch", err, detail=f"a replay of {name} on {stream}")
+            most_recent(graph_key)  # (counted as `_replay` counts a replay)
+            stats.replays += 1
+            stats.captures_in_a_row = 0
+        finally:
+            release()
+        return outputs
 
     def lean_call(buffers: list[Any], hosts: Sequence[int] = ()) -> list[DeviceBuffer] | None:
         if active() is not None:
@@ -678,31 +724,24 @@ def _lean_call(exe: CudaExecutable) -> Callable[..., list[DeviceBuffer] | None]:
             return None
         if list(map(_WAITED_ON, buffers)) != ordered:
             return None
-        with lock:  # (entries change under it: a set let go is forgotten before anyone reuses its block)
-            for chosen, block, graph_exec, graph_key in entries.get(key, ()):
-                if list(map(getrefcount, chosen)) == unheld and not block.other_streams:
-                    break
-            else:
-                return None
-            outputs = chosen[:]  # held now: no other call takes the set once the lock is let go
-            # written next: the set, as OutputSets.take hands it out, and the donated arguments
-            pending(outputs + list(map(buffers.__getitem__, donated)) if donated else outputs, stream)
-            if hosts:
-                err, = copy_in(scalars_at, scalars_from, scalar_bytes, handle)
-                if err:
-                    raise drv.error_for("cuMemcpyHtoDAsync", err, detail=f"the host scalars of {name}")
-            err, = launch(graph_exec, handle)  # (Graph.launch, inline)
-            if err:
-                raise drv.error_for("cuGraphLaunch", err, detail=f"a replay of {name} on {stream}")
-            most_recent(graph_key)  # (counted as `_replay` counts a replay)
-            stats.replays += 1
-            stats.captures_in_a_row = 0
-        if picks is None:
+        outputs = replay(key, list(map(buffers.__getitem__, donated)) if donated else (), hosts)
+        if outputs is None or picks is None:
             return outputs
         every = buffers + outputs
         return list(map(every.__getitem__, picks))
 
-    return lean_call
+    def lean_call_one(buffer: Any) -> list[DeviceBuffer] | None:
+        if active() is not None:
+            return None
+        try:
+            key = (buffer.ptr,)
+        except AttributeError:  # not a device buffer
+            return None
+        if buffer.waited_on is not stream:
+            return None
+        return replay(key, (), ())
+
+    return lean_call, lean_call_one
 
 
 def _load_body(lowering: Any) -> tuple[list[Launch], "CudaExecutable"]:

@@ -362,8 +362,8 @@ class Compiled:
         launch = getattr(executable, "lean_call", None) if self._all_results else None
         layout = _layout(lowered.signature) if launch is not None else None
         self._lean_fn = None if layout is None else _lean_call(
-            launch, layout, self.arg_avals, self._avals, self._out_tree, list(self._consts),
-            self._donated, self._donated_to)
+            launch, getattr(executable, "lean_call_one", None), layout, self.arg_avals, self._avals,
+            self._out_tree, list(self._consts), self._donated, self._donated_to)
         self.has_lean = self._lean_fn is not None
         self._arm()
 
@@ -524,9 +524,10 @@ class Compiled:
                                 f"{self.lowered.backend.name} backend disagrees with the reference: {problem}")
 
 
-def _lean_call(launch: Callable[[list[Any]], list[Any] | None], layout: list[tuple[type, int] | None],
-               arg_avals: list[TensorType], out_avals: list[TensorType], out_tree: PyTreeDef,
-               consts: list[Any], donated: tuple[int, ...], donated_to: list[str]) -> Callable[[tuple], Any]:
+def _lean_call(launch: Callable[[list[Any]], list[Any] | None], launch_one: Callable[[Any], list[Any] | None] | None,
+               layout: list[tuple[type, int] | None], arg_avals: list[TensorType], out_avals: list[TensorType],
+               out_tree: PyTreeDef, consts: list[Any], donated: tuple[int, ...],
+               donated_to: list[str]) -> Callable[[tuple, tuple | None], Any]:
     """A program's lean call (JAX's C++ dispatch, in Python): `lean(args)` runs a call of the
     jitted function through the backend's lean call (`launch`: CudaExecutable.lean_call) and
     returns its results, or returns None, having done nothing, where the call needs the usual
@@ -553,11 +554,24 @@ def _lean_call(launch: Callable[[list[Any]], list[Any] | None], layout: list[tup
     Once the call is queued the donated Arrays (`donated`: leaf positions) are deleted, as
     `Compiled._donate` deletes them.
     The outputs become Arrays as `wrap_results` makes them; a single output here, without its
-    list and loop (they were a fifth of a tiny call's bytecodes)."""
+    list and loop (they were a fifth of a tiny call's bytecodes).
+    A program of one argument, no captured constants and no donation whose backend has a
+    `launch_one` (CudaExecutable.lean_call_one: `launch([buffer], ())` without its lists) takes
+    the call of one Array of the program's very argument type object (a loop's `z = f(z)`) to
+    it, its buffer alone; any other call of it goes through the checks above."""
     flat = not any(layout)  # every argument a leaf: the arguments are the leaves
     single, unflatten = out_tree is LEAF, unflattener(out_tree)
     kept = frozenset(donated)  # (a donated scalar takes the usual path, which copies it)
     new, out_aval = Array.__new__, out_avals[0] if out_avals else None
+
+    def results(outputs: list[Any]) -> Any:
+        if single:
+            array = new(Array)
+            array._device = outputs[0]
+            array.aval = out_aval
+            array._value = array._donated_to = None
+            return array
+        return unflatten(wrap_results(outputs, out_avals))
 
     def lean(args: tuple, hot: tuple | None) -> Any:
         leaves = args if flat else _laid_out(args, layout)
@@ -580,15 +594,20 @@ def _lean_call(launch: Callable[[list[Any]], list[Any] | None], layout: list[tup
             return None
         if donated:
             delete_all(list(map(leaves.__getitem__, donated)), donated_to)
-        if single:
-            array = new(Array)
-            array._device = outputs[0]
-            array.aval = out_aval
-            array._value = array._donated_to = None
-            return array
-        return unflatten(wrap_results(outputs, out_avals))
+        return results(outputs)
 
-    return lean
+    if launch_one is None or len(arg_avals) != 1 or not flat or consts or donated:
+        return lean
+    arg_aval = arg_avals[0]
+
+    def lean_one(args: tuple, hot: tuple | None) -> Any:
+        arg = args[0] if len(args) == 1 else None
+        if arg.__class__ is not Array or arg.aval is not arg_aval:  # (a host scalar, an equal type, ...)
+            return lean(args, hot)
+        outputs = launch_one(arg._device)  # (None for a deleted or host Array: the backend declines)
+        return None if outputs is None else results(outputs)
+
+    return lean_one
 
 
 def _no_lean(args: tuple, hot: tuple | None) -> None:

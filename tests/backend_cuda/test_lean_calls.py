@@ -1,9 +1,11 @@
 """The lean call of a jitted function on the cuda backend (no GPU needed: the driver is a stub,
 tests/backend_cuda/stub_driver.py, so these test what the host does, not the values).
 
-A loop's cached call runs three frames (Jitted.__call__, the program's lean call, the
-executable's `lean_call`) and one graph launch (and one copy of its host scalars, if it passes
-any); donated arguments are deleted as on the usual path. Every call the lean call cannot serve
+A loop's cached call runs Jitted.__call__, the program's lean call, the executable's and its
+replay, and one graph launch (and one copy of its host scalars, if it passes any); donated
+arguments are deleted as on the usual path. A program of one argument takes a loop's call
+passing one Array of its argument type object to the one-argument path (`lean_one`,
+`lean_call_one`), which hands any other call to the lean call's lists. Every call the lean call cannot serve
 as the usual call would takes the usual path, which these tests check case by case (an Array
 passed twice, a donated scalar, changed arguments, host values, profiling, debug timing,
 poisoning, graphs off, an argument written elsewhere, a result waited for, a trace, ...), and
@@ -19,16 +21,19 @@ from hypothesis import given, settings, strategies as st
 import glue
 from glue.backend_cuda.executor import GRAPH_CACHE
 from glue.backend_cuda.runtime.device_array import OutputSets
+from glue.ir import TensorType
 from glue.settings import config
 from glue.testing.host import traced
 from tests.backend_cuda import stub_driver
 
-LEAN = {"Jitted.__call__", "_lean_call.<locals>.lean", "_lean_call.<locals>.lean_call"}
+LEAN = {"Jitted.__call__", "_lean_call.<locals>.replay"}  # (the replay runs on no other path)
+ONE = {"_lean_call.<locals>.lean_one", "_lean_call.<locals>.lean_call_one"}  # the one-argument path
+LISTS = {"_lean_call.<locals>.lean", "_lean_call.<locals>.lean_call"}  # the lean call's lists
 GENERAL = "CudaExecutable.__call__"
 # Bytecodes of glue's own a cached tiny call may run (CPython 3.11 ran 489 on the usual path
-# and runs 228 on the lean one; later versions run fewer): a guard against the lean path
+# and runs 220 on the lean one; later versions run fewer): a guard against the lean path
 # growing back, not a measurement.
-MAX_OPCODES = 260
+MAX_OPCODES = 240
 
 
 @pytest.fixture
@@ -69,6 +74,7 @@ def test_a_loop_call_is_three_frames_and_one_graph_launch(stub):
     z, names, opcodes = traced(lambda: add(z))
     assert isinstance(z, glue.Array) and z.shape == (16,) and z.aval is add._latest[0]._avals[0]
     assert LEAN <= names and GENERAL not in names and "Jitted._call" not in names
+    assert ONE <= names and not LISTS & names
     assert opcodes <= MAX_OPCODES, f"{opcodes} bytecodes in glue for a cached tiny call"
     # one graph launch and no other driver call
     assert stub.calls["cuGraphLaunch"] == launches + 1
@@ -120,6 +126,62 @@ def test_a_calls_outputs_are_held_before_it_lets_the_lock_go(stub):
     # what the lean call returns holds its set: a call right after it takes another, or none
     first, second = exe.lean_call([z._device]), exe.lean_call([z._device])
     assert first and (second is None or not {id(b) for b in first} & {id(b) for b in second})
+
+
+def test_what_the_one_argument_path_declines_takes_the_lists_or_the_usual_path(stub, tmp_path):
+    add = glue.jit(lambda v: v + 1, backend="cuda")
+    z = warm_loop(add, device(np.ones(16)))
+    exe = executable(add)
+    # an Array of an equal type, another object: the lists check it, and serve it
+    z.aval = TensorType(z.aval.shape, z.aval.dtype)
+    z, names, _ = traced(lambda: add(z))
+    assert LEAN <= names and LISTS <= names and "_lean_call.<locals>.lean_call_one" not in names
+    z, names, _ = traced(lambda: add(z))  # (its result has the program's type object)
+    assert LEAN <= names and ONE <= names and not LISTS & names
+    # another shape: the lists decline, and the usual path compiles it
+    _, names, _ = traced(lambda: add(device(np.ones(8))))
+    assert "_lean_call.<locals>.lean" in names and "Jitted._call" in names
+    z = warm_loop(add, z)
+    # a profile open: the backend declines, having launched nothing
+    launches = stub.calls["cuGraphLaunch"]
+    with glue.profile(str(tmp_path / "trace.json")):
+        z, names, _ = traced(lambda: add(z))
+    assert ONE <= names and "_lean_call.<locals>.replay" not in names and GENERAL in names
+    assert stub.calls["cuGraphLaunch"] == launches
+    z = warm_loop(add, z)
+    # a deleted Array: the backend declines, and the usual path says where it went
+    kept = z
+    glue.jit(lambda v: v * 3, backend="cuda", donate_argnums=0)(z)
+    launches = stub.calls["cuGraphLaunch"]
+    assert kept.is_deleted and exe.lean_call_one(kept._device) is None
+    with pytest.raises(glue.GlueError, match="donated to"):
+        add(kept)
+    assert stub.calls["cuGraphLaunch"] == launches
+    # a host scalar: the lists copy it into its slot
+    double = glue.jit(lambda s: s * 2.0, backend="cuda")
+    for _ in range(4):
+        double(np.float32(1.5))
+    copies = stub.calls["cuMemcpyHtoDAsync"]
+    _, names, _ = traced(lambda: double(np.float32(2.5)))
+    assert LEAN <= names and LISTS <= names and stub.calls["cuMemcpyHtoDAsync"] == copies + 1
+
+
+def test_donation_constants_and_more_arguments_take_the_lists(stub):
+    donating = glue.jit(lambda v: v + 1, backend="cuda", donate_argnums=0)
+    z = warm_loop(donating, device(np.ones(16)))
+    old = z
+    z, names, _ = traced(lambda: donating(z))
+    assert LEAN <= names and LISTS <= names and not ONE & names and old.is_deleted
+    w = device(np.ones(16))
+    scaled = glue.jit(lambda v: v * w, backend="cuda")  # w is a captured constant
+    z = warm_loop(scaled, z)
+    z, names, _ = traced(lambda: scaled(z))
+    assert LEAN <= names and LISTS <= names and not ONE & names
+    pair = glue.jit(lambda a, b: a + b, backend="cuda")
+    z = warm_loop(lambda v: pair(v, w), z)
+    assert executable(pair).lean_call_one is None
+    z, names, _ = traced(lambda: pair(z, w))
+    assert LEAN <= names and LISTS <= names and not ONE & names
 
 
 def test_lists_in_and_pytrees_out(stub):
