@@ -104,6 +104,9 @@ _FLAGS: tuple[Flag, ...] = (
     Flag("cpu_matmul_sums_bytes", 1 << 20, _int, "bytes of partial sums a CPU matmul unit keeps (MB x NC)"),
     Flag("cpu_matmul_min_work", 16 << 10, _int,
          "multiply-adds below which a CPU contraction uses the plain per-element loops"),
+    Flag("cpu_unfused_attention_bytes", 96 << 20, _int,
+         "attention whose B x N x T x S scores take at most this many bytes runs as the plain math on "
+         "the CPU (its scores in memory); longer attention runs as the tiled scans (memory O(T))"),
     # the cuda backend
     Flag("cuda_graphs", True, _bool, "capture each program as a CUDA graph and replay it"),
     Flag("cuda_pdl", True, _bool, "programmatic dependent launches on sm_90"),
