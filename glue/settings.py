@@ -138,7 +138,8 @@ _FLAGS: tuple[Flag, ...] = (
     # scheduler knobs
     Flag("fold_limit", 1 << 12, _int, "largest constant (elements) the folding pass evaluates"),
     Flag("recognize_attention", True, _bool,
-         "rewrite hand-written attention (scores, softmax, product with v) to attention equations (flash kernels on the GPU, tiled scans elsewhere)",
+         "rewrite hand-written attention (scores, softmax, product with v) to attention equations (flash kernels "
+         "on the GPU, else the plain math or tiled scans by the size of the scores)",
          traced=True),
 )
 
