@@ -104,6 +104,9 @@ _FLAGS: tuple[Flag, ...] = (
     Flag("cpu_matmul_sums_bytes", 1 << 20, _int, "bytes of partial sums a CPU matmul unit keeps (MB x NC)"),
     Flag("cpu_matmul_min_work", 16 << 10, _int,
          "multiply-adds below which a CPU contraction uses the plain per-element loops"),
+    Flag("cpu_unfused_attention_bytes", 96 << 20, _int,
+         "attention whose B x N x T x S scores take at most this many bytes runs as the plain math on "
+         "the CPU (its scores in memory); longer attention runs as the tiled scans (memory O(T))"),
     # the cuda backend
     Flag("cuda_graphs", True, _bool, "capture each program as a CUDA graph and replay it"),
     Flag("cuda_pdl", True, _bool, "programmatic dependent launches on sm_90"),
@@ -135,7 +138,8 @@ _FLAGS: tuple[Flag, ...] = (
     # scheduler knobs
     Flag("fold_limit", 1 << 12, _int, "largest constant (elements) the folding pass evaluates"),
     Flag("recognize_attention", True, _bool,
-         "rewrite hand-written attention (scores, softmax, product with v) to attention equations (flash kernels on the GPU, tiled scans elsewhere)",
+         "rewrite hand-written attention (scores, softmax, product with v) to attention equations (flash kernels "
+         "on the GPU, else the plain math or tiled scans by the size of the scores)",
          traced=True),
 )
 

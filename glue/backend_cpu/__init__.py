@@ -23,6 +23,8 @@ from glue.backend_cpu.runtime import Executable
 from glue.backend_cpu.target import assembly, host
 from glue.errors import BackendError
 from glue.ir import Graph
+from glue.scheduler.attention import AttentionPolicy
+from glue.settings import config
 
 @dataclass(frozen=True)
 class CpuOptions(Options):
@@ -48,7 +50,7 @@ class CpuBackend(Backend):
     def add_stages(self, lowering: Lowering) -> None:
         if _hinted(lowering) and DISK.load(_program_hint(lowering)) is None:
             workers.prestart()  # likely a cold compile of many kernels: workers start meanwhile
-        add_plan_stages(lowering)
+        add_plan_stages(lowering, attention=_attention())
         lowering.add_stage("program", lambda lw: build_program(lw["plan"], lw.options.key, lw.options.opt_level),
                            text=None)
         lowering.add_stage("llvm", lambda lw: lw["program"].llvm_ir)
@@ -71,6 +73,17 @@ class CpuBackend(Backend):
     @lru_cache(maxsize=256)
     def body_lowering(self, graph: Graph, options: CpuOptions) -> Lowering:
         return Lowering(self, graph, (), "body", options)
+
+
+def _attention() -> AttentionPolicy:
+    """Attention runs as the plain math up to `config.cpu_unfused_attention_bytes` of scores,
+    tiled beyond. The plain math is a few large contractions and row kernels, which the CPU runs
+    as fast as the tiled scans (the 4-layer GPT-2-width bf16 step, 96 MiB of scores a layer,
+    within the 2-core machine's noise; the small one's, 2 MiB, a tenth faster), and compiles far
+    fewer distinct kernels: the scans' call kernels and their bodies took 28 of that step's 71
+    modules and 30% of its LLVM time. Its price is memory: the scores and probabilities each
+    layer keeps for the backward (that step's arena 401 -> 1169 MiB)."""
+    return AttentionPolicy(unfused_bytes=config.cpu_unfused_attention_bytes)
 
 
 def _assembly(lowering: Lowering) -> str:

@@ -1,7 +1,9 @@
 """Fused attention (issue #15): glue.nn.dot_product_attention against the unfused math, on the
 reference, the CPU and the CUDA lowering (through the emulator); its gradients against the
 unfused program's and finite differences; vmap; recognition of hand-written attention, and
-the reasons it gives when it does not match; no T x S buffer in a long causal plan."""
+the reasons it gives when it does not match; no T x S buffer in a long causal plan. The CPU
+runs short attention as the plain math (`cpu_unfused_attention_bytes`): here it tiles all of it,
+so that the scans are what these tests run, but for the test of that threshold itself."""
 from __future__ import annotations
 
 import math
@@ -13,9 +15,16 @@ import glue
 import glue.nn as nn
 import glue.numpy as gnp
 from glue.ir import dtypes as dt
+from glue.settings import config
 from tests.backend_cuda import emulator
 
 BIG = -0.7 * float(np.finfo(np.float32).max)
+
+
+@pytest.fixture(autouse=True)
+def cpu_tiles_all_attention():
+    with config.override(cpu_unfused_attention_bytes=0):
+        yield
 
 
 def unfused(q, k, v, bias=None, mask=None, causal=False):
@@ -253,6 +262,19 @@ def test_several_tiles_and_every_bias_broadcast(bias_shape, causal):
     want = glue.jit(glue.grad(loss(plain), argnums=(0, 1, 2, 3)), backend="reference")(q, k, v, bias)
     for g, w in zip(grad(q, k, v, bias), want):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-4, atol=1e-4)
+
+
+def test_the_cpu_runs_attention_with_scores_up_to_its_threshold_as_the_plain_math():
+    """Scores of 2 x 3 x 16 x 16 float32 (6 KiB): the plain math at the default threshold, the
+    tiled scans under a smaller one; either way the results of the reference."""
+    rng = np.random.default_rng(10)
+    x = [rng.standard_normal((2, 3, 16, D)).astype(np.float32) for _ in range(3)]
+    want = np.asarray(glue.jit(causal_bhtd, backend="reference")(*x))
+    for threshold, how in ((6 << 10, "unfused: its 16 x 16 scores in memory"), ((6 << 10) - 1, "scan[")):
+        with config.override(cpu_unfused_attention_bytes=threshold):
+            fn = glue.jit(causal_bhtd, backend="cpu")
+            assert how in fn.lower(*x).as_text("fusion")
+            np.testing.assert_allclose(np.asarray(fn(*x)), want, rtol=1e-5, atol=1e-5)
 
 
 def _training_loss(dtype):
