@@ -425,8 +425,13 @@ def emit_wgmma(ke: KernelEmitter, plan: WgmmaPlan) -> tuple[int, int, str]:
                 _epilogue(ke, plan, accs, tid, warpgroup, batch, m0, n0, parked)
             else:
                 splits = _Splits(ke, plan, tid, tile, len(accs))
-                with b.if_then(splits.count_in(accs, split)):
-                    _epilogue(ke, plan, splits.sums(), tid, warpgroup, batch, m0, n0, parked)
+                completes = splits.count_in(accs, split)
+                # Each thread counts in alone, so a warp's lanes may complete their tile in
+                # different blocks: only a warp all of whose lanes complete it here may trade
+                # registers across lanes (the 16-byte stores' shuffles need every lane).
+                whole_warp = hp.warp_all(b, completes)
+                with b.if_then(completes):
+                    _epilogue(ke, plan, splits.sums(), tid, warpgroup, batch, m0, n0, parked, whole_warp)
             return [b.add(before, span.steps)]
         loop(b, 0, mine, step, [c64(0)], name="tiles", vectorize=False, unroll=1)
 
@@ -605,11 +610,13 @@ def _epilogue_size(kernel: Kernel) -> int:
 
 
 def _epilogue(ke: KernelEmitter, plan: WgmmaPlan, accs: list[ir.Value], tid, warpgroup, batch, m0, n0,
-              parked: ir.Value | None) -> None:
+              parked: ir.Value | None, whole_warp: ir.Value | None = None) -> None:
     """The kernel's stores at each accumulator: register 4j + r of a thread holds row
     16 w + lane / 4 (+ 8 for r >= 2) of its warpgroup's 64, column 8 j + 2 (lane % 4) + r % 2
     (mma.sync's m16n8 fragment, once per 8 columns). Unrolled over the registers, or, where
-    `parked` (a local array of them) is given, a loop over j reading them back from it."""
+    `parked` (a local array of them) is given, a loop over j reading them back from it.
+    `whole_warp` (where given): whether every lane of the warp runs this epilogue, which the
+    16-byte stores' shuffles need (else each lane stores its pairs)."""
     b = ke.b
     c = lambda v: ir.Constant(I64, v)  # noqa: E731
     coordinates = Coordinates(ke, list(plan.m_dims), list(plan.n_dims), list(plan.batch_dims), batch)
@@ -627,6 +634,8 @@ def _epilogue(ke: KernelEmitter, plan: WgmmaPlan, accs: list[ir.Value], tid, war
     if parked is None:
         inside = b.and_(b.icmp_unsigned("<=", b.add(m0, c(BM)), c(plan.m)),
                         b.icmp_unsigned("<=", b.add(n0, c(plan.width)), c(plan.n)))
+        if whole_warp is not None:
+            inside = b.and_(inside, whole_warp)
         stores.store_tile(inside, b.trunc(b.urem(lane, c(QUAD)), I32), [row0, b.add(row0, c(8))],
                           [b.add(col0, c(8 * j)) for j in range(plan.width // 8)],
                           lambda half, j: accs[4 * j + 2 * half:4 * j + 2 * half + 2])
