@@ -187,6 +187,19 @@ def test_few_tiles_over_a_long_k_split_it():
     assert "split-k" not in _strategy(fn, shapes(768, 512, 768))  # 8 steps of K: too few to split
 
 
+def test_a_split_tile_stores_16_bytes_a_lane_only_where_its_whole_warp_completes_it():
+    """Each consumer thread counts itself in alone, so a warp's lanes may complete their tile in
+    different blocks; the 16-byte stores' quad shuffles need every lane, so the split kernel
+    votes over the warp first (an unsplit one has nothing to vote on)."""
+    fn, shapes = FORMS["TN"]
+    _, low = _lower(fn, [np.ones(s, BF16) for s in shapes(768, 4096, 768)])
+    split = low["ptx"].modules[_contractions(low)[0].symbol]
+    assert "vote.sync.all.pred" in split and "shfl.sync.bfly" in split
+    _, low = _lower(fn, [np.ones(s, BF16) for s in shapes(4096, 768, 768)])
+    unsplit = low["ptx"].modules[_contractions(low)[0].symbol]
+    assert "vote.sync" not in unsplit and "shfl.sync.bfly" in unsplit
+
+
 @pytest.mark.parametrize("form", ["NN", "NT", "TN", "TT"])
 @pytest.mark.parametrize("dtype", [BF16, np.float32], ids=["bf16 out", "f32 out"])
 def test_the_epilogue_stores_neighbouring_columns_as_one_vector(form, dtype):

@@ -86,14 +86,6 @@ def wait_parity(b: ir.IRBuilder, barrier: ir.Value, parity: ir.Value) -> None:
     b.position_at_end(after)
 
 
-def warp_all(b: ir.IRBuilder, predicate: ir.Value) -> ir.Value:
-    """Whether `predicate` (an i1) holds in every lane of the warp (all lanes must call it)."""
-    name = "llvm.nvvm.vote.all.sync"
-    fn = b.module.globals.get(name) or ir.Function(b.module, ir.FunctionType(ir.IntType(1), [I32, ir.IntType(1)]),
-                                                   name)
-    return b.call(fn, [ir.Constant(I32, -1), predicate])
-
-
 def tma_load(b: ir.IRBuilder, target: ir.Value, tensor_map: ir.Value, coords: list[ir.Value],
              barrier: ir.Value) -> None:
     """Start a TMA load of the box at `coords` (i32, innermost first) of `tensor_map` (its

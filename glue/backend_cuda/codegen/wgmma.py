@@ -429,7 +429,7 @@ def emit_wgmma(ke: KernelEmitter, plan: WgmmaPlan) -> tuple[int, int, str]:
                 # Each thread counts in alone, so a warp's lanes may complete their tile in
                 # different blocks: only a warp all of whose lanes complete it here may trade
                 # registers across lanes (the 16-byte stores' shuffles need every lane).
-                whole_warp = hp.warp_all(b, completes)
+                whole_warp = ke.warp_all(completes)
                 with b.if_then(completes):
                     _epilogue(ke, plan, splits.sums(), tid, warpgroup, batch, m0, n0, parked, whole_warp)
             return [b.add(before, span.steps)]
