@@ -291,7 +291,9 @@ def test_donated_lean_calls_do_what_the_usual_path_does(actions):
                 elif action == "float":
                     args[3] = 0.5
                 passed = [a for a in args[0] + args[1] + [args[2]] if isinstance(a, glue.Array)]
-                donated = {id(a._device): i for i, a in enumerate(args[0] + args[1]) if not a.is_deleted}
+                # the donated Arrays' buffers, held until the results are compared (a freed
+                # buffer's id may be a new result's)
+                donated = [(i, a._device) for i, a in enumerate(args[0] + args[1]) if not a.is_deleted]
                 try:
                     out = f(*args)
                 except glue.GlueError as err:
@@ -299,7 +301,8 @@ def test_donated_lean_calls_do_what_the_usual_path_does(actions):
                     continue
                 results = out[0] + out[1] + [out[2]]
                 log.append((action, [str(r.aval) for r in results],
-                            [donated.get(id(r._device), -1) for r in results], [a.is_deleted for a in passed]))
+                            [max((i for i, buffer in donated if buffer is r._device), default=-1) for r in results],
+                            [a.is_deleted for a in passed]))
                 live = [a for a in held + [x] if not a.is_deleted]
                 assert not {r._device.ptr for r in results} & {a._device.ptr for a in live}
                 if action == "wait":
