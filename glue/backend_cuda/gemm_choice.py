@@ -15,9 +15,10 @@ kernel launch. A library variant of a product of at least ALGORITHM_FLOPS is tim
 the first ALGORITHMS algorithms cuBLASLt's heuristics rank for it (as XLA's autotuner does: the
 first is not always the fastest, e.g. for a transposed operand), and runs with the fastest.
 The race is bounded in two rounds: every candidate (variant, algorithm) is probed with one
-replay of one run; those within PRUNE of the fastest probe are timed again, in graphs of as many
-runs (up to REPEATS) as make about GRAPH_US of work, over RUNS replays. A large product's clear
-losers so cost a run or two instead of REPEATS x (WARMUP + RUNS). `glue.config.gemm` forces
+replay of one run, twice (in one order, then the other; the better probe counts); those within
+PRUNE of the fastest probe are timed again, in graphs of as many runs (up to REPEATS) as make
+about GRAPH_US of work, over RUNS replays. A large product's clear losers so cost a few runs
+instead of REPEATS x (WARMUP + RUNS). `glue.config.gemm` forces
 glue's kernel ("codegen") or the library's variants ("library", raced between themselves); with
 `glue.config.autotune` off, a kernel takes the variant "library" where it has one, with its
 first algorithm, and glue's kernel the cost model's tiling (no other is built). The choices and their timings are on the executable (`gemm_choices`,
@@ -280,7 +281,13 @@ def race(exe: "CudaExecutable", program: "CudaProgram", group: int, variants: li
             for matmul in matmuls:
                 matmul.choice = 0
 
+    # Each candidate is probed twice, in one order and then the other, and keeps its faster
+    # probe, so the first one probed does not alone pay for a GPU coming out of idle. (A likely
+    # cause of one lost race: 8192^3 TF32's first tiling, 3.7 ms in an earlier race, was pruned
+    # for a tiling that then ran at 5.1 ms.)
     probes = {c: time_candidate(*c, repeats=1, warmup=1, runs=1) for c in candidates}
+    for c in reversed(candidates):
+        probes[c] = min(probes[c], time_candidate(*c, repeats=1, warmup=1, runs=1))
     fastest = min(probes.values())
     measured = dict(probes)
     for c, probe in probes.items():
