@@ -41,9 +41,10 @@ class StubDriver:
         self._graphs: dict[int, int] = {}  # graph -> nodes
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("cu"):  # a driver call the stub does not know: say which
+        found = getattr(_real, name)
+        if name.startswith("cu") and not isinstance(found, type):  # a driver call the stub does not know
             raise AttributeError(f"StubDriver has no {name}")
-        return getattr(_real, name)  # CUresult, the flags and attribute enums, CUlaunchConfig, ...
+        return found  # CUresult, the flags and attribute enums, CUlaunchConfig, cuuint64_t, ...
 
     def _handle(self) -> int:
         return next(self._handles)
@@ -122,6 +123,7 @@ class StubDriver:
     def cuModuleGetFunction(self, module, name): return (_OK, self._handle())
     def cuFuncSetAttribute(self, function, attr, value): return (_OK,)
     def cuFuncGetAttribute(self, attr, function): return (_OK, 0)
+    def cuTensorMapEncodeTiled(self, *description): return (_OK, _real.CUtensorMap())  # (zeros: no TMA here)
 
     def cuLaunchKernel(self, f, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
         return self._queue("cuLaunchKernel", stream)
