@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 import glue
 import glue.numpy as gnp
 from glue.backend_cpu.matmul import common_sizes
+from glue.backend_cpu.target import host
 from glue.ir import dtypes as dt
 from glue.reference.compare import mismatch
 from glue.settings import config
@@ -41,7 +42,8 @@ def test_a_layers_products_share_one_module():
     alone, whose code has all its sizes compiled in."""
     rng = np.random.default_rng(0)
     x, h = _data(rng, 96, 48), _data(rng, 96, 160)
-    pairs = [(x, _data(rng, 48, 144)), (x, _data(rng, 48, 48)), (h, _data(rng, 160, 48))]
+    # (144 and 288 columns split into different units of work at 256-bit and at 512-bit vectors)
+    pairs = [(x, _data(rng, 48, 144)), (x, _data(rng, 48, 288)), (h, _data(rng, 160, 48))]
     compiled = _compiled(_all_products, pairs)
     program = compiled.lowered.lowering["program"]
     (source,) = _contractions(program)
@@ -90,6 +92,7 @@ def test_shared_code_read_back_from_the_disk_cache(tmp_path):
 
 # --- any sizes, any way of reading the operands -----------------------------------------------
 
+LANES = host().vector_bits // 32  # float32 lanes of this host's vectors (8 with AVX2, 16 with AVX-512)
 FORMS = {  # name: (fn of (a, b), a's shape for m, k, batch), b's shape for k, n, batch)
     "plain": (lambda a, b: a @ b, lambda m, k, bt: (m, k), lambda k, n, bt: (k, n)),
     "transposed right": (lambda a, b: a @ b.T, lambda m, k, bt: (m, k), lambda k, n, bt: (n, k)),
@@ -107,8 +110,8 @@ def _cases(draw):
     form = draw(st.sampled_from(sorted(FORMS)))
     dtype = draw(st.sampled_from([np.float32, np.float64]))
     # extents of at least 2 (an extent of 1 is a broadcast, another structure) and columns of
-    # at least a vector (fewer take the row loop)
-    sizes = draw(st.lists(st.tuples(st.integers(2, 40), st.integers(2, 70), st.integers(8, 60), st.integers(2, 3)),
+    # at least a vector of float32 on this host (fewer take the row loop)
+    sizes = draw(st.lists(st.tuples(st.integers(2, 40), st.integers(2, 70), st.integers(LANES, 60), st.integers(2, 3)),
                           min_size=2, max_size=3, unique=True))
     kc = draw(st.sampled_from([None, 1, 7, 32]))
     return form, dtype, sizes, kc
@@ -123,7 +126,7 @@ def test_contractions_of_other_sizes_share_code_and_keep_their_bits(case, seed):
     left_dtype = np.float16 if form == "cast left" else dtype
     pairs = [(_data(rng, *left(m, k, bt), dtype=left_dtype), _data(rng, *right(k, n, bt), dtype=dtype))
              for m, k, n, bt in sizes]
-    step = 2 * 256 // 8  # bytes of a packed B panel's row of float32 at 256-bit vectors
+    step = 2 * LANES * 4  # bytes of a packed B panel's row of float32 (two vectors)
     budgets = {"cpu_matmul_min_work": 0} if kc is None else {"cpu_matmul_min_work": 0, "cpu_matmul_l1_bytes": kc * step}
     with config.override(**budgets, cpu_parallel_threshold=0):
         compiled = _compiled(lambda pairs: [fn(a, b) for a, b in pairs], pairs)

@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterator
 
 from cuda.bindings import driver as _real
 
+from glue.backend_cuda import detected_arch
 from glue.backend_cuda.runtime import context, driver, stream
 from glue.settings import config
 
@@ -148,14 +149,21 @@ class StubDriver:
     def cuGraphLaunch(self, exec_, stream): return self._queue("cuGraphLaunch", stream)
 
 
+def _forget_the_driver() -> None:
+    """Drop what glue remembers of the driver it loaded: the module, its version and the
+    detected arch (a lowering before the stub, with no GPU, remembered none: sm_90, not sm_90a)."""
+    driver.load.cache_clear()
+    driver.version.cache_clear()
+    detected_arch.cache_clear()
+
+
 @contextlib.contextmanager
 def installed() -> Iterator[StubDriver]:
     """The stub in place of the CUDA driver inside the block (glue's driver state fresh)."""
     stub = StubDriver()
     saved = driver._bindings, dict(context._contexts), dict(stream._pools)
     driver._bindings = lambda: stub
-    driver.load.cache_clear()
-    driver.version.cache_clear()
+    _forget_the_driver()
     context._contexts.clear()
     stream._pools.clear()
     try:
@@ -163,8 +171,7 @@ def installed() -> Iterator[StubDriver]:
             yield stub
     finally:
         driver._bindings, contexts, pools = saved
-        driver.load.cache_clear()
-        driver.version.cache_clear()
+        _forget_the_driver()
         context._contexts.clear()
         context._contexts.update(contexts)
         stream._pools.clear()
