@@ -188,6 +188,11 @@ def test_narrow_numpy_dtypes_are_stored_as_their_glue_dtype():
 
 
 def launch_axpy(axpy, x, y, out, alpha, n, stream=None, **kw):
+    """Queue axpy after its buffers' last writes, as a program call does: a raw launch is not
+    ordered after `from_numpy`'s upload on the copy stream (it read stale inputs on an H100)."""
+    stream = stream or axpy.module.ctx.stream
+    for buf in (x, y, out):
+        buf.prepare_for(stream)
     axpy.launch((n + 127) // 128, 128, (x, y, out, alpha, n), stream, **kw)
     out.mark_written(stream)
 
@@ -381,8 +386,7 @@ def test_cross_stream_dependency_through_an_event(ctx, axpy):
     for _ in range(rounds):  # about 0.5 ms of work on a: b would overtake it without the wait
         launch_axpy(axpy, x, y, y, 1.0, n, a)
     stop.record(a)
-    y.prepare_for(b)
-    launch_axpy(axpy, y, zero, z, 2.0, n, b)
+    launch_axpy(axpy, y, zero, z, 2.0, n, b)  # waits for a's writes of y (`prepare_for`)
     expected = np.zeros(n, np.float32)
     for _ in range(rounds):
         expected = xh + expected
