@@ -187,17 +187,21 @@ def test_few_tiles_over_a_long_k_split_it():
     assert "split-k" not in _strategy(fn, shapes(768, 512, 768))  # 8 steps of K: too few to split
 
 
-def test_a_split_tile_stores_16_bytes_a_lane_only_where_its_whole_warp_completes_it():
-    """Each consumer thread counts itself in alone, so a warp's lanes may complete their tile in
-    different blocks; the 16-byte stores' quad shuffles need every lane, so the split kernel
-    votes over the warp first (an unsplit one has nothing to vote on)."""
+def test_a_split_tile_is_finished_by_the_last_warp_to_arrive_as_one_warp():
+    """A split kernel's consumer warps count in through lane 0 and share its count (the 16-byte
+    stores' quad shuffles need the whole warp on one branch); the last to arrive waits for the
+    others' written partials (an acquiring load) and reads every split but its own, which it
+    keeps in registers (predicated loads). An unsplit kernel has none of it."""
     fn, shapes = FORMS["TN"]
     _, low = _lower(fn, [np.ones(s, BF16) for s in shapes(768, 4096, 768)])
     split = low["ptx"].modules[_contractions(low)[0].symbol]
-    assert "vote.sync.all.pred" in split and "shfl.sync.bfly" in split
+    for text in ("shfl.sync.idx.b32", "ld.acquire.gpu.global.u32", "@!keep ld.global.f32", "bar.warp.sync",
+                 "shfl.sync.bfly"):
+        assert text in split, text
+    assert "vote.sync" not in split
     _, low = _lower(fn, [np.ones(s, BF16) for s in shapes(4096, 768, 768)])
     unsplit = low["ptx"].modules[_contractions(low)[0].symbol]
-    assert "vote.sync" not in unsplit and "shfl.sync.bfly" in unsplit
+    assert "ld.acquire" not in unsplit and "@!keep" not in unsplit and "shfl.sync.bfly" in unsplit
 
 
 @pytest.mark.parametrize("form", ["NN", "NT", "TN", "TT"])

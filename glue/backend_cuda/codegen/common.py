@@ -323,12 +323,6 @@ class KernelEmitter(BufferAccess):
         self.b.call(fn, [])
 
     # --- warps and blocks --------------------------------------------------------------------
-    def warp_all(self, predicate: ir.Value) -> ir.Value:
-        """Whether `predicate` (an i1) holds in every lane of the warp (all 32 lanes take part)."""
-        name = "llvm.nvvm.vote.all.sync"
-        fn = self.module.globals.get(name) or ir.Function(self.module, ir.FunctionType(I1, [I32, I1]), name)
-        return self.b.call(fn, [ir.Constant(I32, -1), predicate])
-
     def shuffle_xor(self, value: ir.Value, lane_mask: int) -> ir.Value:
         """The `value` of the lane whose index differs from ours in `lane_mask` (all 32 lanes
         take part)."""

@@ -86,6 +86,36 @@ def wait_parity(b: ir.IRBuilder, barrier: ir.Value, parity: ir.Value) -> None:
     b.position_at_end(after)
 
 
+def warp_sync(b: ir.IRBuilder) -> None:
+    """Wait for every lane of the warp; it also orders their memory accesses before it against
+    theirs after it (a fence in one lane then stands for all)."""
+    _asm(b, "bar.warp.sync -1;", "~{memory}", [])
+
+
+def lane0_value(b: ir.IRBuilder, value: ir.Value) -> ir.Value:
+    """Lane 0's `value` (an i32) in every lane of the warp."""
+    return _asm(b, "shfl.sync.idx.b32 $0, $1, 0, 31, -1;", "=r,r,~{memory}", [value], I32)
+
+
+def wait_for_count(b: ir.IRBuilder, counter: ir.Value, count: int) -> None:
+    """Spin until the global i32 `counter` reads `count`, each read acquiring (at GPU scope)
+    what the writers released before they counted."""
+    fn = b.function
+    spin, after = fn.append_basic_block("count.spin"), fn.append_basic_block("count.done")
+    b.branch(spin)
+    b.position_at_end(spin)
+    seen = _asm(b, "ld.acquire.gpu.global.u32 $0, [$1];", "=r,l,~{memory}", [b.ptrtoint(counter, I64)], I32)
+    b.cbranch(b.icmp_unsigned("==", seen, ir.Constant(I32, count)), after, spin)
+    b.position_at_end(after)
+
+
+def load_unless(b: ir.IRBuilder, address: ir.Value, keep: ir.Value, value: ir.Value) -> ir.Value:
+    """`value` (an f32) where `keep` (an i1), else the global f32 at `address`, read by a
+    predicated load: no branch, and nothing read where it is kept."""
+    text = "{ .reg .pred keep; setp.ne.u32 keep, $2, 0; mov.b32 $0, $3; @!keep ld.global.f32 $0, [$1]; }"
+    return _asm(b, text, "=f,l,r,f", [b.ptrtoint(address, I64), b.zext(keep, I32), value], F32)
+
+
 def tma_load(b: ir.IRBuilder, target: ir.Value, tensor_map: ir.Value, coords: list[ir.Value],
              barrier: ir.Value) -> None:
     """Start a TMA load of the box at `coords` (i32, innermost first) of `tensor_map` (its

@@ -171,8 +171,8 @@ class WgmmaPlan:
 
     @property
     def counter_bytes(self) -> int:
-        """A counter per tile and consumer thread (0 unsplit)."""
-        return 0 if self.splits == 1 else self.tiles * CONSUMERS * WARPGROUP * 4
+        """Two counters per tile and consumer warp (0 unsplit): `_Splits`."""
+        return 0 if self.splits == 1 else 2 * self.tiles * CONSUMERS * WARPGROUP // WARP * 4
 
     @property
     def tensor_maps(self) -> tuple[hp.TensorMap, ...]:
@@ -424,14 +424,9 @@ def emit_wgmma(ke: KernelEmitter, plan: WgmmaPlan) -> tuple[int, int, str]:
             if plan.splits == 1:
                 _epilogue(ke, plan, accs, tid, warpgroup, batch, m0, n0, parked)
             else:
-                splits = _Splits(ke, plan, tid, tile, len(accs))
-                completes = splits.count_in(accs, split)
-                # Each thread counts in alone, so a warp's lanes may complete their tile in
-                # different blocks: only a warp all of whose lanes complete it here may trade
-                # registers across lanes (the 16-byte stores' shuffles need every lane).
-                whole_warp = ke.warp_all(completes)
-                with b.if_then(completes):
-                    _epilogue(ke, plan, splits.sums(), tid, warpgroup, batch, m0, n0, parked, whole_warp)
+                splits = _Splits(ke, plan, tid, tile, split, accs)
+                with b.if_then(splits.finishes()):
+                    _epilogue(ke, plan, splits.sums(), tid, warpgroup, batch, m0, n0, parked)
             return [b.add(before, span.steps)]
         loop(b, 0, mine, step, [c64(0)], name="tiles", vectorize=False, unroll=1)
 
@@ -455,24 +450,34 @@ class _Span:
 
 
 class _Splits:
-    """A split of K's partials and counters (`ke.extra_ptrs`): each consumer thread writes its
-    accumulators to its split's partials, then counts itself in on the counter of its tile and
-    thread (a fence first, releasing them); the thread whose count completes the tile (after a
-    fence acquiring the others' partials) sets the counter back to zero for the next call and
-    adds every split's partials, in split order, so the sum does not depend on which split
-    finished last. Thread by thread: no barrier, and each thread reads only what its
-    counterparts in the other blocks wrote.
+    """A split of K's partials and counters (`ke.extra_ptrs`), a consumer warp at a time (its
+    epilogue's stores trade registers across its lanes, so a warp decides as one). As a warp's
+    mainloop on a unit ends, its lane 0 counts it in on `arrived` (a counter per tile and
+    consumer warp) and tells the warp the count. The warp that arrives last finishes the tile;
+    any other writes its accumulators to its split's partials, and lane 0 counts it in on
+    `written` (a warp barrier, then a fence, releasing every lane's writes). The finisher writes
+    nothing: lane 0 waits until `written` counts every other split (each has arrived, so is
+    already writing: a short wait, and never on a block that has not started), acquiring their
+    partials, and sets both counters back to zero for the next call; then the warp adds every
+    split's sums in split order, its own from its registers, so the sum does not depend on
+    which split finished last.
 
     Partial r of consumer thread t of a unit lies at ((split * tiles + tile) * R + r) * 256 + t
     (R accumulators a thread): a warp's 32 stores of one register are one 128-byte line."""
 
     THREADS = CONSUMERS * WARPGROUP
+    WARPS = THREADS // WARP
 
-    def __init__(self, ke: KernelEmitter, plan: WgmmaPlan, tid: ir.Value, tile: ir.Value, registers: int):
-        self.ke, self.b, self.plan, self.tile, self.registers = ke, ke.b, plan, tile, registers
-        self.thread = self.b.zext(self.b.sub(tid, ir.Constant(I32, WARPGROUP)), I64)
-        at = self.b.add(self.b.mul(tile, self._c(self.THREADS)), self.thread)
-        self.counter = self.b.gep(ke.extra_ptrs[1], [at], inbounds=True, source_etype=I32)
+    def __init__(self, ke: KernelEmitter, plan: WgmmaPlan, tid: ir.Value, tile: ir.Value, split: ir.Value,
+                 accs: list[ir.Value]):
+        self.ke, self.b, self.plan, self.tile, self.split, self.accs = ke, ke.b, plan, tile, split, accs
+        b, c = self.b, self._c
+        self.thread = b.zext(b.sub(tid, ir.Constant(I32, WARPGROUP)), I64)
+        self.lane0 = b.icmp_unsigned("==", b.urem(self.thread, c(WARP)), c(0))
+        at = b.add(b.mul(tile, c(self.WARPS)), b.udiv(self.thread, c(WARP)))
+        self.arrived = b.gep(ke.extra_ptrs[1], [at], inbounds=True, source_etype=I32)
+        self.written = b.gep(ke.extra_ptrs[1], [b.add(at, c(plan.tiles * self.WARPS))], inbounds=True,
+                             source_etype=I32)
 
     @staticmethod
     def _c(v: int) -> ir.Value:
@@ -481,30 +486,47 @@ class _Splits:
     def _partial(self, split: ir.Value, r: int) -> ir.Value:
         b, c = self.b, self._c
         unit = b.add(b.mul(split, c(self.plan.tiles)), self.tile)
-        slot = b.add(b.mul(b.add(b.mul(unit, c(self.registers)), c(r)), c(self.THREADS)), self.thread)
+        slot = b.add(b.mul(b.add(b.mul(unit, c(len(self.accs))), c(r)), c(self.THREADS)), self.thread)
         return b.gep(self.ke.extra_ptrs[0], [slot], inbounds=True, source_etype=F32)
 
-    def count_in(self, accs: list[ir.Value], split: ir.Value) -> ir.Value:
-        """Write this split's partials and count in: whether this thread completed its tile."""
+    def finishes(self) -> ir.Value:
+        """Count the warp in; unless it arrived last, write its partials and count it in as
+        written. Whether it finishes the tile (the same in every lane)."""
         b = self.b
-        for r, acc in enumerate(accs):
-            b.store(acc, self._partial(split, r))
-        self.ke.fence_gpu()
-        old = b.atomic_rmw("add", self.counter, ir.Constant(I32, 1), "monotonic")
-        return b.icmp_unsigned("==", old, ir.Constant(I32, self.plan.splits - 1))
+        before = b.block
+        with b.if_then(self.lane0):
+            counted = b.atomic_rmw("add", self.arrived, ir.Constant(I32, 1), "monotonic")
+            counted_in = b.block
+        arrived = b.phi(I32)
+        arrived.add_incoming(counted, counted_in)
+        arrived.add_incoming(ir.Constant(I32, 0), before)
+        last = b.icmp_unsigned("==", hp.lane0_value(b, arrived), ir.Constant(I32, self.plan.splits - 1))
+        with b.if_then(b.not_(last)):
+            for r, acc in enumerate(self.accs):
+                b.store(acc, self._partial(self.split, r))
+            hp.warp_sync(b)
+            with b.if_then(self.lane0):
+                self.ke.fence_gpu()
+                b.atomic_rmw("add", self.written, ir.Constant(I32, 1), "monotonic")
+        return last
 
     def sums(self) -> list[ir.Value]:
-        """Every split's partials added in split order (by the thread that completed the tile)."""
+        """In the finishing warp: every split's sums added in split order."""
         b = self.b
-        self.ke.fence_gpu()
-        b.store(ir.Constant(I32, 0), self.counter)  # every other split of the tile has counted in
-        found = []
-        for r in range(self.registers):
-            total = b.load(self._partial(self._c(0), r), typ=F32)
-            for s in range(1, self.plan.splits):
-                total = b.fadd(total, b.load(self._partial(self._c(s), r), typ=F32))
-            found.append(total)
-        return found
+        with b.if_then(self.lane0):
+            hp.wait_for_count(b, self.written, self.plan.splits - 1)
+            b.store(ir.Constant(I32, 0), self.arrived)
+            b.store(ir.Constant(I32, 0), self.written)
+        hp.warp_sync(b)  # (the other lanes read the partials after lane 0 acquired them)
+        mine = [b.icmp_unsigned("==", self.split, self._c(s)) for s in range(self.plan.splits)]
+        totals = []
+        for r, acc in enumerate(self.accs):  # (register by register: each accumulator dies once added)
+            terms = [hp.load_unless(b, self._partial(self._c(s), r), mine[s], acc) for s in range(self.plan.splits)]
+            total = terms[0]
+            for term in terms[1:]:
+                total = b.fadd(total, term)
+            totals.append(total)
+        return totals
 
 
 def _tile_of(b: ir.IRBuilder, block: ir.Value, batches: int, tiles_m: int, tiles_n: int
@@ -610,13 +632,11 @@ def _epilogue_size(kernel: Kernel) -> int:
 
 
 def _epilogue(ke: KernelEmitter, plan: WgmmaPlan, accs: list[ir.Value], tid, warpgroup, batch, m0, n0,
-              parked: ir.Value | None, whole_warp: ir.Value | None = None) -> None:
+              parked: ir.Value | None) -> None:
     """The kernel's stores at each accumulator: register 4j + r of a thread holds row
     16 w + lane / 4 (+ 8 for r >= 2) of its warpgroup's 64, column 8 j + 2 (lane % 4) + r % 2
     (mma.sync's m16n8 fragment, once per 8 columns). Unrolled over the registers, or, where
-    `parked` (a local array of them) is given, a loop over j reading them back from it.
-    `whole_warp` (where given): whether every lane of the warp runs this epilogue, which the
-    16-byte stores' shuffles need (else each lane stores its pairs)."""
+    `parked` (a local array of them) is given, a loop over j reading them back from it."""
     b = ke.b
     c = lambda v: ir.Constant(I64, v)  # noqa: E731
     coordinates = Coordinates(ke, list(plan.m_dims), list(plan.n_dims), list(plan.batch_dims), batch)
@@ -634,8 +654,6 @@ def _epilogue(ke: KernelEmitter, plan: WgmmaPlan, accs: list[ir.Value], tid, war
     if parked is None:
         inside = b.and_(b.icmp_unsigned("<=", b.add(m0, c(BM)), c(plan.m)),
                         b.icmp_unsigned("<=", b.add(n0, c(plan.width)), c(plan.n)))
-        if whole_warp is not None:
-            inside = b.and_(inside, whole_warp)
         stores.store_tile(inside, b.trunc(b.urem(lane, c(QUAD)), I32), [row0, b.add(row0, c(8))],
                           [b.add(col0, c(8 * j)) for j in range(plan.width // 8)],
                           lambda half, j: accs[4 * j + 2 * half:4 * j + 2 * half + 2])
