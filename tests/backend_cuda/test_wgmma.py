@@ -97,7 +97,7 @@ def test_tf32_takes_the_warpgroup_kernel_where_both_operands_are_k_major():
     (launch,) = _contractions(low)
     assert launch.strategy.startswith("wgmma tf32 128x") and "x32 tma" in launch.strategy, launch.strategy
     assert " staged kk " in launch.strategy
-    assert {m.dtype for m in launch.tensor_maps} == {"f32"}
+    assert {m.dtype for m in launch.tensor_maps} == {"tf32"}  # (the copy engine rounds them to TF32)
     assert all(m.box[0] == 32 for m in launch.tensor_maps)
     ptx = low["ptx"].modules[launch.symbol]
     assert "wgmma.mma_async.sync.aligned.m64n" in ptx and "k8.f32.tf32.tf32" in ptx
@@ -325,3 +325,37 @@ def test_on_the_gpu_every_raced_tiling_computes_the_reference(form, shape):
                                                if launch.variant == variant or launch.group not in raced])
             outs = [np.asarray(o) for o in CudaExecutable(alone, ptx, "tilings")(*all_args)]
             check_outputs(closed, all_args, outs, f"{form} {shape} {variant}")
+
+
+def _tf32_nearest(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`x` (float32) rounded to TF32's 10 mantissa bits, to nearest: ties to even, ties away."""
+    bits = x.view(np.uint32).astype(np.uint64)
+    kept = lambda b: (b & 0xFFFFE000).astype(np.uint32).view(np.float32)  # noqa: E731
+    return kept(bits + 0xFFF + ((bits >> 13) & 1)), kept(bits + 0x1000)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(detected_arch() != "sm_90a", reason="the warpgroup kernel needs an sm_90 GPU")
+@pytest.mark.parametrize("path", ["wgmma in place", "wgmma K-major copy", "mma.sync"])
+def test_a_tf32_product_rounds_its_operands_to_nearest(path):
+    """x times an identity at the default precision is x rounded to TF32: to nearest, on every
+    path (the copy engine rounds what wgmma reads; mma.sync rounds its fragments). Dropping the
+    low bits instead, as wgmma does with float32 as it lies, shrinks every product toward zero
+    and moved a 10-step training loss by 1e-3."""
+    m, k = 2048, 1024
+    x = np.random.default_rng(3).standard_normal((m, k)).astype(np.float32)
+    if path == "wgmma in place":
+        fn, eye = (lambda a, b: a @ b.T), np.eye(2048, k, dtype=np.float32)
+    else:
+        fn, eye = (lambda a, b: a @ b), np.eye(k, 2048, dtype=np.float32)
+    settings = {"cuda_mma_tile": "128x128x32/2x2"} if path == "mma.sync" else {}
+    with glue.config.override(**settings):
+        f = glue.jit(fn, backend="cuda", backend_options={"gemm": "codegen"})
+        got = np.asarray(f(x, eye))
+        strategy = "; ".join(k.strategy for k in next(iter(f._compiled.values())).executable.kernels)
+    assert ("mma tf32" if path == "mma.sync" else "wgmma tf32") in strategy, strategy
+    assert ("transpose" in strategy) == (path == "wgmma K-major copy"), strategy
+    even, away = _tf32_nearest(x)
+    assert np.all(got[:, k:] == 0)
+    off = (got[:, :k] != even) & (got[:, :k] != away)
+    assert not off.any(), f"{off.sum()} of {off.size} not rounded to nearest, e.g. {x[off][:3]} -> {got[:, :k][off][:3]}"

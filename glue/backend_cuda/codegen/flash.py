@@ -184,14 +184,17 @@ class Flash:
         return self.ke.shared_at(stage, offset, self.element)
 
     def word(self, tile: ir.Value, row: ir.Value, col: ir.Value) -> ir.Value:
-        """The staged float32 at (row, col) of a tile as a TF32 operand: the tensor cores read
-        a float32's top 19 bits, so loaded values go in as they are (truncated, as cuBLAS's
-        TF32 does); only computed ones round, by `to_tf32`."""
-        return self.b.load(self.at(tile, self.b.add(self.b.mul(row, self.c(self.pitch)), col)), typ=I32)
+        """The staged float32 at (row, col) of a tile as a TF32 operand, rounded to nearest: as
+        it lies, the tensor cores would read only its top 19 bits, and dropping the rest
+        shrinks every product toward zero (a bias a training loss shows)."""
+        value = self.b.load(self.at(tile, self.b.add(self.b.mul(row, self.c(self.pitch)), col)), typ=F32)
+        return to_tf32(self.ke, value)
 
     def matrices(self, tile: ir.Value, row: ir.Value, col: ir.Value) -> list[ir.Value]:
-        """`ldmatrix` x4 from (row, col) of a tile (this lane's row address)."""
-        return ldmatrix_x4(self.ke, self.at(tile, self.b.add(self.b.mul(row, self.c(self.pitch)), col)), False)
+        """`ldmatrix` x4 from (row, col) of a tile (this lane's row address), as TF32 operands
+        rounded to nearest (`word`)."""
+        words = ldmatrix_x4(self.ke, self.at(tile, self.b.add(self.b.mul(row, self.c(self.pitch)), col)), False)
+        return [to_tf32(self.ke, self.b.bitcast(w, F32)) for w in words]
 
     # --- fragments ---------------------------------------------------------------------------
     def a_fragments(self, tile: ir.Value) -> list[list[ir.Value]] | ir.Value:

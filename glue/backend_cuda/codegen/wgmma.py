@@ -96,7 +96,9 @@ LOOPED_EPILOGUE = 16
 # over mma.sync's, which reads them as they lie.
 COPY_FLOPS = 1 << 32
 _TYPES = {dt.bfloat16: "bf16", dt.float16: "f16", dt.float32: "tf32"}  # the wgmma's operand type
-_TMA_TYPES = {"bf16": "bf16", "f16": "f16", "tf32": "f32"}
+# float32 operands load as "tf32": the copy engine rounds them to TF32 on the way into shared
+# memory (to nearest), where wgmma would drop their low mantissa bits (a bias toward zero).
+_TMA_TYPES = {"bf16": "bf16", "f16": "f16", "tf32": "tf32"}
 _ITEMSIZE = {"bf16": 2, "f16": 2, "tf32": 4}
 
 

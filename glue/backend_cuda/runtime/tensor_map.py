@@ -20,7 +20,7 @@ _encoded: "OrderedDict[tuple, bytes]" = OrderedDict()
 def _data_type(name: str):
     types = drv.load().CUtensorMapDataType
     return {"bf16": types.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, "f16": types.CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-            "f32": types.CU_TENSOR_MAP_DATA_TYPE_FLOAT32}[name]
+            "f32": types.CU_TENSOR_MAP_DATA_TYPE_FLOAT32, "tf32": types.CU_TENSOR_MAP_DATA_TYPE_TFLOAT32}[name]
 
 
 def encode(dtype: str, dims: tuple[int, ...], strides: tuple[int, ...], box: tuple[int, ...], address: int) -> bytes:
