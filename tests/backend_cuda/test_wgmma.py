@@ -359,3 +359,18 @@ def test_a_tf32_product_rounds_its_operands_to_nearest(path):
     assert np.all(got[:, k:] == 0)
     off = (got[:, :k] != even) & (got[:, :k] != away)
     assert not off.any(), f"{off.sum()} of {off.size} not rounded to nearest, e.g. {x[off][:3]} -> {got[:, :k][off][:3]}"
+
+
+def test_a_gradient_at_highest_keeps_every_product_off_tf32():
+    """The weight gradient of x @ w is a product transposed, which the layout pass swaps into
+    B^T A^T; at "highest" the swapped product kept its precision, so no kernel takes TF32
+    (weight gradients once did: the swap dropped the param)."""
+    fn = glue.grad(lambda x, w: ((x @ w) ** 2).sum(), argnums=1)
+    args = [np.ones((2048, 512), np.float32), np.ones((512, 1024), np.float32)]
+    with glue.default_matmul_precision("highest"):
+        _, low = _lower(fn, args)
+    launches = _contractions(low)
+    assert launches and all(launch.kernel.precision == "highest" for launch in launches)
+    assert not any("tf32" in launch.strategy for launch in launches), [launch.strategy for launch in launches]
+    _, low = _lower(fn, args)  # at the default precision the same gradient does take TF32
+    assert any("tf32" in launch.strategy for launch in _contractions(low))

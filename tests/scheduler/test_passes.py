@@ -322,6 +322,23 @@ def test_signed_zero_and_nan_survive():
     check_optimized(closed, [[x]])
 
 
+@pytest.mark.parametrize("precision", ["highest", "default"])
+def test_a_transposed_product_swaps_its_operands_and_keeps_its_params(precision):
+    """(A B)^T becomes B^T A^T with no transpose left, and the swapped product keeps the
+    original's precision and preferred element type: one that lost "highest" ran weight
+    gradients on TF32 tensor cores (a 10-step loss 4.5e-4 off jax.jit's)."""
+    def fn(a, b):
+        product = bind("dot_general", a, b, dimension_numbers=(((1,), (0,)), ((), ())), precision=precision,
+                       preferred_element_type=F32)
+        return [bind("transpose", product, permutation=(1, 0))]
+    closed = trace(fn, t(BF16, 4, 3), t(BF16, 3, 5))
+    opt = check_optimized(closed, sample_args(closed.graph))
+    assert prims(opt) == ["dot_general"], str(opt)
+    (dot,) = opt.eqns
+    assert dot.param_dict["precision"] == precision and dot.param_dict["preferred_element_type"] == F32
+    assert dot.outvars[0].type == t(F32, 5, 4)
+
+
 # --- sources, constants, the text form ------------------------------------------------------
 
 def test_new_equations_take_the_replaced_equation_source():

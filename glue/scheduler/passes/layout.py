@@ -39,14 +39,15 @@ def _transpose(eqn: Eqn, ctx: Sweep) -> Replacement:
 
 def _swapped_dot(eqn: Eqn, dot: Eqn, perm: tuple[int, ...]) -> Eqn | None:
     """dot_general(rhs, lhs) when `perm` moves the product's rhs-free dims before its lhs-free
-    ones (keeping the batch dims first): (A B)^T = B^T A^T without moving any data."""
+    ones (keeping the batch dims first): (A B)^T = B^T A^T without moving any data. The product
+    keeps its other params (its precision, its preferred element type)."""
     lhs, rhs = dot.inputs
     (lc, rc), (lb, rb) = dot.param_dict["dimension_numbers"]
     nb = len(lb)
     nl, nr = lhs.type.ndim - len(lc) - nb, rhs.type.ndim - len(rc) - nb
     if perm != tuple(range(nb)) + tuple(range(nb + nl, nb + nl + nr)) + tuple(range(nb, nb + nl)):
         return None
-    return derive(eqn, "dot_general", (rhs, lhs), dimension_numbers=((rc, lc), (rb, lb)))
+    return derive(eqn, "dot_general", (rhs, lhs), **{**dot.param_dict, "dimension_numbers": ((rc, lc), (rb, lb))})
 
 
 def _reshape(eqn: Eqn, ctx: Sweep) -> Replacement:
