@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from glue.frontend.tracing import Tracer, bind, current_trace, trace_flat, type_of
 from glue.ir import ClosedGraph, Graph, Literal, TensorType, verify
 from glue.ir import dtypes as dt
+from glue.ir.primitives import canonical_params
 from glue.reference import IMPLS, run_graph
 from glue.scheduler.passes import PASSES, optimize
 from glue.scheduler.passes.casts import LOSSLESS, skips_middle
@@ -86,7 +87,15 @@ def check_optimized(closed: ClosedGraph, arg_sets: list[list[np.ndarray]]) -> Gr
     opt = optimize(graph, consts)
     assert_same_results(graph, opt, consts, arg_sets)
     assert optimize(opt, consts) == opt
+    if all(_recorded(eqn) for eqn in graph.eqns):  # (traced programs record every param)
+        for eqn in opt.eqns:  # a pass that rebuilds an equation keeps every param it records
+            assert _recorded(eqn), eqn
     return opt
+
+
+def _recorded(eqn) -> bool:
+    """Whether `eqn` records its params as tracing does (a contraction's precision, ...)."""
+    return canonical_params(eqn.primitive, eqn.param_dict) == eqn.param_dict
 
 
 def sample_args(graph: Graph, seed: int = 0) -> list[list[np.ndarray]]:
