@@ -358,7 +358,8 @@ def test_a_tf32_product_rounds_its_operands_to_nearest(path):
     even, away = _tf32_nearest(x)
     assert np.all(got[:, k:] == 0)
     off = (got[:, :k] != even) & (got[:, :k] != away)
-    assert not off.any(), f"{off.sum()} of {off.size} not rounded to nearest, e.g. {x[off][:3]} -> {got[:, :k][off][:3]}"
+    assert not off.any(), (f"{off.sum()} of {off.size} not rounded to nearest, "
+                           f"e.g. {x[off][:3]} -> {got[:, :k][off][:3]}")
 
 
 def test_a_gradient_at_highest_keeps_every_product_off_tf32():

@@ -35,8 +35,8 @@ LAUNCH_REGISTERS = 168    # a thread's at launch: 65536 / 384, rounded down to 8
 class TensorMap:
     """A tiled TMA view of one kernel parameter's buffer: `dims` (innermost first, elements),
     `strides` (bytes, of dims 1 on), `box` (the elements one load brings), from `offset` bytes
-    past the parameter's address; `dtype` is the element's name ("bf16", "f16", "f32", or "tf32": float32 rounded to TF32
-    as it loads)."""
+    past the parameter's address; `dtype` is the element's name ("bf16", "f16", "f32", or
+    "tf32": float32 rounded to TF32 as it loads)."""
 
     param: int
     offset: int
