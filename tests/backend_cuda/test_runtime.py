@@ -239,6 +239,8 @@ def test_launch_from_another_host_thread(ctx, axpy):
     x = DeviceBuffer.from_numpy(np.arange(n, dtype=np.float32))
     y = DeviceBuffer.from_numpy(np.zeros(n, np.float32))
     out = DeviceBuffer((n,), np.float32).fill_bytes(0xFF)
+    for buf in (x, y, out):  # the launch comes after the uploads on the copy stream
+        buf.prepare_for(ctx.stream)
     errors = []
 
     def work():  # this thread has never made the context current
