@@ -113,13 +113,14 @@ def _side(view: View, rows: int, cols: int) -> tuple[int, int]:
     return _OP_T, max(view.col_stride, rows)
 
 
-def problem(spec: GemmSpec, a: View, b: View, d: View, precision: str | None) -> Problem:
+def problem(spec: GemmSpec, a: View, b: View, d: View) -> Problem:
     """The cuBLASLt problem for `spec` with operand and output views (computed operands already
-    written out as row-major [batch, rows, cols] buffers, whose views the caller makes)."""
+    written out as row-major [batch, rows, cols] buffers, whose views the caller makes), on TF32
+    where the kernel's precision allows it."""
     batches, m, n, k = spec.shape
     a_op, a_ld = _side(a, m, k)
     b_op, b_ld = _side(b, k, n)
-    tf32 = spec.operand_dtype == dt.float32 and precision != "highest"
+    tf32 = spec.operand_dtype == dt.float32 and spec.kernel.allows_tf32
     return Problem(batches, m, n, k, a.dtype, a_op, a_ld, a.batch_stride, b.dtype, b_op, b_ld, b.batch_stride,
                    d.dtype, max(d.row_stride, n), d.batch_stride, tf32)
 

@@ -346,7 +346,7 @@ class CudaExecutable:
         gemm = launch.library
         matmul = self._matmuls.get(launch.symbol)
         if matmul is None:
-            p = cublaslt.problem(gemm.spec, gemm.a, gemm.b, gemm.d, gemm.precision)
+            p = cublaslt.problem(gemm.spec, gemm.a, gemm.b, gemm.d)
             matmul = self._matmuls[launch.symbol] = cublaslt.Matmul(cublaslt.handle_for(self.ctx), p)
         workspace = self._workspaces.get(stream)
         if workspace is None:

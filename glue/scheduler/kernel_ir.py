@@ -493,6 +493,12 @@ class Kernel:
     call: Any = None
 
     @property
+    def allows_tf32(self) -> bool:
+        """Whether a backend may round this contraction's float32 operands to TF32: any precision
+        but "highest"; one that records none is exact, as an attention equation's is."""
+        return self.precision not in (None, "highest")
+
+    @property
     def rank(self) -> int:
         return len(self.parallel) + len(self.reduce)
 

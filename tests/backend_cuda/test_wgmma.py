@@ -375,3 +375,15 @@ def test_a_gradient_at_highest_keeps_every_product_off_tf32():
     assert not any("tf32" in launch.strategy for launch in launches), [launch.strategy for launch in launches]
     _, low = _lower(fn, args)  # at the default precision the same gradient does take TF32
     assert any("tf32" in launch.strategy for launch in _contractions(low))
+
+
+def test_only_a_recorded_precision_other_than_highest_allows_tf32():
+    """A contraction kernel that records no precision is exact, as an attention equation's is:
+    a pass that drops the param costs speed, never accuracy."""
+    from dataclasses import replace
+
+    fn, shapes = FORMS["NT"]
+    _, low = _lower(fn, [np.ones(s, np.float32) for s in shapes(1024, 512, 1152)])
+    (launch,) = _contractions(low)
+    allowed = {p: replace(launch.kernel, precision=p).allows_tf32 for p in (None, "default", "high", "highest")}
+    assert allowed == {None: False, "default": True, "high": True, "highest": False}

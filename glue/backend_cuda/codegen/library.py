@@ -50,13 +50,12 @@ LIBRARY_VARIANTS = ("library", "library kmajor")
 @dataclass(frozen=True)
 class LibraryGemm:
     """What one library launch computes: `spec`'s product from the views `a` and `b` into `d`
-    (offsets relative to the launch's places `(a, b, d)`), at `precision`."""
+    (offsets relative to the launch's places `(a, b, d)`), at its kernel's precision."""
 
     spec: GemmSpec
     a: View
     b: View
     d: View
-    precision: str | None
 
 
 def _row_major(shape: tuple[int, int, int], dtype) -> View:
@@ -101,7 +100,7 @@ def kmajor_copy_side(spec: GemmSpec) -> str | None:
     the product has no such variant: not on TF32, too small, or with an operand the variant
     "library" already reads K-major. A computed operand is the one, as it is written out
     either way; else the smaller."""
-    if spec.operand_dtype != dt.float32 or spec.kernel.precision == "highest" or spec.flops < KMAJOR_COPY_FLOPS:
+    if spec.operand_dtype != dt.float32 or not spec.kernel.allows_tf32 or spec.flops < KMAJOR_COPY_FLOPS:
         return None
     if _k_major(spec, "a") or _k_major(spec, "b"):
         return None
@@ -163,7 +162,7 @@ def library_launches(spec: GemmSpec, group: int, symbol: str, inputs: list[Place
         d_place, d_view = scratch(product), _row_major(product.shape, product.dtype)
         epilogue = epilogue_kernel(spec, symbol)
     (a_place, a_view), (b_place, b_view) = views["a"], views["b"]
-    gemm = LibraryGemm(spec, a_view, b_view, d_view, spec.kernel.precision)
+    gemm = LibraryGemm(spec, a_view, b_view, d_view)
     suffix = f"_k{copied}" if copied else ""
     launches.append(Launch(f"cublaslt_{symbol}{suffix}", spec.kernel, 0, 0, (a_place, b_place, d_place),
                            f"cuBLASLt {spec.describe()}", library=gemm))

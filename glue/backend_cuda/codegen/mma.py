@@ -124,7 +124,7 @@ def operand_format(k: Kernel, a_expr: Expr, b_expr: Expr) -> Format | None:
     a16, b16 = sixteen_bit_operand(a_expr), sixteen_bit_operand(b_expr)
     if a16 is not None and a16 == b16:
         return FORMATS["bf16" if a16 == dt.bfloat16 else "f16"]
-    if a_expr.dtype == b_expr.dtype == dt.float32 and k.precision != "highest":
+    if a_expr.dtype == b_expr.dtype == dt.float32 and k.allows_tf32:
         return FORMATS["tf32"]
     return None
 

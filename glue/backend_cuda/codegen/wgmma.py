@@ -272,7 +272,7 @@ def tf32_copies(spec: GemmSpec | None, arch: str) -> tuple[str, ...]:
     that the warpgroup kernel can read them: those computed or MN-major. () where none is, or
     where the product does not take this kernel."""
     if spec is None or not _enabled(arch) or spec.operand_dtype != dt.float32 or spec.accumulator != dt.float32 \
-            or spec.kernel.precision == "highest" or spec.flops < COPY_FLOPS:
+            or not spec.kernel.allows_tf32 or spec.flops < COPY_FLOPS:
         return ()
     k_major = {"a": "row", "b": "col"}  # the layout of a K-major view of each
     return tuple(side for side, view in (("a", spec.a), ("b", spec.b)) if view is None or view.layout != k_major[side])
@@ -291,7 +291,7 @@ def wgmma_plan(kernel: Kernel, places: tuple[Place, ...], inputs: tuple[Place, .
         return None
     if spec.a.dtype != spec.b.dtype or spec.a.dtype not in _TYPES:
         return None
-    if spec.a.dtype == dt.float32 and kernel.precision == "highest":  # full float32: no tensor cores
+    if spec.a.dtype == dt.float32 and not kernel.allows_tf32:  # full float32: no tensor cores
         return None
     batches, m, n, depth = spec.shape
     width, splits = tilings(batches, m, n, depth, _stage_k(_TYPES[spec.a.dtype]), may_split)[0]
