@@ -323,6 +323,18 @@ class KernelEmitter(BufferAccess):
         self.b.call(fn, [])
 
     # --- warps and blocks --------------------------------------------------------------------
+    def warp_sync(self) -> None:
+        """Wait for every lane of the warp; it also orders their memory accesses before it against
+        theirs after it (a fence in one lane then stands for all)."""
+        asm = ir.InlineAsm(ir.FunctionType(VOID, []), "bar.warp.sync -1;", "~{memory}", side_effect=True)
+        self.b.call(asm, [])
+
+    def lane0_value(self, value: ir.Value) -> ir.Value:
+        """Lane 0's `value` (an i32) in every lane of the warp (all 32 lanes take part)."""
+        asm = ir.InlineAsm(ir.FunctionType(I32, [I32]), "shfl.sync.idx.b32 $0, $1, 0, 31, -1;", "=r,r,~{memory}",
+                           side_effect=True)
+        return self.b.call(asm, [value])
+
     def shuffle_xor(self, value: ir.Value, lane_mask: int) -> ir.Value:
         """The `value` of the lane whose index differs from ours in `lane_mask` (all 32 lanes
         take part)."""

@@ -87,17 +87,6 @@ def wait_parity(b: ir.IRBuilder, barrier: ir.Value, parity: ir.Value) -> None:
     b.position_at_end(after)
 
 
-def warp_sync(b: ir.IRBuilder) -> None:
-    """Wait for every lane of the warp; it also orders their memory accesses before it against
-    theirs after it (a fence in one lane then stands for all)."""
-    _asm(b, "bar.warp.sync -1;", "~{memory}", [])
-
-
-def lane0_value(b: ir.IRBuilder, value: ir.Value) -> ir.Value:
-    """Lane 0's `value` (an i32) in every lane of the warp."""
-    return _asm(b, "shfl.sync.idx.b32 $0, $1, 0, 31, -1;", "=r,r,~{memory}", [value], I32)
-
-
 def wait_for_count(b: ir.IRBuilder, counter: ir.Value, count: int) -> None:
     """Spin until the global i32 `counter` reads `count`, each read acquiring (at GPU scope)
     what the writers released before they counted."""

@@ -502,11 +502,11 @@ class _Splits:
         arrived = b.phi(I32)
         arrived.add_incoming(counted, counted_in)
         arrived.add_incoming(ir.Constant(I32, 0), before)
-        last = b.icmp_unsigned("==", hp.lane0_value(b, arrived), ir.Constant(I32, self.plan.splits - 1))
+        last = b.icmp_unsigned("==", self.ke.lane0_value(arrived), ir.Constant(I32, self.plan.splits - 1))
         with b.if_then(b.not_(last)):
             for r, acc in enumerate(self.accs):
                 b.store(acc, self._partial(self.split, r))
-            hp.warp_sync(b)
+            self.ke.warp_sync()
             with b.if_then(self.lane0):
                 self.ke.fence_gpu()
                 b.atomic_rmw("add", self.written, ir.Constant(I32, 1), "monotonic")
@@ -519,7 +519,7 @@ class _Splits:
             hp.wait_for_count(b, self.written, self.plan.splits - 1)
             b.store(ir.Constant(I32, 0), self.arrived)
             b.store(ir.Constant(I32, 0), self.written)
-        hp.warp_sync(b)  # (the other lanes read the partials after lane 0 acquired them)
+        self.ke.warp_sync()  # (the other lanes read the partials after lane 0 acquired them)
         mine = [b.icmp_unsigned("==", self.split, self._c(s)) for s in range(self.plan.splits)]
         totals = []
         for r, acc in enumerate(self.accs):  # (register by register: each accumulator dies once added)
