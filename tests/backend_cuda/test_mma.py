@@ -151,6 +151,23 @@ def test_emulated_every_tile_computes_the_reference(tile):
     check_outputs(closed, args, emulator.run_program(program, args, poison=0xFF), tile, tf32=True)
 
 
+@needs_cc
+@pytest.mark.parametrize("form", ["NN", "TT", "batched"])
+@pytest.mark.parametrize("k", [32, 64, 160, 200])
+def test_emulated_tiles_that_divide_the_product_compute_the_reference(form, k):
+    """Where the tiles divide M and N (and the step K), the copies test no bound; K of 1, 2, 5
+    and 7 steps (the last partial) runs the loop that copies ahead, the one that only
+    multiplies, or both."""
+    fn, shapes = FORMS[form]
+    rng = np.random.default_rng(k)
+    args = [rng.standard_normal(s).astype(BF16) for s in shapes(128, k, 64)]
+    with glue.config.override(cuda_mma_tile="64x64x32/2x2"):
+        closed, low = _lower(fn, args)
+        program = low["llvm"]
+    assert "cp.async" in _strategies(low)[0]
+    check_outputs(closed, args, emulator.run_program(program, args, poison=0xFF), f"{form} k={k}", tf32=True)
+
+
 def test_an_unknown_tile_is_a_glue_error():
     x = np.ones((8, 8), BF16)
     with glue.config.override(cuda_mma_tile="7x7x7/1x1"), pytest.raises(glue.GlueError, match="cuda_mma_tile"):

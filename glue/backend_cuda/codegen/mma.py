@@ -320,9 +320,12 @@ def emit_mma(ke: KernelEmitter, a_expr: Expr, b_expr: Expr, m_dims: list[int], n
             values.append(b.select(ok, em.value(s.value), ir.Constant(F32, 0.0)))
         return values
 
-    def chunks(k0: ir.Value, s: _Staged, stage: ir.Value):
+    def chunks(k0: ir.Value, s: _Staged, stage: ir.Value, k_inside: bool = False):
         """This thread's chunks of the operand's tile at K offset `k0`: for each, its first
-        point (outer, kk) in the product, whether it lies inside, and its slot in `stage`."""
+        point (outer, kk) in the product, whether it lies inside, and its slot in `stage`.
+        `k_inside`: the step at `k0` lies wholly inside K. A bound the tiles divide, or one
+        the caller vouches for, is not tested: the copies' addresses are then an induction of
+        the K loop, not selects."""
         per_row = (tile.bk if s.k_fastest else s.outer) // chunk
         base = b.mul(stage, c(s.elements(tile.bk)))
         for q in range(s.outer * tile.bk // chunk // tile.threads):
@@ -331,7 +334,11 @@ def emit_mma(ke: KernelEmitter, a_expr: Expr, b_expr: Expr, m_dims: list[int], n
             slot = b.add(base, b.add(b.mul(row, c(s.row(tile.bk))), first))
             outer, kk = (row, first) if s.k_fastest else (first, row)
             outer, kk = b.add(m0 if s.is_a else n0, outer), b.add(k0, kk)
-            ok = b.and_(b.icmp_unsigned("<", outer, c(s.size)), b.icmp_unsigned("<", kk, c(depth)))
+            ok = ir.Constant(ir.IntType(1), 1)
+            if s.size % s.outer:
+                ok = b.and_(ok, b.icmp_unsigned("<", outer, c(s.size)))
+            if not k_inside:
+                ok = b.and_(ok, b.icmp_unsigned("<", kk, c(depth)))
             yield outer, kk, ok, slot
 
     def first_point(s: _Staged, outer: ir.Value, kk: ir.Value, ok: ir.Value) -> list[ir.Value | None]:
@@ -363,11 +370,11 @@ def emit_mma(ke: KernelEmitter, a_expr: Expr, b_expr: Expr, m_dims: list[int], n
         for packed, slot in values:
             b.store(packed, ke.shared_at(buffer, b.add(base, slot), element), align=16)
 
-    def copy_step(k0: ir.Value, s: _Staged, buffer: ir.Value, stage: ir.Value) -> None:
+    def copy_step(k0: ir.Value, s: _Staged, buffer: ir.Value, stage: ir.Value, k_inside: bool) -> None:
         """Start copying the operand's tile at K offset `k0` into `stage` (cp.async, 16 bytes a
         chunk; a chunk outside the product reads nothing and fills zeros)."""
         load = s.value
-        for outer, kk, ok, slot in chunks(k0, s, stage):
+        for outer, kk, ok, slot in chunks(k0, s, stage, k_inside):
             first = ke.emitter(first_point(s, outer, kk, ok))
             source = b.gep(ke.in_ptrs[load.input], [first.offset(load.index, ke.shapes[load.input])], inbounds=True,
                            source_etype=memory_type(load.dtype))
@@ -452,21 +459,33 @@ def emit_mma(ke: KernelEmitter, a_expr: Expr, b_expr: Expr, m_dims: list[int], n
         return accs
 
     zero = ir.Constant(F32, 0.0)
+    accs = [zero] * (4 * tile.frags_m * tile.frags_n)
     ke.await_producers()
     if pipelined:
+        # Only steps that exist are copied, so a K the step divides is never tested: the loop
+        # that copies ahead stops STAGES - 1 steps early, and the last steps only multiply.
+        k_inside = depth % tile.bk == 0
         for stage in range(STAGES - 1):
-            for s, buffer in zip((a, bb), buffers):
-                copy_step(c(stage * tile.bk), s, buffer, c(stage))
-            async_call(ke, "llvm.nvvm.cp.async.commit.group")
+            if stage < steps:
+                for s, buffer in zip((a, bb), buffers):
+                    copy_step(c(stage * tile.bk), s, buffer, c(stage), k_inside)
+            async_call(ke, "llvm.nvvm.cp.async.commit.group")  # (empty past the last step: the count stays)
 
-        def step(b: ir.IRBuilder, t: ir.Value, accs: list[ir.Value]) -> list[ir.Value]:
-            async_call(ke, "llvm.nvvm.cp.async.wait.group", STAGES - 2)  # step t's copies landed ...
-            ke.barrier()  # ... everyone's, and everyone is done with the stage refilled next
-            ahead = b.add(t, c(STAGES - 1))
-            for s, buffer in zip((a, bb), buffers):
-                copy_step(b.mul(ahead, c(tile.bk)), s, buffer, b.urem(ahead, c(STAGES)))
-            async_call(ke, "llvm.nvvm.cp.async.commit.group")
-            return multiply(b.urem(t, c(STAGES)), accs)
+        def step(copies: bool):
+            def body(b: ir.IRBuilder, t: ir.Value, accs: list[ir.Value]) -> list[ir.Value]:
+                async_call(ke, "llvm.nvvm.cp.async.wait.group", STAGES - 2)  # step t's copies landed ...
+                ke.barrier()  # ... everyone's, and everyone is done with the stage refilled next
+                if copies:
+                    ahead = b.add(t, c(STAGES - 1))
+                    for s, buffer in zip((a, bb), buffers):
+                        copy_step(b.mul(ahead, c(tile.bk)), s, buffer, b.urem(ahead, c(STAGES)), k_inside)
+                async_call(ke, "llvm.nvvm.cp.async.commit.group")
+                return multiply(b.urem(t, c(STAGES)), accs)
+            return body
+        copying = max(steps - (STAGES - 1), 0)
+        accs = loop(b, 0, copying, step(True), accs, name="kstep", vectorize=False, unroll=1)
+        accs = loop(b, copying, steps, step(False), accs, name="klast", vectorize=False, unroll=1)
+        async_call(ke, "llvm.nvvm.cp.async.wait.group", 0)
     else:
         for s, buffer in zip((a, bb), buffers):
             store_step(load_step(c(0), s), s, buffer, c(0))
@@ -481,11 +500,7 @@ def emit_mma(ke: KernelEmitter, a_expr: Expr, b_expr: Expr, m_dims: list[int], n
                 store_step(values, s, buffer, b.sub(c(1), half))
             ke.barrier()
             return accs
-
-    accs = loop(b, 0, steps, step, [zero] * (4 * tile.frags_m * tile.frags_n), name="kstep", vectorize=False,
-                unroll=1)
-    if pipelined:
-        async_call(ke, "llvm.nvvm.cp.async.wait.group", 0)  # the zero fills past the end land before exit
+        accs = loop(b, 0, steps, step, accs, name="kstep", vectorize=False, unroll=1)
 
     stores = AccumulatorStores(ke, coordinates, m_size, n_size)
     # fragment (i, j): c0, c1 at row group, columns pair, pair + 1; c2, c3 eight rows down
