@@ -12,8 +12,9 @@ expressions (loads, casts, any fused prologue) at the 16 bytes' worth of consecu
 a chunk and stores them as one vector. The staged layout follows the operand's memory: K fastest
 when its loads advance with K (a row-major lhs), else M (or N) fastest, so that a warp's loads
 are consecutive either way; `ldmatrix` (`.trans` for the second layout) then gives each lane its
-16-bit fragments, and TF32 fragments load word by word. Rows are padded by 16 bytes so that the
-rows a fragment load reads fall in distinct banks.
+16-bit fragments, and TF32 fragments load word by word. So that the rows a fragment load reads
+fall in distinct banks, 16-bit chunks move within their 128-byte lines (`_Staged.place`), which
+keeps a copy's lines whole; TF32 rows are padded by 16 bytes.
 
 Where both operands are plain loads whose chunks are 16 aligned bytes (the usual case:
 activations and weights), `cp.async` copies them straight from global into shared memory, with
@@ -46,7 +47,8 @@ from glue.settings import config
 
 CHUNK_BYTES = 16  # what a thread stages at once: one 16-byte shared store (or cp.async)
 MIN_BLOCKS = 132  # about one block per multiprocessor of an H100/H200
-STAGES = 4  # shared-memory stages of the cp.async pipeline: three steps of K in flight
+STAGES = 4  # shared-memory stages of the cp.async pipeline: three steps of K in flight ...
+BLOCK_SHARED = 112 * 1024  # ... or fewer, where that many would keep two blocks off a multiprocessor
 # Below this many of the smallest tile, a product (an MLP step's 32 x 256 x 256) leaves most
 # multiprocessors idle behind a long K loop: on the H200 a 4-layer MLP step took 43 us per step
 # on tensor cores against 21 us on the CUDA-core kernel, whose tiles shrink to 8 x 8 for it.
@@ -107,6 +109,13 @@ class Format:
         """Elements a thread stages at once (16 bytes), and the padding of a staged row."""
         return CHUNK_BYTES // (self.element.width // 8)
 
+    @property
+    def swizzles(self) -> bool:
+        """Whether staged chunks move within their lines (`_Staged.place`): where fragments load
+        by ldmatrix (16-bit), one address a matrix. TF32 words load one by one, and XORed
+        addresses for each of them outgrew a thread's registers (ptxas spilled 692 bytes)."""
+        return self.name != "tf32"
+
 
 FORMATS = {
     "bf16": Format("bf16", I16, 16, "llvm.nvvm.mma.m16n8k16.row.col.bf16", I32),
@@ -151,12 +160,26 @@ class _Staged:
     k_fastest: bool
     is_a: bool
     chunk: int
+    swizzle: bool  # chunks move within their lines (`place`), else rows are padded
     lanes: Vectorization | None = None
 
     def row(self, bk: int) -> int:
-        """Elements from one staged row to the next (padded by 16 bytes: ldmatrix's eight rows,
-        and the 32 lanes' fragment words, fall in distinct banks)."""
-        return (bk if self.k_fastest else self.outer) + self.chunk
+        """Elements from one staged row to the next: padded by a chunk where chunks do not move
+        (the 32 lanes' TF32 fragment words then fall in distinct banks)."""
+        return (bk if self.k_fastest else self.outer) + (0 if self.swizzle else self.chunk)
+
+    def place(self, b: ir.IRBuilder, slot: ir.Value) -> ir.Value:
+        """Where the staged element at `slot` of a stage lies. Swizzled: its 16-byte chunk moves
+        within its 128-byte line by XOR with the line's index mod 8, as TMA's 128-byte swizzle
+        does. The eight rows an ldmatrix reads at one column (rows of 64 bytes or a multiple of
+        128) then lie in eight distinct chunk positions, so in distinct banks, and the chunks a
+        cp.async copies from one global line stay in one shared line: padded rows split nearly
+        every line across two, and the copies took 11-15 shared wavefronts per warp instead of
+        4 (ncu, 4096^3 bf16 on an H100)."""
+        if not self.swizzle:
+            return slot
+        line = b.udiv(slot, ir.Constant(I64, 8 * self.chunk))
+        return b.xor(slot, b.mul(b.and_(line, ir.Constant(I64, 7)), ir.Constant(I64, self.chunk)))
 
     def elements(self, bk: int) -> int:
         return (self.outer if self.k_fastest else bk) * self.row(bk)
@@ -289,14 +312,17 @@ def emit_mma(ke: KernelEmitter, a_expr: Expr, b_expr: Expr, m_dims: list[int], n
     for expr, size, outer, dims, is_a in ((a_expr, m_size, tile.bm, m_dims, True), (b_expr, n_size, tile.bn, n_dims, False)):
         k_fastest = _k_fastest(ke, expr, dims)
         value = expr.args[0] if element == I16 else expr
-        staged.append(_Staged(value, size, outer, k_fastest, is_a, chunk, _lanes(ke, k_fastest, dims, chunk)))
+        staged.append(_Staged(value, size, outer, k_fastest, is_a, chunk, fmt.swizzles,
+                              _lanes(ke, k_fastest, dims, chunk)))
     a, bb = staged
     # Operands that are plain loads, 16 bytes a chunk, are copied straight into shared memory
     # (cp.async) through STAGES stages; others stage through registers into two.
     pipelined = all(_copyable(s) for s in (a, bb))
     if fmt.name == "tf32" and not pipelined and ke.sm < 90:
         return None  # ptxas for sm_80 spills the register-staged TF32 kernel (12 bytes at 40 registers)
-    sizes = [(STAGES if pipelined else 2) * s.elements(tile.bk) for s in (a, bb)]
+    stage_bytes = element.width // 8 * sum(s.elements(tile.bk) for s in (a, bb))
+    stages = max(min(STAGES, BLOCK_SHARED // stage_bytes), 2) if pipelined else 2
+    sizes = [stages * s.elements(tile.bk) for s in (a, bb)]
     base = ke.dynamic_shared(element.width // 8 * sum(sizes))
     buffers = [base, b.gep(base, [c(sizes[0])], inbounds=True, source_etype=element)]
 
@@ -331,7 +357,7 @@ def emit_mma(ke: KernelEmitter, a_expr: Expr, b_expr: Expr, m_dims: list[int], n
         for q in range(s.outer * tile.bk // chunk // tile.threads):
             at = b.add(tid, c(q * tile.threads))
             row, first = b.udiv(at, c(per_row)), b.mul(b.urem(at, c(per_row)), c(chunk))
-            slot = b.add(base, b.add(b.mul(row, c(s.row(tile.bk))), first))
+            slot = b.add(base, s.place(b, b.add(b.mul(row, c(s.row(tile.bk))), first)))
             outer, kk = (row, first) if s.k_fastest else (first, row)
             outer, kk = b.add(m0 if s.is_a else n0, outer), b.add(k0, kk)
             ok = ir.Constant(ir.IntType(1), 1)
@@ -389,7 +415,7 @@ def emit_mma(ke: KernelEmitter, a_expr: Expr, b_expr: Expr, m_dims: list[int], n
     def word(buffer: ir.Value, base: ir.Value, s: _Staged, outer: ir.Value, kk: ir.Value) -> ir.Value:
         """The staged float32 at (outer, kk), rounded to TF32 (to nearest, ties away)."""
         slot = b.mul(outer, c(s.row(tile.bk))) if s.k_fastest else b.mul(kk, c(s.row(tile.bk)))
-        slot = b.add(slot, kk if s.k_fastest else outer)
+        slot = s.place(b, b.add(slot, kk if s.k_fastest else outer))
         return to_tf32(ke, b.load(ke.shared_at(buffer, b.add(base, slot), I32), typ=F32))
 
     def words_a(buffer: ir.Value, base: ir.Value, ks: int) -> list[list[ir.Value]]:
@@ -420,7 +446,7 @@ def emit_mma(ke: KernelEmitter, a_expr: Expr, b_expr: Expr, m_dims: list[int], n
             else:            # stored [k][m]: rows ks + l % 8 + 8 (l / 16), from m + 8 ((l / 8) % 2)
                 kk = b.add(c(ks), b.add(r8, b.mul(high, c(8))))
                 slot = b.add(b.mul(kk, c(a.row(tile.bk))), b.add(m, b.mul(mid, c(8))))
-            found.append(ldmatrix(ke.shared_at(buffer, b.add(base, slot), element), not a.k_fastest))
+            found.append(ldmatrix(ke.shared_at(buffer, b.add(base, a.place(b, slot)), element), not a.k_fastest))
         return found
 
     def fragments_b(buffer: ir.Value, base: ir.Value, ks: int) -> list[list[ir.Value]]:
@@ -436,7 +462,7 @@ def emit_mma(ke: KernelEmitter, a_expr: Expr, b_expr: Expr, m_dims: list[int], n
             else:             # stored [k][n]: rows ks + l % 8 + 8 ((l / 8) % 2), from n + 8 (l / 16)
                 kk = b.add(c(ks), b.add(r8, b.mul(mid, c(8))))
                 slot = b.add(b.mul(kk, c(bb.row(tile.bk))), b.add(n, b.mul(high, c(8))))
-            regs = ldmatrix(ke.shared_at(buffer, b.add(base, slot), element), not bb.k_fastest)
+            regs = ldmatrix(ke.shared_at(buffer, b.add(base, bb.place(b, slot)), element), not bb.k_fastest)
             found += [regs[0:2], regs[2:4]]
         return found
 
@@ -463,9 +489,9 @@ def emit_mma(ke: KernelEmitter, a_expr: Expr, b_expr: Expr, m_dims: list[int], n
     ke.await_producers()
     if pipelined:
         # Only steps that exist are copied, so a K the step divides is never tested: the loop
-        # that copies ahead stops STAGES - 1 steps early, and the last steps only multiply.
+        # that copies ahead stops stages - 1 steps early, and the last steps only multiply.
         k_inside = depth % tile.bk == 0
-        for stage in range(STAGES - 1):
+        for stage in range(stages - 1):
             if stage < steps:
                 for s, buffer in zip((a, bb), buffers):
                     copy_step(c(stage * tile.bk), s, buffer, c(stage), k_inside)
@@ -473,16 +499,16 @@ def emit_mma(ke: KernelEmitter, a_expr: Expr, b_expr: Expr, m_dims: list[int], n
 
         def step(copies: bool):
             def body(b: ir.IRBuilder, t: ir.Value, accs: list[ir.Value]) -> list[ir.Value]:
-                async_call(ke, "llvm.nvvm.cp.async.wait.group", STAGES - 2)  # step t's copies landed ...
+                async_call(ke, "llvm.nvvm.cp.async.wait.group", stages - 2)  # step t's copies landed ...
                 ke.barrier()  # ... everyone's, and everyone is done with the stage refilled next
                 if copies:
-                    ahead = b.add(t, c(STAGES - 1))
+                    ahead = b.add(t, c(stages - 1))
                     for s, buffer in zip((a, bb), buffers):
-                        copy_step(b.mul(ahead, c(tile.bk)), s, buffer, b.urem(ahead, c(STAGES)), k_inside)
+                        copy_step(b.mul(ahead, c(tile.bk)), s, buffer, b.urem(ahead, c(stages)), k_inside)
                 async_call(ke, "llvm.nvvm.cp.async.commit.group")
-                return multiply(b.urem(t, c(STAGES)), accs)
+                return multiply(b.urem(t, c(stages)), accs)
             return body
-        copying = max(steps - (STAGES - 1), 0)
+        copying = max(steps - (stages - 1), 0)
         accs = loop(b, 0, copying, step(True), accs, name="kstep", vectorize=False, unroll=1)
         accs = loop(b, copying, steps, step(False), accs, name="klast", vectorize=False, unroll=1)
         async_call(ke, "llvm.nvvm.cp.async.wait.group", 0)
@@ -515,6 +541,6 @@ def emit_mma(ke: KernelEmitter, a_expr: Expr, b_expr: Expr, m_dims: list[int], n
     stores.store_tile(inside, b.trunc(quarter, I32), rows, columns, sums)
     b.ret_void()
     layouts = "".join("k" if s.k_fastest else "o" for s in (a, bb))
-    how = f"cp.async {STAGES} stages" if pipelined else "through registers"
+    how = f"cp.async {stages} stages" if pipelined else "through registers"
     return (batches * tiles_m * tiles_n, tile.threads,
             f"mma {fmt.name} {tile.bm}x{tile.bn}x{tile.bk} warps {tile.warps_m}x{tile.warps_n} staged {layouts} {how}")
