@@ -92,10 +92,27 @@ static float sixteen(uint16_t v, int kind) {  /* kind 0: bfloat16, 1: float16 */
     uint32_t bits = (uint32_t)v << 16; float out; memcpy(&out, &bits, 4); return out;
 }
 
+/* Shared-memory wavefronts ldmatrix spent beyond one a matrix: its eight 16-byte rows, read
+   at once, conflict where two fall in the same four banks (address bits 4-6). */
+static int64_t ldmatrix_conflicts;
+int64_t emu_ldmatrix_conflicts(void) { int64_t n = ldmatrix_conflicts; ldmatrix_conflicts = 0; return n; }
+
+static void count_conflicts(const int64_t *rows) {
+    for (int j = 0; j < 4; j++) {
+        int32_t hits[8] = {0}, worst = 0;
+        for (int r = 0; r < 8; r++) {
+            int32_t banks = (int32_t)((rows[j * 8 + r] >> 4) & 7);
+            if (++hits[banks] > worst) worst = hits[banks];
+        }
+        __atomic_fetch_add(&ldmatrix_conflicts, worst - 1, __ATOMIC_RELAXED);
+    }
+}
+
 void emu_ldmatrix(const uint16_t *address, int32_t trans, uint32_t *out) {
     slots[tid] = (int64_t)(intptr_t)address;
     pthread_barrier_wait(&barrier);
     int32_t warp = tid & ~31, lane = tid & 31, row = lane / 4, col = (lane % 4) * 2;
+    if (lane == 0) count_conflicts(slots + warp);
     for (int j = 0; j < 4; j++) {
         uint16_t e[2];
         for (int h = 0; h < 2; h++)
@@ -252,7 +269,14 @@ def _runtime() -> ctypes.CDLL:
         llvm.add_symbol(name, ctypes.cast(getattr(lib, name), ctypes.c_void_p).value)
     lib.emu_launch.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_void_p),
                                ctypes.c_int32, ctypes.c_int32]
+    lib.emu_ldmatrix_conflicts.restype = ctypes.c_int64
     return lib
+
+
+def ldmatrix_conflicts() -> int:
+    """The shared-memory wavefronts the ldmatrix instructions run since the last call spent on
+    bank conflicts (beyond one for each 8 x 8 matrix)."""
+    return _runtime().emu_ldmatrix_conflicts()
 
 
 def host_ir(nvptx_ir: str) -> str:

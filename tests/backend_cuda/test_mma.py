@@ -168,6 +168,22 @@ def test_emulated_tiles_that_divide_the_product_compute_the_reference(form, k):
     check_outputs(closed, args, emulator.run_program(program, args, poison=0xFF), f"{form} k={k}", tf32=True)
 
 
+@needs_cc
+@pytest.mark.parametrize("form", ["NN", "NT", "TN", "TT"])
+@pytest.mark.parametrize("tile", ["128x128x32/2x2", "128x128x64/2x2", "64x64x32/2x2"])
+def test_emulated_fragment_loads_are_free_of_bank_conflicts(form, tile):
+    """Every ldmatrix reads its eight rows from eight distinct groups of banks, whichever way
+    each operand is staged (K fastest: 64- or 128-byte rows; M or N fastest: 128 or 256)."""
+    fn, shapes = FORMS[form]
+    args = [np.ones(s, BF16) for s in shapes(64, 64, 64)]
+    with glue.config.override(cuda_mma_tile=tile):
+        closed, low = _lower(fn, args)
+        program = low["llvm"]
+    emulator.ldmatrix_conflicts()
+    emulator.run_program(program, args)
+    assert emulator.ldmatrix_conflicts() == 0
+
+
 def test_an_unknown_tile_is_a_glue_error():
     x = np.ones((8, 8), BF16)
     with glue.config.override(cuda_mma_tile="7x7x7/1x1"), pytest.raises(glue.GlueError, match="cuda_mma_tile"):

@@ -168,18 +168,18 @@ class _Staged:
         (the 32 lanes' TF32 fragment words then fall in distinct banks)."""
         return (bk if self.k_fastest else self.outer) + (0 if self.swizzle else self.chunk)
 
-    def place(self, b: ir.IRBuilder, slot: ir.Value) -> ir.Value:
+    def place(self, b: ir.IRBuilder, slot: ir.Value, bk: int) -> ir.Value:
         """Where the staged element at `slot` of a stage lies. Swizzled: its 16-byte chunk moves
-        within its 128-byte line by XOR with the line's index mod 8, as TMA's 128-byte swizzle
-        does. The eight rows an ldmatrix reads at one column (rows of 64 bytes or a multiple of
-        128) then lie in eight distinct chunk positions, so in distinct banks, and the chunks a
-        cp.async copies from one global line stay in one shared line: padded rows split nearly
-        every line across two, and the copies took 11-15 shared wavefronts per warp instead of
-        4 (ncu, 4096^3 bf16 on an H100)."""
+        within its 128-byte line by XOR with the row's index mod 8 (the line's, for rows of 64
+        bytes, two a line), as TMA's 128-byte swizzle does for 128-byte rows. The eight rows an
+        ldmatrix reads at one column then lie in eight distinct chunk positions, so in distinct
+        banks, and the chunks a cp.async copies from one global line stay in one shared line:
+        padded rows split nearly every line across two, and the copies took 11-15 shared
+        wavefronts per warp instead of 4 (ncu, 4096^3 bf16 on an H100)."""
         if not self.swizzle:
             return slot
-        line = b.udiv(slot, ir.Constant(I64, 8 * self.chunk))
-        return b.xor(slot, b.mul(b.and_(line, ir.Constant(I64, 7)), ir.Constant(I64, self.chunk)))
+        row = b.udiv(slot, ir.Constant(I64, max(self.row(bk), 8 * self.chunk)))
+        return b.xor(slot, b.mul(b.and_(row, ir.Constant(I64, 7)), ir.Constant(I64, self.chunk)))
 
     def elements(self, bk: int) -> int:
         return (self.outer if self.k_fastest else bk) * self.row(bk)
@@ -357,7 +357,7 @@ def emit_mma(ke: KernelEmitter, a_expr: Expr, b_expr: Expr, m_dims: list[int], n
         for q in range(s.outer * tile.bk // chunk // tile.threads):
             at = b.add(tid, c(q * tile.threads))
             row, first = b.udiv(at, c(per_row)), b.mul(b.urem(at, c(per_row)), c(chunk))
-            slot = b.add(base, s.place(b, b.add(b.mul(row, c(s.row(tile.bk))), first)))
+            slot = b.add(base, s.place(b, b.add(b.mul(row, c(s.row(tile.bk))), first), tile.bk))
             outer, kk = (row, first) if s.k_fastest else (first, row)
             outer, kk = b.add(m0 if s.is_a else n0, outer), b.add(k0, kk)
             ok = ir.Constant(ir.IntType(1), 1)
@@ -415,7 +415,7 @@ def emit_mma(ke: KernelEmitter, a_expr: Expr, b_expr: Expr, m_dims: list[int], n
     def word(buffer: ir.Value, base: ir.Value, s: _Staged, outer: ir.Value, kk: ir.Value) -> ir.Value:
         """The staged float32 at (outer, kk), rounded to TF32 (to nearest, ties away)."""
         slot = b.mul(outer, c(s.row(tile.bk))) if s.k_fastest else b.mul(kk, c(s.row(tile.bk)))
-        slot = s.place(b, b.add(slot, kk if s.k_fastest else outer))
+        slot = s.place(b, b.add(slot, kk if s.k_fastest else outer), tile.bk)
         return to_tf32(ke, b.load(ke.shared_at(buffer, b.add(base, slot), I32), typ=F32))
 
     def words_a(buffer: ir.Value, base: ir.Value, ks: int) -> list[list[ir.Value]]:
@@ -446,7 +446,7 @@ def emit_mma(ke: KernelEmitter, a_expr: Expr, b_expr: Expr, m_dims: list[int], n
             else:            # stored [k][m]: rows ks + l % 8 + 8 (l / 16), from m + 8 ((l / 8) % 2)
                 kk = b.add(c(ks), b.add(r8, b.mul(high, c(8))))
                 slot = b.add(b.mul(kk, c(a.row(tile.bk))), b.add(m, b.mul(mid, c(8))))
-            found.append(ldmatrix(ke.shared_at(buffer, b.add(base, a.place(b, slot)), element), not a.k_fastest))
+            found.append(ldmatrix(ke.shared_at(buffer, b.add(base, a.place(b, slot, tile.bk)), element), not a.k_fastest))
         return found
 
     def fragments_b(buffer: ir.Value, base: ir.Value, ks: int) -> list[list[ir.Value]]:
@@ -462,7 +462,7 @@ def emit_mma(ke: KernelEmitter, a_expr: Expr, b_expr: Expr, m_dims: list[int], n
             else:             # stored [k][n]: rows ks + l % 8 + 8 ((l / 8) % 2), from n + 8 (l / 16)
                 kk = b.add(c(ks), b.add(r8, b.mul(mid, c(8))))
                 slot = b.add(b.mul(kk, c(bb.row(tile.bk))), b.add(n, b.mul(high, c(8))))
-            regs = ldmatrix(ke.shared_at(buffer, b.add(base, bb.place(b, slot)), element), not bb.k_fastest)
+            regs = ldmatrix(ke.shared_at(buffer, b.add(base, bb.place(b, slot, tile.bk)), element), not bb.k_fastest)
             found += [regs[0:2], regs[2:4]]
         return found
 
