@@ -316,7 +316,7 @@ def emit_mma(ke: KernelEmitter, a_expr: Expr, b_expr: Expr, m_dims: list[int], n
                               _lanes(ke, k_fastest, dims, chunk)))
     a, bb = staged
     # Operands that are plain loads, 16 bytes a chunk, are copied straight into shared memory
-    # (cp.async) through STAGES stages; others stage through registers into two.
+    # (cp.async) through up to STAGES stages; others stage through registers into two.
     pipelined = all(_copyable(s) for s in (a, bb))
     if fmt.name == "tf32" and not pipelined and ke.sm < 90:
         return None  # ptxas for sm_80 spills the register-staged TF32 kernel (12 bytes at 40 registers)
@@ -511,6 +511,8 @@ def emit_mma(ke: KernelEmitter, a_expr: Expr, b_expr: Expr, m_dims: list[int], n
         copying = max(steps - (stages - 1), 0)
         accs = loop(b, 0, copying, step(True), accs, name="kstep", vectorize=False, unroll=1)
         accs = loop(b, copying, steps, step(False), accs, name="klast", vectorize=False, unroll=1)
+        # Each step waited for its own copies, so none is in flight here; the wait guards the
+        # exit (a block's shared memory goes to the next block) should that order change.
         async_call(ke, "llvm.nvvm.cp.async.wait.group", 0)
     else:
         for s, buffer in zip((a, bb), buffers):
