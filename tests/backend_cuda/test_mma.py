@@ -173,7 +173,7 @@ def test_emulated_tiles_that_divide_the_product_compute_the_reference(form, k):
 @pytest.mark.parametrize("tile", ["128x128x32/2x2", "128x256x32/2x4", "256x128x32/4x2", "128x128x64/2x2", "64x64x32/2x2"])
 def test_emulated_fragment_loads_are_free_of_bank_conflicts(form, tile):
     """Every ldmatrix reads its eight rows from eight distinct groups of banks, whichever way
-    each operand is staged (K fastest: 64- or 128-byte rows; M or N fastest: 128 or 256)."""
+    each operand is staged (K fastest: 64- or 128-byte rows; M or N fastest: 128 to 512)."""
     fn, shapes = FORMS[form]
     args = [np.ones(s, BF16) for s in shapes(64, 64, 64)]
     with glue.config.override(cuda_mma_tile=tile):
