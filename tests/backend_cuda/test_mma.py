@@ -171,17 +171,31 @@ def test_emulated_tiles_that_divide_the_product_compute_the_reference(form, k):
 @needs_cc
 @pytest.mark.parametrize("form", ["NN", "NT", "TN", "TT"])
 @pytest.mark.parametrize("tile", ["128x128x32/2x2", "128x256x32/2x4", "256x128x32/4x2", "128x128x64/2x2", "64x64x32/2x2"])
-def test_emulated_fragment_loads_are_free_of_bank_conflicts(form, tile):
+@pytest.mark.parametrize("dtype", [BF16, np.float32], ids=["bf16", "tf32"])
+def test_emulated_fragment_loads_are_free_of_bank_conflicts(form, tile, dtype):
     """Every ldmatrix reads its eight rows from eight distinct groups of banks, whichever way
-    each operand is staged (K fastest: 64- or 128-byte rows; M or N fastest: 128 to 512)."""
+    each operand is staged (K fastest: 64- to 256-byte rows; M or N fastest: 128 to 512)."""
     fn, shapes = FORMS[form]
-    args = [np.ones(s, BF16) for s in shapes(64, 64, 64)]
+    args = [np.ones(s, dtype) for s in shapes(64, 64, 64)]
     with glue.config.override(cuda_mma_tile=tile):
         closed, low = _lower(fn, args)
         program = low["llvm"]
     emulator.ldmatrix_conflicts()
     emulator.run_program(program, args)
     assert emulator.ldmatrix_conflicts() == 0
+
+
+def test_tf32_fragments_load_by_ldmatrix_where_k_is_fastest():
+    """A K-fastest float32 operand's fragments load as matrices of 8 rows x 4 words (then round
+    to TF32); an M- or N-fastest operand's load word by word."""
+    x = np.ones((256, 256), np.float32)
+    for fn, by_ldmatrix in ((lambda a, b: a @ b.T, 2), (lambda a, b: a @ b, 1), (lambda a, b: a.T @ b, 0)):
+        with glue.config.override(cuda_mma_tile="64x64x32/2x2"):
+            closed, low = _lower(fn, [x, x])
+            ptx = "".join(low["ptx"].modules.values())
+        assert "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" in ptx and "cvt.rna.tf32.f32" in ptx
+        assert ("ldmatrix.sync.aligned.m8n8.x4.shared.b16" in ptx) == (by_ldmatrix > 0)
+        assert ("ld.shared.b32" in ptx) == (by_ldmatrix < 2)
 
 
 def test_an_unknown_tile_is_a_glue_error():

@@ -12,9 +12,10 @@ expressions (loads, casts, any fused prologue) at the 16 bytes' worth of consecu
 a chunk and stores them as one vector. The staged layout follows the operand's memory: K fastest
 when its loads advance with K (a row-major lhs), else M (or N) fastest, so that a warp's loads
 are consecutive either way; `ldmatrix` (`.trans` for the second layout) then gives each lane its
-16-bit fragments, and TF32 fragments load word by word. So that the rows a fragment load reads
-fall in distinct banks, 16-bit chunks move within their 128-byte lines (`_Staged.place`), which
-keeps a copy's lines whole; TF32 rows are padded by 16 bytes.
+16-bit fragments, and its TF32 fragments where K is fastest (others load word by word). So that
+the rows a fragment load reads fall in distinct banks, the chunks ldmatrix reads move within
+their 128-byte lines (`_Staged.place`), which keeps a copy's lines whole; rows loaded word by
+word are padded by 16 bytes.
 
 Where both operands are plain loads whose chunks are 16 aligned bytes (the usual case:
 activations and weights), `cp.async` copies them straight from global into shared memory, with
@@ -109,13 +110,6 @@ class Format:
         """Elements a thread stages at once (16 bytes), and the padding of a staged row."""
         return CHUNK_BYTES // (self.element.width // 8)
 
-    @property
-    def swizzles(self) -> bool:
-        """Whether staged chunks move within their lines (`_Staged.place`): where fragments load
-        by ldmatrix (16-bit), one address a matrix. TF32 words load one by one, and XORed
-        addresses for each of them outgrew a thread's registers (ptxas spilled 692 bytes)."""
-        return self.name != "tf32"
-
 
 FORMATS = {
     "bf16": Format("bf16", I16, 16, "llvm.nvvm.mma.m16n8k16.row.col.bf16", I32),
@@ -160,13 +154,18 @@ class _Staged:
     k_fastest: bool
     is_a: bool
     chunk: int
-    swizzle: bool  # chunks move within their lines (`place`), else rows are padded
+    # Fragments load by ldmatrix, one address a matrix: 16-bit ones, and TF32 ones where K is
+    # fastest (a matrix of 8 rows of 4 words is the m16n8k8 fragment's layout). Its chunks then
+    # move within their lines (`place`). The TF32 fragments of an M- or N-fastest operand load
+    # word by word, and XORed addresses for each word outgrew a thread's registers (ptxas
+    # spilled 692 bytes): their rows are padded instead.
+    ldmatrix: bool
     lanes: Vectorization | None = None
 
     def row(self, bk: int) -> int:
         """Elements from one staged row to the next: padded by a chunk where chunks do not move
         (the 32 lanes' TF32 fragment words then fall in distinct banks)."""
-        return (bk if self.k_fastest else self.outer) + (0 if self.swizzle else self.chunk)
+        return (bk if self.k_fastest else self.outer) + (0 if self.ldmatrix else self.chunk)
 
     def place(self, b: ir.IRBuilder, slot: ir.Value, bk: int) -> ir.Value:
         """Where the staged element at `slot` of a stage lies. Swizzled: its 16-byte chunk moves
@@ -176,7 +175,7 @@ class _Staged:
         banks, and the chunks a cp.async copies from one global line stay in one shared line:
         padded rows split nearly every line across two, and the copies took 11-15 shared
         wavefronts per warp instead of 4 (ncu, 4096^3 bf16 on an H100)."""
-        if not self.swizzle:
+        if not self.ldmatrix:
             return slot
         row = b.udiv(slot, ir.Constant(I64, max(self.row(bk), 8 * self.chunk)))
         return b.xor(slot, b.mul(b.and_(row, ir.Constant(I64, 7)), ir.Constant(I64, self.chunk)))
@@ -312,7 +311,7 @@ def emit_mma(ke: KernelEmitter, a_expr: Expr, b_expr: Expr, m_dims: list[int], n
     for expr, size, outer, dims, is_a in ((a_expr, m_size, tile.bm, m_dims, True), (b_expr, n_size, tile.bn, n_dims, False)):
         k_fastest = _k_fastest(ke, expr, dims)
         value = expr.args[0] if element == I16 else expr
-        staged.append(_Staged(value, size, outer, k_fastest, is_a, chunk, fmt.swizzles,
+        staged.append(_Staged(value, size, outer, k_fastest, is_a, chunk, fmt.name != "tf32" or k_fastest,
                               _lanes(ke, k_fastest, dims, chunk)))
     a, bb = staged
     # Operands that are plain loads, 16 bytes a chunk, are copied straight into shared memory
@@ -407,7 +406,10 @@ def emit_mma(ke: KernelEmitter, a_expr: Expr, b_expr: Expr, m_dims: list[int], n
             cp_async(ke, ke.shared_at(buffer, slot, element), source, b.select(ok, ir.Constant(I32, 16), ir.Constant(I32, 0)))
 
     def ldmatrix(address: ir.Value, trans: bool) -> list[ir.Value]:
-        return ldmatrix_x4(ke, address, trans)
+        regs = ldmatrix_x4(ke, address, trans)
+        if fmt.name == "tf32":  # float32 words as staged: round them as fragments take them
+            regs = [to_tf32(ke, b.bitcast(r, F32)) for r in regs]
+        return regs
 
     group, pair = b.udiv(lane, c(4)), b.mul(b.urem(lane, c(4)), c(2))
     quarter = b.urem(lane, c(4))
@@ -441,8 +443,8 @@ def emit_mma(ke: KernelEmitter, a_expr: Expr, b_expr: Expr, m_dims: list[int], n
         found = []
         for f in range(tile.frags_m):
             m = b.add(warp_m, c(f * 16))
-            if a.k_fastest:  # lane l: row m + l % 16, columns from ks + 8 (l / 16)
-                slot = b.add(b.mul(b.add(m, r16), c(a.row(tile.bk))), b.add(c(ks), b.mul(high, c(8))))
+            if a.k_fastest:  # lane l: row m + l % 16, columns from ks + chunk (l / 16)
+                slot = b.add(b.mul(b.add(m, r16), c(a.row(tile.bk))), b.add(c(ks), b.mul(high, c(chunk))))
             else:            # stored [k][m]: rows ks + l % 8 + 8 (l / 16), from m + 8 ((l / 8) % 2)
                 kk = b.add(c(ks), b.add(r8, b.mul(high, c(8))))
                 slot = b.add(b.mul(kk, c(a.row(tile.bk))), b.add(m, b.mul(mid, c(8))))
@@ -456,9 +458,9 @@ def emit_mma(ke: KernelEmitter, a_expr: Expr, b_expr: Expr, m_dims: list[int], n
         found = []
         for f in range(0, tile.frags_n, 2):
             n = b.add(warp_n, c(f * 8))
-            if bb.k_fastest:  # stored [n][k]: rows n + l % 8 + 8 (l / 16), from ks + 8 ((l / 8) % 2)
+            if bb.k_fastest:  # stored [n][k]: rows n + l % 8 + 8 (l / 16), from ks + chunk ((l / 8) % 2)
                 slot = b.add(b.mul(b.add(n, b.add(r8, b.mul(high, c(8)))), c(bb.row(tile.bk))),
-                             b.add(c(ks), b.mul(mid, c(8))))
+                             b.add(c(ks), b.mul(mid, c(chunk))))
             else:             # stored [k][n]: rows ks + l % 8 + 8 ((l / 8) % 2), from n + 8 (l / 16)
                 kk = b.add(c(ks), b.add(r8, b.mul(mid, c(8))))
                 slot = b.add(b.mul(kk, c(bb.row(tile.bk))), b.add(n, b.mul(high, c(8))))
@@ -466,8 +468,8 @@ def emit_mma(ke: KernelEmitter, a_expr: Expr, b_expr: Expr, m_dims: list[int], n
             found += [regs[0:2], regs[2:4]]
         return found
 
-    # ldmatrix moves 16-bit elements; TF32 fragments load word by word
-    load_a, load_b = (words_a, words_b) if fmt.name == "tf32" else (fragments_a, fragments_b)
+    load_a = fragments_a if a.ldmatrix else words_a
+    load_b = fragments_b if bb.ldmatrix else words_b
 
     def mma(a_regs: list[ir.Value], b_regs: list[ir.Value], acc: list[ir.Value]) -> list[ir.Value]:
         return mma_sync(ke, fmt, a_regs, b_regs, acc)
