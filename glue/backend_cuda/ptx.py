@@ -23,8 +23,10 @@ from glue.errors import BackendError
 
 TRIPLE = llvm_jobs.NVPTX_TRIPLE
 DEFAULT_ARCH = "sm_90"
+# The PTX ISA each arch's modules are written in; sm_90's 8.1 (CUDA 12.1) for `st.async`, which a
+# column reduction's cluster uses to send its partials.
 PTX_FEATURES = {"sm_75": "+ptx63", "sm_80": "+ptx70", "sm_86": "+ptx71", "sm_89": "+ptx78",
-                "sm_90": "+ptx80", "sm_90a": "+ptx80"}
+                "sm_90": "+ptx81", "sm_90a": "+ptx81"}
 
 
 def sm_number(arch: str) -> int:

@@ -6,6 +6,9 @@ functions: thread and block indices read thread-local variables, `barrier0` is a
 barrier over the block, and a warp shuffle publishes every thread's value and reads its
 partner's between two barriers (glue only shuffles where the whole block does). Each block runs
 as `block` POSIX threads, blocks one after another, so shared-memory globals are per block.
+A kernel compiled for clusters runs a cluster's blocks at once, each from its own copy of the
+module (its own shared memory): `barrier.cluster` is a pthread barrier over the cluster's
+threads, and `mapa` moves an address to the same place in another block's copy.
 Needs a C compiler (`cc`); tests skip without one.
 """
 from __future__ import annotations
@@ -30,25 +33,29 @@ _RUNTIME = r"""
 #include <math.h>
 #include <string.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdlib.h>
 
-static __thread int32_t tid, ctaid;
+static __thread int32_t tid, ctaid, rank;     /* rank: the block's in its cluster */
 static int32_t ntid, nctaid;
-static pthread_barrier_t barrier;
-static int64_t *slots;
+static pthread_barrier_t block_barriers[16], cluster_barrier;
+static __thread pthread_barrier_t *barrier;      /* the block's */
+static int64_t *all_slots;
+static __thread int64_t *slots;                  /* the block's: one a thread */
 
 int32_t emu_tid(void) { return tid; }
 int32_t emu_ctaid(void) { return ctaid; }
 int32_t emu_ntid(void) { return ntid; }
 int32_t emu_nctaid(void) { return nctaid; }
-void emu_barrier(void) { pthread_barrier_wait(&barrier); }
+void emu_barrier(void) { pthread_barrier_wait(barrier); }
+void emu_cluster_barrier(void) { pthread_barrier_wait(&cluster_barrier); }
 int32_t emu_shfl(int32_t mask, int32_t value, int32_t lane_mask, int32_t clamp) {
     slots[tid] = value;
-    pthread_barrier_wait(&barrier);
+    pthread_barrier_wait(barrier);
     int32_t other = (tid & ~31) | ((tid & 31) ^ lane_mask);
     int32_t result = other < ntid ? (int32_t)slots[other] : value;
-    pthread_barrier_wait(&barrier);
+    pthread_barrier_wait(barrier);
     return result;
 }
 
@@ -76,7 +83,8 @@ float emu_rsqrt_ftz(float x) { return 1.0f / sqrtf(x); }
 /* Warp-collective tensor-core operations: every lane publishes its operands, the block meets
    at a barrier (glue issues them where the whole block does), each lane computes its own part
    from its warp's lanes, and a second barrier frees the slots. */
-static uint32_t *frags;  /* 6 words per thread: a0..a3, b0, b1 */
+static uint32_t *all_frags;
+static __thread uint32_t *frags;  /* the block's: 6 words per thread, a0..a3, b0, b1 */
 
 static float half_to_float(uint16_t h) {
     uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 0x1F, man = h & 0x3FF, bits;
@@ -110,7 +118,7 @@ static void count_conflicts(const int64_t *rows) {
 
 void emu_ldmatrix(const uint16_t *address, int32_t trans, uint32_t *out) {
     slots[tid] = (int64_t)(intptr_t)address;
-    pthread_barrier_wait(&barrier);
+    pthread_barrier_wait(barrier);
     int32_t warp = tid & ~31, lane = tid & 31, row = lane / 4, col = (lane % 4) * 2;
     if (lane == 0) count_conflicts(slots + warp);
     for (int j = 0; j < 4; j++) {
@@ -120,7 +128,7 @@ void emu_ldmatrix(const uint16_t *address, int32_t trans, uint32_t *out) {
                          : ((const uint16_t *)(intptr_t)slots[warp + j * 8 + row])[col + h];
         out[j] = (uint32_t)e[0] | ((uint32_t)e[1] << 16);
     }
-    pthread_barrier_wait(&barrier);
+    pthread_barrier_wait(barrier);
 }
 
 /* kind 0: bfloat16, 1: float16 (m16n8k16, two per word), 2: TF32 (m16n8k8, one per word).
@@ -130,7 +138,7 @@ void emu_mma(int32_t kind, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, u
              float c0, float c1, float c2, float c3, float *out) {
     uint32_t *mine = frags + 6 * tid;
     mine[0] = a0; mine[1] = a1; mine[2] = a2; mine[3] = a3; mine[4] = b0; mine[5] = b1;
-    pthread_barrier_wait(&barrier);
+    pthread_barrier_wait(barrier);
     int32_t warp = tid & ~31, lane = tid & 31, group = lane / 4, pair = (lane % 4) * 2;
     int32_t per = kind == 2 ? 1 : 2, g = 4 * per;
     float c[4] = {c0, c1, c2, c3};
@@ -153,7 +161,7 @@ void emu_mma(int32_t kind, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, u
         }
         out[r] = sum;
     }
-    pthread_barrier_wait(&barrier);
+    pthread_barrier_wait(barrier);
 }
 
 uint32_t emu_f2tf32(float x) {  /* to nearest, ties away from zero, at 10 mantissa bits */
@@ -173,11 +181,80 @@ void emu_cp_async_8(void *target, const void *source, int32_t nbytes) { copy_asy
 void emu_cp_async_commit(void) {}
 void emu_cp_async_wait(int32_t n) { (void)n; }
 
-typedef struct { void *fn; int nparams; void **params; int32_t block; int32_t thread; } job;
+/* mbarriers that count bytes other blocks send (st.async): kept beside the 8 shared bytes
+   they live in, keyed by that address, under one lock. */
+typedef struct { void *at; int32_t arrivals, pending, phase; int64_t bytes; } mbarrier;
+static mbarrier mbarriers[64];
+static pthread_mutex_t mbarrier_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static mbarrier *mbarrier_at(void *at) {  /* with the lock held */
+    for (int i = 0; i < 64; i++) if (mbarriers[i].at == at) return &mbarriers[i];
+    for (int i = 0; i < 64; i++) if (!mbarriers[i].at) { mbarriers[i].at = at; return &mbarriers[i]; }
+    abort();
+}
+
+static void mbarrier_step(mbarrier *m) {  /* the phase completes: no arrivals or bytes pending */
+    if (m->pending == 0 && m->bytes == 0) { m->phase ^= 1; m->pending = m->arrivals; }
+}
+
+void emu_mbarrier_init(void *at, int32_t arrivals) {
+    pthread_mutex_lock(&mbarrier_lock);
+    mbarrier *m = mbarrier_at(at);
+    *m = (mbarrier){at, arrivals, arrivals, 0, 0};
+    pthread_mutex_unlock(&mbarrier_lock);
+}
+
+void emu_expect_bytes(void *at, int32_t nbytes) {
+    pthread_mutex_lock(&mbarrier_lock);
+    mbarrier *m = mbarrier_at(at);
+    m->bytes += nbytes; m->pending -= 1; mbarrier_step(m);
+    pthread_mutex_unlock(&mbarrier_lock);
+}
+
+int32_t emu_phase_done(void *at, int32_t parity) {
+    pthread_mutex_lock(&mbarrier_lock);
+    int32_t done = mbarrier_at(at)->phase != parity;
+    pthread_mutex_unlock(&mbarrier_lock);
+    if (!done) sched_yield();
+    return done;
+}
+
+static void send(void *target, const void *value, int32_t nbytes, void *at) {
+    pthread_mutex_lock(&mbarrier_lock);
+    memcpy(target, value, nbytes);
+    mbarrier *m = mbarrier_at(at);
+    m->bytes -= nbytes; mbarrier_step(m);
+    pthread_mutex_unlock(&mbarrier_lock);
+}
+void emu_send32(void *target, uint32_t value, void *at) { send(target, &value, 4, at); }
+void emu_send64(void *target, uint64_t value, void *at) { send(target, &value, 8, at); }
+
+/* The shared-memory globals of each rank's copy of a cluster kernel's module, for `mapa`. */
+static int32_t shared_count;
+static int64_t *shared_bases, *shared_sizes;  /* bases: [rank][global], sizes: [global] */
+
+void emu_set_shared(int32_t count, int64_t *bases, int64_t *sizes) {
+    shared_count = count; shared_bases = bases; shared_sizes = sizes;
+}
+
+void *emu_mapa(void *address, int32_t target) {
+    int64_t p = (int64_t)(intptr_t)address;
+    for (int32_t g = 0; g < shared_count; g++) {
+        int64_t base = shared_bases[rank * shared_count + g];
+        if (p >= base && p < base + shared_sizes[g])
+            return (void *)(intptr_t)(shared_bases[target * shared_count + g] + (p - base));
+    }
+    abort();  /* not an address in this block's shared memory */
+}
+
+typedef struct { void *fn; int nparams; void **params; int32_t block; int32_t thread; int32_t rank; } job;
 
 static void *run(void *arg) {
     job *j = (job *)arg;
-    tid = j->thread; ctaid = j->block;
+    tid = j->thread; ctaid = j->block; rank = j->rank;
+    barrier = &block_barriers[rank];
+    slots = all_slots + (int64_t)rank * ntid;
+    frags = all_frags + (int64_t)rank * ntid * 6;
     void **p = j->params;
     switch (j->nparams) {
 #define CALL(n, ...) case n: ((void (*)())j->fn)(__VA_ARGS__); break;
@@ -215,25 +292,29 @@ static void *run(void *arg) {
     return 0;
 }
 
-int emu_launch(void *fn, int nparams, void **params, int32_t grid, int32_t block) {
-    pthread_t *threads = malloc(sizeof(pthread_t) * block);
-    job *jobs = malloc(sizeof(job) * block);
-    slots = malloc(sizeof(int64_t) * block);
-    frags = malloc(sizeof(uint32_t) * 6 * block);
+/* `fns[r]`: the kernel in rank r's copy of its module; `cluster` blocks run at once. */
+int emu_launch(void **fns, int nparams, void **params, int32_t grid, int32_t block, int32_t cluster) {
+    int32_t threads_at_once = block * cluster;
+    pthread_t *threads = malloc(sizeof(pthread_t) * threads_at_once);
+    job *jobs = malloc(sizeof(job) * threads_at_once);
+    all_slots = malloc(sizeof(int64_t) * threads_at_once);
+    all_frags = malloc(sizeof(uint32_t) * 6 * threads_at_once);
     ntid = block; nctaid = grid;
     pthread_attr_t attr;
     pthread_attr_init(&attr);
     pthread_attr_setstacksize(&attr, 1 << 20);
-    for (int32_t b = 0; b < grid; b++) {
-        pthread_barrier_init(&barrier, 0, block);
-        for (int32_t t = 0; t < block; t++) {
-            jobs[t] = (job){fn, nparams, params, b, t};
-            if (pthread_create(&threads[t], &attr, run, &jobs[t])) return -1;
+    for (int32_t first = 0; first < grid; first += cluster) {
+        pthread_barrier_init(&cluster_barrier, 0, threads_at_once);
+        for (int32_t r = 0; r < cluster; r++) pthread_barrier_init(&block_barriers[r], 0, block);
+        for (int32_t i = 0; i < threads_at_once; i++) {
+            jobs[i] = (job){fns[i / block], nparams, params, first + i / block, i % block, i / block};
+            if (pthread_create(&threads[i], &attr, run, &jobs[i])) return -1;
         }
-        for (int32_t t = 0; t < block; t++) pthread_join(threads[t], 0);
-        pthread_barrier_destroy(&barrier);
+        for (int32_t i = 0; i < threads_at_once; i++) pthread_join(threads[i], 0);
+        for (int32_t r = 0; r < cluster; r++) pthread_barrier_destroy(&block_barriers[r]);
+        pthread_barrier_destroy(&cluster_barrier);
     }
-    free(threads); free(jobs); free(slots); free(frags);
+    free(threads); free(jobs); free(all_slots); free(all_frags);
     return 0;
 }
 """
@@ -250,7 +331,22 @@ _INTRINSICS = {
     "llvm.nvvm.cp.async.cg.shared.global.16.s": "emu_cp_async", "llvm.nvvm.cp.async.ca.shared.global.4.s": "emu_cp_async_4",
     "llvm.nvvm.cp.async.ca.shared.global.8.s": "emu_cp_async_8", "llvm.nvvm.cp.async.commit.group": "emu_cp_async_commit",
     "llvm.nvvm.cp.async.wait.group": "emu_cp_async_wait", "llvm.nvvm.f2tf32.rna": "emu_f2tf32",
+    "llvm.nvvm.mapa.shared.cluster": "emu_mapa",
 }
+# Inline PTX the kernels emit (codegen/common.py), as the C functions that stand for it.
+_ASM = {
+    "barrier.cluster.arrive.relaxed.aligned; barrier.cluster.wait.aligned;": ("emu_cluster_barrier", "void @()"),
+    "mbarrier.init.shared::cta.b64 [$0], $1; fence.mbarrier_init.release.cluster;":
+        ("emu_mbarrier_init", "void @(ptr, i32)"),
+    "mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], $1;": ("emu_expect_bytes", "void @(ptr, i32)"),
+    "{ .reg .pred done; mbarrier.try_wait.parity.shared::cta.b64 done, [$1], $2; selp.u32 $0, 1, 0, done; }":
+        ("emu_phase_done", "i32 @(ptr, i32)"),
+    "st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [$0], $1, [$2];": ("emu_send32", "void @(ptr, i32, ptr)"),
+    "st.async.shared::cluster.mbarrier::complete_tx::bytes.b64 [$0], $1, [$2];": ("emu_send64", "void @(ptr, i64, ptr)"),
+}
+_CLUSTER_DIM = re.compile(r'"nvvm\.cluster_dim"="(\d+),1,1"')
+_SHARED_GLOBAL = re.compile(r'^@"?(\w+_(?:smem\d+|dynamic_smem))"? = internal global \[(\d+) x (\w+)\]', re.M)
+_SIZES = {"i1": 1, "i8": 1, "i16": 2, "half": 2, "bfloat": 2, "i32": 4, "float": 4, "i64": 8, "double": 8}
 
 
 def available() -> bool:
@@ -265,10 +361,11 @@ def _runtime() -> ctypes.CDLL:
         f.write(_RUNTIME)
     subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-pthread", source, "-o", library, "-lm"], check=True)
     lib = ctypes.CDLL(library)
-    for name in set(_INTRINSICS.values()) | {"emu_bf16x2", "emu_ldmatrix", "emu_mma"}:
+    for name in set(_INTRINSICS.values()) | {f for f, _ in _ASM.values()} | {"emu_bf16x2", "emu_ldmatrix", "emu_mma"}:
         llvm.add_symbol(name, ctypes.cast(getattr(lib, name), ctypes.c_void_p).value)
-    lib.emu_launch.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_void_p),
-                               ctypes.c_int32, ctypes.c_int32]
+    lib.emu_launch.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, ctypes.POINTER(ctypes.c_void_p),
+                               ctypes.c_int32, ctypes.c_int32, ctypes.c_int32]
+    lib.emu_set_shared.argtypes = [ctypes.c_int32, ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_int64)]
     lib.emu_ldmatrix_conflicts.restype = ctypes.c_int64
     return lib
 
@@ -290,6 +387,10 @@ def host_ir(nvptx_ir: str) -> str:
     text, packs = re.subn(r'asm\s+"cvt\.rn\.bf16x2\.f32 \$0, \$1, \$2;", "=r,f,f"', '@"emu_bf16x2"', text)
     if packs:
         text += '\ndeclare i32 @"emu_bf16x2"(float, float)\n'
+    for asm, (function, signature) in _ASM.items():
+        text, uses = re.subn(r'asm sideeffect "' + re.escape(asm) + r'", "[^"]*"', f'@"{function}"', text)
+        if uses:
+            text += f'\ndeclare {signature.replace("@", f"@{function}")}\n'
     for name, replacement in _INTRINSICS.items():
         text = text.replace(f'@"{name}"', f'@"{replacement}"').replace(f"@{name}(", f"@{replacement}(")
     used = [(name, shim, definition) for name, (shim, definition) in _COLLECTIVES.items() if name in text]
@@ -340,13 +441,23 @@ _COLLECTIVES = {
 
 
 class _Engine:
-    def __init__(self, nvptx_modules: list[str]):
+    """The program's kernels compiled for the host; a cluster kernel's module once for each
+    rank of its cluster (`kernel(symbol)` gives every rank's copy)."""
+
+    def __init__(self, nvptx_modules: dict[str, str]):
         llvm.initialize_native_target()
         llvm.initialize_native_asmprinter()
         _runtime()
         module = llvm.parse_assembly("")
-        for text in nvptx_modules:  # one module per distinct kernel, linked into one
-            module.link_in(llvm.parse_assembly(host_ir(text)))
+        self.cluster: dict[str, int] = {}
+        self.shared: dict[str, list[tuple[str, int]]] = {}  # a cluster kernel's shared globals, bytes
+        for symbol, text in nvptx_modules.items():  # one module per distinct kernel, linked into one
+            host = host_ir(text)
+            dim = _CLUSTER_DIM.search(text)
+            self.cluster[symbol] = int(dim.group(1)) if dim else 1
+            self.shared[symbol] = [(name, int(n) * _SIZES[t]) for name, n, t in _SHARED_GLOBAL.findall(host)]
+            for rank in range(self.cluster[symbol]):
+                module.link_in(llvm.parse_assembly(host.replace(f'@"{symbol}', f'@"{_ranked(symbol, rank)}')))
         module.verify()
         # The host's own features: F16C converts half precision without libcalls.
         target = llvm.Target.from_default_triple().create_target_machine(
@@ -354,8 +465,23 @@ class _Engine:
         self.engine = llvm.create_mcjit_compiler(module, target)
         self.engine.finalize_object()
 
-    def address(self, symbol: str) -> int:
-        return self.engine.get_function_address(symbol)
+    def kernel(self, symbol: str) -> tuple[list[int], int]:
+        """Every rank's copy of the kernel, and its cluster's size; for a cluster kernel, its
+        copies' shared memory is where `mapa` looks from now on."""
+        ranks = self.cluster[symbol]
+        if ranks > 1:
+            shared = self.shared[symbol]
+            bases = [self.engine.get_global_value_address(_ranked(symbol, rank) + name[len(symbol):])
+                     for rank in range(ranks) for name, _ in shared]
+            self._tables = ((ctypes.c_int64 * len(bases))(*bases), (ctypes.c_int64 * len(shared))(*[n for _, n in shared]))
+            _runtime().emu_set_shared(len(shared), *self._tables)
+        return [self.engine.get_function_address(_ranked(symbol, rank)) for rank in range(ranks)], ranks
+
+
+def _ranked(symbol: str, rank: int) -> str:
+    """A kernel's name in rank `rank`'s copy of its module (rank 0's is the original), which
+    prefixes the copy's shared-memory globals as the kernel's name does the original's."""
+    return symbol if rank == 0 else f"{symbol}__rank{rank}"
 
 
 def _aligned(nbytes: int, fill: int) -> tuple[np.ndarray, int]:
@@ -414,7 +540,7 @@ class _Machine:
 
     def engine(self, program: CudaProgram) -> _Engine:
         if id(program) not in self.engines:
-            self.engines[id(program)] = _Engine(list(program.llvm_modules().values()))
+            self.engines[id(program)] = _Engine(program.llvm_modules())
         return self.engines[id(program)]
 
     def address(self, source: tuple[int, int]) -> int:
@@ -438,8 +564,9 @@ class _Machine:
                 continue
             program = step.owner.program if step.owner is not None else parent
             params = (ctypes.c_void_p * max(len(step.sources), 1))(*[self.address(s) for s in step.sources])
-            if self.lib.emu_launch(self.engine(program).address(launch.symbol), len(step.sources), params,
-                                   launch.grid, launch.block):
+            copies, cluster = self.engine(program).kernel(launch.symbol)
+            fns = (ctypes.c_void_p * cluster)(*copies)
+            if self.lib.emu_launch(fns, len(step.sources), params, launch.grid, launch.block, cluster):
                 raise RuntimeError(f"emulator: could not start the threads of {launch.symbol}")
 
 

@@ -1,8 +1,9 @@
 """Column reductions (codegen/columns.py): reductions over the strided dims of rows that are the
 contiguous dim of their data — the norms' weight gradients, bias gradients, with the optimizer
-update they feed — run with coalesced loads and the reduced points split over blocks, the last
-block of a tile combining the splits in order. Checked on the CPU emulator and, on a GPU, over
-repeated graph replays (the counters must come back to zero)."""
+update they feed — run with coalesced loads and the reduced points split over blocks: on sm_90 a cluster's blocks,
+meeting in distributed shared memory, before that the last block of a tile combining the splits
+from global scratch. Both checked on the CPU emulator (which runs a cluster's blocks at once)
+and, on a GPU, over repeated graph replays (the counters must come back to zero)."""
 import ml_dtypes
 import numpy as np
 import pytest
@@ -68,9 +69,12 @@ def _args(shapes, dtype):
     return [RNG.standard_normal(s).astype(np.float32).astype(dtype) for s in shapes]
 
 
-def _program(fn, args):
+ARCHS = ["sm_80", "sm_90a"]  # the splits meet in global scratch, or in a cluster
+
+
+def _program(fn, args, arch="sm_90a"):
     closed = glue.make_ir(fn)(*args)
-    return closed, CudaBackend().lower(closed.graph, name="cols", gemm="codegen")
+    return closed, CudaBackend().lower(closed.graph, name="cols", gemm="codegen", arch=arch)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -82,11 +86,12 @@ def test_column_reductions_take_the_column_strategy(name):
 
 
 @needs_cc
+@pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_column_reductions_compute_the_reference(name):
+def test_column_reductions_compute_the_reference(name, arch):
     fn, shapes, dtype, _ = CASES[name]
     args = _args(shapes, dtype)
-    closed, low = _program(fn, args)
+    closed, low = _program(fn, args, arch)
     outs = emulator.run_program(low["llvm"], list(closed.consts) + args)
     want = run_graph(closed.graph, list(closed.consts) + args, float64=True)
     for i, (got, w, d) in enumerate(zip(outs, want, tolerance_dtypes(closed.graph, tf32=CudaBackend.rounds_to_tf32))):
@@ -95,13 +100,15 @@ def test_column_reductions_compute_the_reference(name):
 
 @needs_cc
 @settings(max_examples=10)
-@given(points=st.integers(1, 3000), rows=st.integers(1, 600), op=st.sampled_from(["sum", "max"]))
-def test_any_shape_of_column_reduction_computes_the_reference(points, rows, op):
+@given(points=st.integers(1, 3000), rows=st.integers(1, 600), op=st.sampled_from(["sum", "max"]),
+       arch=st.sampled_from(ARCHS))
+def test_any_shape_of_column_reduction_computes_the_reference(points, rows, op, arch):
     """Every split of the points over blocks and slices, ragged tiles and runs, against the
-    reference: each point is folded exactly once and each row group's slices meet in order."""
+    reference: each point is folded exactly once, and each row group's slices and splits meet
+    in a fixed order, in global scratch or in a cluster."""
     fn = (lambda x: x.sum(0)) if op == "sum" else (lambda x: x.max(0))
     args = _args([(points, rows)], np.float32)
-    closed, low = _program(fn, args)
+    closed, low = _program(fn, args, arch)
     outs = emulator.run_program(low["llvm"], list(closed.consts) + args)
     want = run_graph(closed.graph, list(closed.consts) + args, float64=True)
     d = tolerance_dtypes(closed.graph)[0]
@@ -143,18 +150,43 @@ def test_identical_layers_are_planned_once(monkeypatch):
     assert len(columns) == 6 and len(asked) <= 3, (len(columns), len(asked))
 
 
-def test_the_splits_use_scratch_and_counters_and_ptxas_accepts_them():
+def test_before_sm_90_the_splits_use_scratch_and_counters_and_ptxas_accepts_them():
     from glue.backend_cuda.ptx import assemble, ptxas_available
 
     fn, shapes, dtype, _ = CASES["norm weight and bias grads"]
-    _, low = _program(fn, _args(shapes, dtype))
+    _, low = _program(fn, _args(shapes, dtype), "sm_80")
     program = low["llvm"]
     assert program.counters > 0 and sum(program.scratch) > 0
     modules = low["ptx"].modules
     assert any("atom.global.add.u32" in ptx and "fence.acq_rel.gpu" in ptx for ptx in modules.values())
     if ptxas_available():
         for ptx in modules.values():
-            assert "0 bytes spill stores" in assemble(ptx, "sm_90")
+            assert "0 bytes spill stores" in assemble(ptx, "sm_80")
+
+
+@pytest.mark.parametrize("name", ["norm weight and bias grads", "many row outputs, bf16", "wide norm grads"])
+def test_on_sm_90_the_splits_are_a_cluster_and_need_no_scratch(name):
+    """The splits of a tile are a cluster's blocks (8 at most, fixed in the PTX): the others
+    send their partials into the first block's shared memory, counted by an mbarrier there. No
+    global scratch, no counters, and no release at GPU scope (a fence, or a releasing cluster
+    barrier, waits for every global store in flight): one relaxed cluster barrier, at the start."""
+    from glue.backend_cuda.ptx import assemble, ptxas_available
+
+    fn, shapes, dtype, _ = CASES[name]
+    _, low = _program(fn, _args(shapes, dtype))
+    program = low["llvm"]
+    clustered = [l for l in program.launches if "a cluster combines" in l.strategy]
+    assert clustered and program.counters == 0 and sum(program.scratch) == 0, [l.strategy for l in program.launches]
+    for launch in clustered:
+        splits = int(launch.strategy.split("splits ")[1].split()[0])
+        ptx = low["ptx"].modules[launch.symbol]
+        assert 1 < splits <= 8 and launch.grid % splits == 0
+        assert f".reqnctapercluster {splits}, 1, 1" in ptx and "mapa.shared::cluster" in ptx
+        assert "st.async.shared::cluster.mbarrier::complete_tx::bytes" in ptx
+        assert ptx.count("barrier.cluster.arrive") == ptx.count("barrier.cluster.arrive.relaxed") == 1
+        assert "fence.acq_rel" not in ptx and "membar" not in ptx and "atom" not in ptx
+        if ptxas_available():
+            assert "0 bytes spill stores" in assemble(ptx, "sm_90a")
 
 
 @pytest.mark.cuda

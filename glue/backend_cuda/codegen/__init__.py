@@ -87,6 +87,7 @@ class KernelShape:
     shared_bytes: int = 0
     tensor_maps: tuple[TensorMap, ...] = ()  # TMA descriptors it takes after its pointers
     max_registers: int = 0             # a thread's registers at launch, fixed (0: as ptxas finds)
+    cluster: int = 0                   # blocks a cluster, fixed when compiled (0: no clusters)
 
     def facts(self) -> dict[str, Any]:
         """Its fields as JSON values (the disk cache's record)."""
@@ -128,7 +129,7 @@ class _Recipe:
         ke = KernelEmitter(module, self.kernel, self.symbol, list(self.inputs), list(self.outputs), self.arch,
                            self.written, list(self.extra), self.aligned, len(maps))
         if self.columns:
-            shape = emit_columns(ke, ColumnPlan(self.kernel, ke.analysis))
+            shape = emit_columns(ke, ColumnPlan(self.kernel, ke.analysis, self.arch))
         elif warpgroups is not None:
             shape = emit_wgmma(ke, warpgroups)
         elif hopper_flash is not None:
@@ -139,7 +140,8 @@ class _Recipe:
             shape = emit_contraction(ke) if self.kernel.kind == "contraction" else None
             if shape is None:
                 shape = _EMIT.get(self.kernel.kind, emit_rows)(ke)
-        facts = KernelShape(*shape, ke.awaited, ke.min_blocks, ke.dynamic_shared_bytes, maps, ke.max_registers)
+        facts = KernelShape(*shape, ke.awaited, ke.min_blocks, ke.dynamic_shared_bytes, maps, ke.max_registers,
+                            ke.cluster)
         return _grid_constants(_launch_bounds(str(module), self.symbol, facts), len(maps)), facts
 
 
@@ -268,13 +270,16 @@ def _symbol(text: str) -> str:
 
 def _launch_bounds(llvm_ir: str, symbol: str, shape: KernelShape) -> str:
     """Declare the kernel's block size (`.maxntid`), and where its emitter asks, the blocks that
-    must fit on a multiprocessor (`.minnctapersm`) and a thread's registers (`.maxnreg`);
-    llvmlite cannot attach string attributes."""
+    must fit on a multiprocessor (`.minnctapersm`), a thread's registers (`.maxnreg`) and the
+    blocks of a cluster (`.reqnctapercluster`: a plain launch then forms the clusters); llvmlite
+    cannot attach string attributes."""
     bounds = f'"nvvm.maxntid"="{shape.block}"'
     if shape.min_blocks:
         bounds += f' "nvvm.minctasm"="{shape.min_blocks}"'
     if shape.max_registers:
         bounds += f' "nvvm.maxnreg"="{shape.max_registers}"'
+    if shape.cluster:
+        bounds += f' "nvvm.cluster_dim"="{shape.cluster},1,1"'
     header = re.compile(rf'^(define ptx_kernel void @"{symbol}"\(.*\))$', re.M)
     return header.sub(lambda m: f'{m.group(1)} {bounds}', llvm_ir, count=1)
 
@@ -462,10 +467,10 @@ class _Builder:
         and a contraction does not split); a warpgroup contraction's in `tiling` where given."""
         columns, extra = False, ()
         if kernel.kind == "reduction" and memory is not None and self.aligned:
-            plan = self.plans.get(kernel, lambda: ColumnPlan(kernel, Analysis()) if columns_fit(kernel, Analysis())
-                                  else None)
+            plan = self.plans.get(kernel, lambda: ColumnPlan(kernel, Analysis(), self.arch)
+                                  if columns_fit(kernel, Analysis()) else None)
             columns = plan is not None
-            if columns and plan.splits > 1:
+            if columns and plan.scratch_bytes:
                 extra = (memory.claim_scratch(stream, plan.scratch_bytes, scratch_from),
                          memory.claim_counters(plan.counter_bytes))
         elif kernel.kind == "contraction" and memory is not None:

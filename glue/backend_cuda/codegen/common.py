@@ -47,6 +47,7 @@ from glue.scheduler.kernel_ir import (Dim, Div, Expr, Index, Kernel, Load, Mod, 
 PTR0 = ir.PointerType()
 PTR1 = ir.PointerType(addrspace=1)
 PTR3 = ir.PointerType(addrspace=3)
+PTR7 = ir.PointerType(addrspace=7)  # another block's shared memory in the cluster (`shared::cluster`)
 VOID = ir.VoidType()
 WARP = 32
 SEQUENTIAL_WARPS = 8  # warps' partials a thread folds one by one (two 16-byte shared loads of floats)
@@ -189,6 +190,7 @@ class KernelEmitter(BufferAccess):
         # only where it knows the count at entry
         self.max_registers = 0
         self.dynamic_shared_bytes = 0  # set by `dynamic_shared`: launched with that much
+        self.cluster = 0  # set by an emitter whose blocks meet in clusters of this many (sm_90 on)
         self.kernel = kernel
         self.symbol = symbol
         self.places = tuple(dict.fromkeys(list(inputs) + list(outputs) + list(extra)))
@@ -316,6 +318,56 @@ class KernelEmitter(BufferAccess):
         before counting itself in on a counter, and reads after finding the count complete."""
         asm = ir.InlineAsm(ir.FunctionType(VOID, []), "fence.acq_rel.gpu;", "~{memory}", side_effect=True)
         self.b.call(asm, [])
+
+    def cluster_barrier(self) -> None:
+        """Wait for every thread of the block's cluster (`cluster` blocks, the emitter's to set).
+        The arrival is relaxed: it orders no memory (a release would wait for every global store
+        in flight, MEMBAR.GPU), so what blocks exchange goes through `send` and an mbarrier."""
+        self._asm("barrier.cluster.arrive.relaxed.aligned; barrier.cluster.wait.aligned;", "~{memory}", [])
+
+    def in_cluster_block(self, address: ir.Value, rank: ir.Value) -> ir.Value:
+        """Where `address`, in this block's shared memory, lies in that of the cluster's block
+        `rank` (a pointer `send` writes through: distributed shared memory)."""
+        name = "llvm.nvvm.mapa.shared.cluster"
+        fn = self.module.globals.get(name) or ir.Function(self.module, ir.FunctionType(PTR7, [PTR3, I32]), name)
+        return self.b.call(fn, [address, self.b.trunc(rank, I32)])
+
+    # An mbarrier counting bytes that other blocks of the cluster send. Addresses are pointers
+    # ("l"), not the 32-bit shared offsets hopper.py's TMA pipelines pass, so that the CPU
+    # emulator, which runs the same IR on host pointers, can follow them.
+    def mbarrier_init(self, barrier: ir.Value, arrivals: int) -> None:
+        """Initialise `barrier` (8 shared bytes) for `arrivals` arrivals a phase, and make that
+        visible to the cluster's asynchronous writes (`fence.mbarrier_init`)."""
+        self._asm("mbarrier.init.shared::cta.b64 [$0], $1; fence.mbarrier_init.release.cluster;",
+                  "l,r,~{memory}", [barrier, ir.Constant(I32, arrivals)])
+
+    def expect_bytes(self, barrier: ir.Value, nbytes: int) -> None:
+        """Arrive on `barrier`, its phase to complete once `nbytes` more have been sent to it."""
+        self._asm("mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], $1;", "l,r,~{memory}",
+                  [barrier, ir.Constant(I32, nbytes)])
+
+    def wait_phase(self, barrier: ir.Value, parity: int) -> None:
+        """Spin until the phase of `barrier` of `parity` (0 or 1) has completed; what was sent to
+        complete it is then visible to this thread."""
+        fn = self.b.function
+        spin, after = fn.append_basic_block("phase.spin"), fn.append_basic_block("phase.done")
+        self.b.branch(spin)
+        self.b.position_at_end(spin)
+        done = self._asm("{ .reg .pred done; mbarrier.try_wait.parity.shared::cta.b64 done, [$1], $2; "
+                         "selp.u32 $0, 1, 0, done; }", "=r,l,r,~{memory}", [barrier, ir.Constant(I32, parity)], I32)
+        self.b.cbranch(self.b.icmp_unsigned("!=", done, ir.Constant(I32, 0)), after, spin)
+        self.b.position_at_end(after)
+
+    def send(self, target: ir.Value, value: ir.Value, barrier: ir.Value) -> None:
+        """Write `value` (an i32 or i64) at `target` in another block's shared memory, counting
+        its bytes on that block's `barrier` (both from `in_cluster_block`), without waiting."""
+        bits = value.type.width
+        self._asm(f"st.async.shared::cluster.mbarrier::complete_tx::bytes.b{bits} [$0], $1, [$2];",
+                  f"l,{'r' if bits == 32 else 'l'},l,~{{memory}}", [target, value, barrier])
+
+    def _asm(self, text: str, constraints: str, args: list[ir.Value], result: ir.Type = VOID) -> ir.Value:
+        asm = ir.InlineAsm(ir.FunctionType(result, [a.type for a in args]), text, constraints, side_effect=True)
+        return self.b.call(asm, args)
 
     def barrier(self) -> None:
         name = "llvm.nvvm.barrier0"
