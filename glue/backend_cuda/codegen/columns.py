@@ -60,6 +60,7 @@ SMS = 132              # an H200's multiprocessors
 HEAVY_VALUES = 64
 FOLD_UNROLL = 4        # rounds of the splits' partials the last block loads at once
 SLOT_BYTES = 8         # a partial's slot in scratch holds any register type up to 64 bits
+FOLD_SHARED_BYTES = 16 << 10  # shared memory the slices' partials of every reduction may take at once
 CLUSTER = 8            # blocks a cluster at most: what every sm_90 GPU schedules (16 must opt in)
 SECTOR = 32            # bytes: a narrower tile would read part of each 32-byte sector of a row
 FULL = 0.45            # of a wave of blocks, from which a cluster plan takes no narrower tiles
@@ -238,7 +239,12 @@ def emit_columns(ke: KernelEmitter, plan: ColumnPlan) -> tuple[int, int, str]:
     first_slice = b.icmp_unsigned("==", slice_, c(0))
     writer = b.and_(valid, first_slice) if valid is not None else first_slice
     if meeting is not None:
-        partials = meeting.combine(partials, first_slice, slice_, column)
+        meeting.send(partials, first_slice, column)
+        # What the epilogue loads moves into L2 while the first block waits for the others
+        # (loads issued here, ptxas moved past the wait: nothing orders them before it).
+        LaneGroup(ke, plan.vec, _epilogue_dims(ke, coords)).prefetch(
+            [s.value for s in k.stores if s.level == "row"], lambda ld: not ke.analysis.uses(ld).rows)
+        partials = meeting.gather(partials, slice_, column)
     elif plan.splits > 1:
         partials = _combine_splits(ke, plan, partials, split, tile, group, writer, slice_, column)
     _store_rows(ke, plan, coords, partials, writer)
@@ -288,32 +294,47 @@ def _combine_slices(ke: KernelEmitter, plan: ColumnPlan, partials: list[list[Par
         return partials
     warp = b.udiv(slice_, c(in_warp))
     first_lane = b.icmp_unsigned("==", b.urem(slice_, c(in_warp)), c(0))
-    arrays: dict[str, ir.Value] = {}  # one per register type, reused reduction after reduction
+    size = plan.width * warps * plan.per_block
+    types = [p.values[0].type for p in partials[0]]
+    # All reductions meet at once where their arrays fit FOLD_SHARED_BYTES (two barriers), else
+    # one after another in arrays reused by type (two barriers each).
+    together = sum(size * _type_bytes(ty) for ty in types) <= FOLD_SHARED_BYTES
+    rounds = [list(range(plan.reductions))] if together else [[i] for i in range(plan.reductions)]
+    arrays: dict[tuple[str, int], ir.Value] = {}  # by type and place in a round, reused round after round
 
     def at(array: ir.Value, lane: int, w: ir.Value, ty: ir.Type) -> ir.Value:
         # [lane][warp][column]: a warp's columns are consecutive words, no bank conflicts
         index = b.add(b.mul(b.add(b.mul(c(lane), c(warps)), w), c(plan.per_block)), column)
         return ke.shared_at(array, index, ty)
 
-    combined: list[list[Partial]] = [[] for _ in partials]
-    for i in range(plan.reductions):
-        ty = partials[0][i].values[0].type
-        array = arrays.get(str(ty))
-        if array is None:
-            array = arrays[str(ty)] = ke.shared(ty, plan.width * warps * plan.per_block)
-        else:
-            ke.barrier()  # every thread has read the previous reduction's partials
+    combined: list[list[Partial]] = [list(lane_partials) for lane_partials in partials]
+    for n, members in enumerate(rounds):
+        if n:
+            ke.barrier()  # every thread has read the previous round's partials
+        placed = []
+        for place, i in enumerate(members):
+            key = (str(types[i]), place)
+            if key not in arrays:
+                arrays[key] = ke.shared(types[i], size)
+            placed.append((i, arrays[key]))
         with b.if_then(first_lane):
-            for lane, lane_partials in enumerate(partials):
-                b.store(lane_partials[i].values[0], at(array, lane, warp, ty))
+            for i, array in placed:
+                for lane, lane_partials in enumerate(partials):
+                    b.store(lane_partials[i].values[0], at(array, lane, warp, types[i]))
         ke.barrier()
-        for lane, lane_partials in enumerate(partials):
-            acc = lane_partials[i].with_values([b.load(at(array, lane, c(0), ty), typ=ty)])
-            for w in range(1, warps):
-                acc = acc.combine(b, lane_partials[i].with_values([b.load(at(array, lane, c(w), ty), typ=ty)]))
-            combined[lane].append(acc)
+        for i, array in placed:
+            ty = types[i]
+            for lane, lane_partials in enumerate(partials):
+                acc = lane_partials[i].with_values([b.load(at(array, lane, c(0), ty), typ=ty)])
+                for w in range(1, warps):
+                    acc = acc.combine(b, lane_partials[i].with_values([b.load(at(array, lane, c(w), ty), typ=ty)]))
+                combined[lane][i] = acc
     ke.barrier()  # the shared arrays may be used again (the splits' meeting)
     return combined
+
+
+def _type_bytes(ty: ir.Type) -> int:
+    return 8 if isinstance(ty, ir.DoubleType) else 4 if isinstance(ty, ir.FloatType) else max(1, ty.width // 8)
 
 
 def _wire_type(ty: ir.Type) -> ir.IntType:
@@ -361,12 +382,10 @@ class _ClusterMeeting:
         index = b.add(b.mul(b.add(b.mul(block, c(self.plan.width)), c(lane)), c(self.plan.per_block)), column)
         return self.ke.shared_at(self.slots[reduction], index, self.types[reduction])
 
-    def combine(self, partials: list[list[Partial]], first_slice: ir.Value, slice_: ir.Value,
-                column: ir.Value) -> list[list[Partial]]:
+    def send(self, partials: list[list[Partial]], first_slice: ir.Value, column: ir.Value) -> None:
         """The first slice of each row group puts the block's partials in its slots in the
-        first block (sent, from the others, which then return); in the first block, slice s
-        reads block s's once they are all there, and the slices meet (`_combine_slices`)."""
-        ke, b, plan = self.ke, self.ke.b, self.plan
+        first block: sent from the others, which then return."""
+        ke, b = self.ke, self.ke.b
         zero = ir.Constant(I64, 0)
         with b.if_then(first_slice):
             with b.if_else(self.first_block) as (here, there):
@@ -380,11 +399,17 @@ class _ClusterMeeting:
                         for i, p in enumerate(lane_partials):
                             target = ke.in_cluster_block(self.slot(i, self.rank, lane, column), zero)
                             ke.send(target, _to_wire(b, p.values[0]), barrier)
-        others, go_on = b.append_basic_block("sent"), b.append_basic_block("first_block")
-        b.cbranch(self.first_block, go_on, others)
+        others, first = b.append_basic_block("sent"), b.append_basic_block("first_block")
+        b.cbranch(self.first_block, first, others)
         b.position_at_end(others)
         b.ret_void()
-        b.position_at_end(go_on)
+        b.position_at_end(first)
+
+    def gather(self, partials: list[list[Partial]], slice_: ir.Value, column: ir.Value) -> list[list[Partial]]:
+        """In the first block, once every block's partials are in its slots: slice s reads
+        block s's, and the slices meet (`_combine_slices`)."""
+        ke, b, plan = self.ke, self.ke.b, self.plan
+        zero = ir.Constant(I64, 0)
         ke.barrier()  # the first block's own partials, in its slots
         ke.wait_phase(self.barrier, 0)
         inside = b.icmp_unsigned("<", slice_, ir.Constant(I64, plan.cluster))
@@ -463,6 +488,11 @@ def _combine_splits(ke: KernelEmitter, plan: ColumnPlan, partials: list[list[Par
     return _combine_slices(ke, plan, folded, slice_, column)
 
 
+def _epilogue_dims(ke: KernelEmitter, coords: list[ir.Value]) -> list[ir.Value | None]:
+    """A row-level store's point: the thread's first row, no reduced point."""
+    return list(coords) + [None] * len(ke.kernel.reduce)
+
+
 def _store_rows(ke: KernelEmitter, plan: ColumnPlan, coords: list[ir.Value], partials: list[list[Partial]],
                 valid: ir.Value | None) -> None:
     """The kernel's row-level stores for each of this thread's rows: every row's loads (the
@@ -471,7 +501,7 @@ def _store_rows(ke: KernelEmitter, plan: ColumnPlan, coords: list[ir.Value], par
     places (in place), and the epilogue would take a memory latency per row."""
     k, b = ke.kernel, ke.b
     with when(b, valid):
-        lanes = LaneGroup(ke, plan.vec, list(coords) + [None] * len(k.reduce))
+        lanes = LaneGroup(ke, plan.vec, _epilogue_dims(ke, coords))
         for em, lane_partials in zip(lanes.emitters, partials):
             em.rows = [p.result(b) for p in lane_partials]
         row_stores = [s for s in k.stores if s.level == "row"]
