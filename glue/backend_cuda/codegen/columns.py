@@ -185,8 +185,10 @@ def emit_columns(ke: KernelEmitter, plan: ColumnPlan) -> tuple[int, int, str]:
         # gradients at GPT-2 width, one block a multiprocessor and two waves: 33 us for 60 MiB)
         ke.min_blocks = plan.resident
     block_id, tid = ke.block_index(), ke.thread_index()
-    # a tile's splits are consecutive blocks: a cluster's, where they form clusters
-    tile, split = b.udiv(block_id, c(plan.splits)), b.urem(block_id, c(plan.splits))
+    if plan.cluster:  # a tile's splits are consecutive blocks, a cluster
+        tile, split = b.udiv(block_id, c(plan.splits)), b.urem(block_id, c(plan.splits))
+    else:  # a split's tiles are: blocks running together read whole rows of the points
+        split, tile = b.udiv(block_id, c(plan.tiles)), b.urem(block_id, c(plan.tiles))
     meeting = None
     if plan.cluster:
         ke.cluster = plan.cluster
