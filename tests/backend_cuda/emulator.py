@@ -8,7 +8,8 @@ partner's between two barriers (glue only shuffles where the whole block does). 
 as `block` POSIX threads, blocks one after another, so shared-memory globals are per block.
 A kernel compiled for clusters runs a cluster's blocks at once, each from its own copy of the
 module (its own shared memory): `barrier.cluster` is a pthread barrier over the cluster's
-threads, and `mapa` moves an address to the same place in another block's copy.
+threads, `mapa` moves an address to the same place in another block's copy, and an mbarrier
+counts the bytes `st.async` writes there (its state kept in a table keyed by its address).
 Needs a C compiler (`cc`); tests skip without one.
 """
 from __future__ import annotations
@@ -294,6 +295,7 @@ static void *run(void *arg) {
 
 /* `fns[r]`: the kernel in rank r's copy of its module; `cluster` blocks run at once. */
 int emu_launch(void **fns, int nparams, void **params, int32_t grid, int32_t block, int32_t cluster) {
+    if (cluster > 16) return -1;
     int32_t threads_at_once = block * cluster;
     pthread_t *threads = malloc(sizeof(pthread_t) * threads_at_once);
     job *jobs = malloc(sizeof(job) * threads_at_once);

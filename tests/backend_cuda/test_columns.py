@@ -115,6 +115,24 @@ def test_any_shape_of_column_reduction_computes_the_reference(points, rows, op, 
     assert mismatch(outs[0], want[0], d, scale=8.0) is None, [l.strategy for l in low["llvm"].launches]
 
 
+@needs_cc
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("dtype", [np.float16, np.float64, np.int32, np.int64, np.bool_],
+                         ids=["f16", "f64", "i32", "i64", "bool"])
+def test_partials_of_every_type_cross_between_blocks(dtype, arch):
+    """A partial travels between blocks as 32 or 64 bits (a cluster's `st.async`) or in an
+    8-byte scratch slot: half floats, doubles, 64-bit integers and booleans come back intact."""
+    x = RNG.standard_normal((512, 128)) * 4
+    x = (x > 0) if dtype == np.bool_ else x.astype(dtype)
+    fn = (lambda x: x.max(0)) if dtype == np.bool_ else (lambda x: (x.sum(0), x.max(0)))
+    closed, low = _program(fn, [x], arch)
+    assert any("combines" in l.strategy for l in low["llvm"].launches)
+    outs = emulator.run_program(low["llvm"], list(closed.consts) + [x])
+    want = run_graph(closed.graph, list(closed.consts) + [x], float64=True)
+    for got, w, d in zip(outs, want, tolerance_dtypes(closed.graph)):
+        assert mismatch(got, w, d, scale=8.0) is None, mismatch(got, w, d, scale=8.0)
+
+
 def test_a_thread_takes_fewer_rows_when_each_has_many_live_values():
     """bf16 rows would be 8 to a thread (one 16-byte vector); with twelve live values per row
     (three sums, nine row outputs) a thread takes 4, below HEAVY_VALUES, and the grid twice the

@@ -11,8 +11,8 @@ the first is folded. A block holds `per_block` such row groups (a tile), each fo
 butterflies and then, one value a warp, in shared memory. The reduced points also split over
 `splits` blocks so that the whole GPU works, and the splits of a tile meet in one of two ways:
 
-- On sm_90 and later, where the tile's splits fit a cluster (8 blocks) and the grid one wave,
-  they are a cluster's blocks: every block but the first sends its partials into the first
+- On sm_90 and later, where the tile's splits fit a cluster (8 blocks) and the grid fits the
+  part of a wave that clusters pack, they are a cluster's blocks: every block but the first sends its partials into the first
   block's shared memory (`st.async`), counted by an mbarrier there, and returns; the first
   block folds them and runs the kernel's row-level stores (the epilogue). Nothing goes through
   global memory, and nothing waits for the global stores in flight, as a GPU-scope release
@@ -67,7 +67,8 @@ FULL = 0.45            # of a wave of blocks, from which a cluster plan takes no
 # Of a wave's slots, those clusters fill: a cluster starts only where one processor cluster (GPC)
 # has room for all its blocks, so they pack a wave raggedly. ncu on the H100 found room for 30
 # clusters of 8 at two blocks a multiprocessor, 240 of 264 slots; the qkv bias gradient's 36
-# clusters of 7 at GPT-2 width (252 blocks) ran in two waves, 110 us against 88 by the last block.
+# clusters of 7 at GPT-2 width (252 blocks) ran in two waves: 110 us, the same plan by the last
+# block 88 in that call.
 PACKED = 0.9
 
 
