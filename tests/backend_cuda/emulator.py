@@ -183,7 +183,7 @@ void emu_cp_async_commit(void) {}
 void emu_cp_async_wait(int32_t n) { (void)n; }
 
 /* mbarriers that count bytes other blocks send (st.async): kept beside the 8 shared bytes
-   they live in, keyed by that address, under one lock. */
+   they live in, keyed by that address, under one lock; the table empties after each launch. */
 typedef struct { void *at; int32_t arrivals, pending, phase; int64_t bytes; } mbarrier;
 static mbarrier mbarriers[64];
 static pthread_mutex_t mbarrier_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -317,6 +317,7 @@ int emu_launch(void **fns, int nparams, void **params, int32_t grid, int32_t blo
         pthread_barrier_destroy(&cluster_barrier);
     }
     free(threads); free(jobs); free(all_slots); free(all_frags);
+    memset(mbarriers, 0, sizeof(mbarriers));  /* a launch's mbarriers end with it */
     return 0;
 }
 """
