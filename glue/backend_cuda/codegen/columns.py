@@ -137,7 +137,6 @@ class ColumnPlan:
         last partial wave would take a whole block's time for a few blocks), `most_splits` at most."""
         self.per_block = per_block
         self.slices = BLOCK // per_block
-        self.block = BLOCK
         self.tiles = -(-self.groups // per_block)
         most = max(1, self.points // (ROWS_PER_THREAD * self.slices))
         self.splits = max(1, min(most, most_splits, self.resident * SMS // self.tiles))
@@ -256,7 +255,7 @@ def emit_columns(ke: KernelEmitter, plan: ColumnPlan) -> tuple[int, int, str]:
         strategy += " (a cluster combines)"
     elif plan.splits > 1:
         strategy += " (last block combines)"
-    return plan.tiles * plan.splits, plan.block, strategy
+    return plan.tiles * plan.splits, BLOCK, strategy
 
 
 def _smaller(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:

@@ -163,6 +163,12 @@ def when(b: ir.IRBuilder, condition: ir.Value | None):
     return contextlib.nullcontext() if condition is None else b.if_then(condition)
 
 
+def inline_asm(b: ir.IRBuilder, text: str, constraints: str, args: list[ir.Value], result: ir.Type = VOID) -> ir.Value:
+    """Call inline PTX `text` on `args` (it has side effects: LLVM neither drops nor moves it)."""
+    asm = ir.InlineAsm(ir.FunctionType(result, [a.type for a in args]), text, constraints, side_effect=True)
+    return b.call(asm, args)
+
+
 def pow2_at_least(n: int) -> int:
     return 1 << max(0, math.ceil(math.log2(max(n, 1))))
 
@@ -296,10 +302,7 @@ class KernelEmitter(BufferAccess):
         memory but constant inputs; a kernel that never does is launched plainly."""
         if self.sm < 90:
             return
-        asm = ir.InlineAsm(ir.FunctionType(VOID, []),
-                           "griddepcontrol.wait; griddepcontrol.launch_dependents;", "~{memory}",
-                           side_effect=True)
-        self.b.call(asm, [])
+        inline_asm(self.b, "griddepcontrol.wait; griddepcontrol.launch_dependents;", "~{memory}", [])
         self.awaited = True
 
     def reads_only_constants(self, expr: Expr) -> bool:
@@ -309,21 +312,19 @@ class KernelEmitter(BufferAccess):
 
     def prefetch_l2(self, address: ir.Value) -> None:
         """Start moving the line holding `address` into L2, without waiting or using a register."""
-        asm = ir.InlineAsm(ir.FunctionType(VOID, [PTR1]), "prefetch.global.L2 [$0];", "l", side_effect=True)
-        self.b.call(asm, [address])
+        inline_asm(self.b, "prefetch.global.L2 [$0];", "l", [address])
 
     def fence_gpu(self) -> None:
         """Order this thread's memory accesses, and those a barrier of its block ordered before
         it, against what follows, at GPU scope (release and acquire): what a block writes
         before counting itself in on a counter, and reads after finding the count complete."""
-        asm = ir.InlineAsm(ir.FunctionType(VOID, []), "fence.acq_rel.gpu;", "~{memory}", side_effect=True)
-        self.b.call(asm, [])
+        inline_asm(self.b, "fence.acq_rel.gpu;", "~{memory}", [])
 
     def cluster_barrier(self) -> None:
         """Wait for every thread of the block's cluster (`cluster` blocks, the emitter's to set).
         The arrival is relaxed: it orders no memory (a release would wait for every global store
         in flight, MEMBAR.GPU), so what blocks exchange goes through `send` and an mbarrier."""
-        self._asm("barrier.cluster.arrive.relaxed.aligned; barrier.cluster.wait.aligned;", "~{memory}", [])
+        inline_asm(self.b, "barrier.cluster.arrive.relaxed.aligned; barrier.cluster.wait.aligned;", "~{memory}", [])
 
     def in_cluster_block(self, address: ir.Value, rank: ir.Value) -> ir.Value:
         """Where `address`, in this block's shared memory, lies in that of the cluster's block
@@ -338,12 +339,12 @@ class KernelEmitter(BufferAccess):
     def mbarrier_init(self, barrier: ir.Value, arrivals: int) -> None:
         """Initialise `barrier` (8 shared bytes) for `arrivals` arrivals a phase, and make that
         visible to the cluster's asynchronous writes (`fence.mbarrier_init`)."""
-        self._asm("mbarrier.init.shared::cta.b64 [$0], $1; fence.mbarrier_init.release.cluster;",
+        inline_asm(self.b, "mbarrier.init.shared::cta.b64 [$0], $1; fence.mbarrier_init.release.cluster;",
                   "l,r,~{memory}", [barrier, ir.Constant(I32, arrivals)])
 
     def expect_bytes(self, barrier: ir.Value, nbytes: int) -> None:
         """Arrive on `barrier`, its phase to complete once `nbytes` more have been sent to it."""
-        self._asm("mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], $1;", "l,r,~{memory}",
+        inline_asm(self.b, "mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], $1;", "l,r,~{memory}",
                   [barrier, ir.Constant(I32, nbytes)])
 
     def wait_phase(self, barrier: ir.Value, parity: int) -> None:
@@ -353,7 +354,7 @@ class KernelEmitter(BufferAccess):
         spin, after = fn.append_basic_block("phase.spin"), fn.append_basic_block("phase.done")
         self.b.branch(spin)
         self.b.position_at_end(spin)
-        done = self._asm("{ .reg .pred done; mbarrier.try_wait.parity.shared::cta.b64 done, [$1], $2; "
+        done = inline_asm(self.b, "{ .reg .pred done; mbarrier.try_wait.parity.shared::cta.b64 done, [$1], $2; "
                          "selp.u32 $0, 1, 0, done; }", "=r,l,r,~{memory}", [barrier, ir.Constant(I32, parity)], I32)
         self.b.cbranch(self.b.icmp_unsigned("!=", done, ir.Constant(I32, 0)), after, spin)
         self.b.position_at_end(after)
@@ -362,12 +363,8 @@ class KernelEmitter(BufferAccess):
         """Write `value` (an i32 or i64) at `target` in another block's shared memory, counting
         its bytes on that block's `barrier` (both from `in_cluster_block`), without waiting."""
         bits = value.type.width
-        self._asm(f"st.async.shared::cluster.mbarrier::complete_tx::bytes.b{bits} [$0], $1, [$2];",
+        inline_asm(self.b, f"st.async.shared::cluster.mbarrier::complete_tx::bytes.b{bits} [$0], $1, [$2];",
                   f"l,{'r' if bits == 32 else 'l'},l,~{{memory}}", [target, value, barrier])
-
-    def _asm(self, text: str, constraints: str, args: list[ir.Value], result: ir.Type = VOID) -> ir.Value:
-        asm = ir.InlineAsm(ir.FunctionType(result, [a.type for a in args]), text, constraints, side_effect=True)
-        return self.b.call(asm, args)
 
     def barrier(self) -> None:
         name = "llvm.nvvm.barrier0"
@@ -378,14 +375,11 @@ class KernelEmitter(BufferAccess):
     def warp_sync(self) -> None:
         """Wait for every lane of the warp; it also orders their memory accesses before it against
         theirs after it (a fence in one lane then stands for all)."""
-        asm = ir.InlineAsm(ir.FunctionType(VOID, []), "bar.warp.sync -1;", "~{memory}", side_effect=True)
-        self.b.call(asm, [])
+        inline_asm(self.b, "bar.warp.sync -1;", "~{memory}", [])
 
     def lane0_value(self, value: ir.Value) -> ir.Value:
         """Lane 0's `value` (an i32) in every lane of the warp (all 32 lanes take part)."""
-        asm = ir.InlineAsm(ir.FunctionType(I32, [I32]), "shfl.sync.idx.b32 $0, $1, 0, 31, -1;", "=r,r,~{memory}",
-                           side_effect=True)
-        return self.b.call(asm, [value])
+        return inline_asm(self.b, "shfl.sync.idx.b32 $0, $1, 0, 31, -1;", "=r,r,~{memory}", [value], I32)
 
     def shuffle_xor(self, value: ir.Value, lane_mask: int) -> ir.Value:
         """The `value` of the lane whose index differs from ours in `lane_mask` (all 32 lanes

@@ -20,7 +20,7 @@ from typing import Callable
 
 from llvmlite import ir
 
-from glue.backend_cuda.codegen.common import VOID, WARP, KernelEmitter
+from glue.backend_cuda.codegen.common import WARP, KernelEmitter, inline_asm
 from glue.codegen.types import F32, I32, I64
 
 SWIZZLE_BYTES = 128  # TMA writes and wgmma reads 128-byte rows, 16-byte chunks XORed by row % 8
@@ -46,32 +46,27 @@ class TensorMap:
     box: tuple[int, ...]
 
 
-def _asm(b: ir.IRBuilder, text: str, constraints: str, args: list[ir.Value], result: ir.Type = VOID) -> ir.Value:
-    asm = ir.InlineAsm(ir.FunctionType(result, [a.type for a in args]), text, constraints, side_effect=True)
-    return b.call(asm, args)
-
-
 def shared_u32(b: ir.IRBuilder, pointer: ir.Value) -> ir.Value:
     """A shared-memory pointer as the 32-bit address PTX's shared instructions take."""
     return b.trunc(b.ptrtoint(pointer, I64), I32)
 
 
 def mbarrier_init(b: ir.IRBuilder, barrier: ir.Value, arrivals: int) -> None:
-    _asm(b, f"mbarrier.init.shared::cta.b64 [$0], {arrivals};", "r,~{memory}", [barrier])
+    inline_asm(b, f"mbarrier.init.shared::cta.b64 [$0], {arrivals};", "r,~{memory}", [barrier])
 
 
 def fence_barrier_init(b: ir.IRBuilder) -> None:
     """Make initialised barriers visible to the async proxy (TMA) before anyone uses them."""
-    _asm(b, "fence.mbarrier_init.release.cluster;", "~{memory}", [])
+    inline_asm(b, "fence.mbarrier_init.release.cluster;", "~{memory}", [])
 
 
 def arrive_expect_bytes(b: ir.IRBuilder, barrier: ir.Value, nbytes: int) -> None:
     """Arrive on `barrier` and tell it `nbytes` more are coming from TMA loads."""
-    _asm(b, f"mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], {nbytes};", "r,~{memory}", [barrier])
+    inline_asm(b, f"mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], {nbytes};", "r,~{memory}", [barrier])
 
 
 def arrive(b: ir.IRBuilder, barrier: ir.Value) -> None:
-    _asm(b, "mbarrier.arrive.shared::cta.b64 _, [$0];", "r,~{memory}", [barrier])
+    inline_asm(b, "mbarrier.arrive.shared::cta.b64 _, [$0];", "r,~{memory}", [barrier])
 
 
 def wait_parity(b: ir.IRBuilder, barrier: ir.Value, parity: ir.Value) -> None:
@@ -82,7 +77,7 @@ def wait_parity(b: ir.IRBuilder, barrier: ir.Value, parity: ir.Value) -> None:
     spin, after = fn.append_basic_block("wait.spin"), fn.append_basic_block("wait.done")
     b.branch(spin)
     b.position_at_end(spin)
-    done = _asm(b, test, "=r,r,r,~{memory}", [barrier, parity], I32)
+    done = inline_asm(b, test, "=r,r,r,~{memory}", [barrier, parity], I32)
     b.cbranch(b.icmp_unsigned("!=", done, ir.Constant(I32, 0)), after, spin)
     b.position_at_end(after)
 
@@ -94,7 +89,7 @@ def wait_for_count(b: ir.IRBuilder, counter: ir.Value, count: int) -> None:
     spin, after = fn.append_basic_block("count.spin"), fn.append_basic_block("count.done")
     b.branch(spin)
     b.position_at_end(spin)
-    seen = _asm(b, "ld.acquire.gpu.global.u32 $0, [$1];", "=r,l,~{memory}", [b.ptrtoint(counter, I64)], I32)
+    seen = inline_asm(b, "ld.acquire.gpu.global.u32 $0, [$1];", "=r,l,~{memory}", [b.ptrtoint(counter, I64)], I32)
     b.cbranch(b.icmp_unsigned("==", seen, ir.Constant(I32, count)), after, spin)
     b.position_at_end(after)
 
@@ -103,7 +98,7 @@ def load_unless(b: ir.IRBuilder, address: ir.Value, keep: ir.Value, value: ir.Va
     """`value` (an f32) where `keep` (an i1), else the global f32 at `address`, read by a
     predicated load: no branch, and nothing read where it is kept."""
     text = "{ .reg .pred keep; setp.ne.u32 keep, $2, 0; mov.b32 $0, $3; @!keep ld.global.f32 $0, [$1]; }"
-    return _asm(b, text, "=f,l,r,f", [b.ptrtoint(address, I64), b.zext(keep, I32), value], F32)
+    return inline_asm(b, text, "=f,l,r,f", [b.ptrtoint(address, I64), b.zext(keep, I32), value], F32)
 
 
 def tma_load(b: ir.IRBuilder, target: ir.Value, tensor_map: ir.Value, coords: list[ir.Value],
@@ -114,25 +109,25 @@ def tma_load(b: ir.IRBuilder, target: ir.Value, tensor_map: ir.Value, coords: li
     places = ", ".join(f"${i + 2}" for i in range(rank))
     text = (f"cp.async.bulk.tensor.{rank}d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
             f"[$0], [$1, {{{places}}}], [${rank + 2}];")
-    _asm(b, text, "r,l," + "r," * rank + "r,~{memory}", [target, b.ptrtoint(tensor_map, I64), *coords, barrier])
+    inline_asm(b, text, "r,l," + "r," * rank + "r,~{memory}", [target, b.ptrtoint(tensor_map, I64), *coords, barrier])
 
 
 def bulk_load(b: ir.IRBuilder, target: ir.Value, source: ir.Value, nbytes: int, barrier: ir.Value) -> None:
     """Start a TMA copy of `nbytes` contiguous bytes (a multiple of 16) from global `source`
     (16-byte aligned) into shared `target`, completing bytes on `barrier`."""
     text = f"cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [$0], [$1], {nbytes}, [$2];"
-    _asm(b, text, "r,l,r,~{memory}", [target, b.ptrtoint(source, I64), barrier])
+    inline_asm(b, text, "r,l,r,~{memory}", [target, b.ptrtoint(source, I64), barrier])
 
 
 def prefetch_tensor_map(b: ir.IRBuilder, tensor_map: ir.Value) -> None:
     """Start fetching a TMA descriptor (its parameter's generic address) into the descriptor
     cache, so that the first load through it does not wait for the fetch."""
-    _asm(b, "prefetch.tensormap [$0];", "l,~{memory}", [b.ptrtoint(tensor_map, I64)])
+    inline_asm(b, "prefetch.tensormap [$0];", "l,~{memory}", [b.ptrtoint(tensor_map, I64)])
 
 
 def set_max_registers(b: ir.IRBuilder, count: int, grow: bool) -> None:
     """Hand registers to the block's other warpgroups (`grow` False) or take them (True)."""
-    _asm(b, f"setmaxnreg.{'inc' if grow else 'dec'}.sync.aligned.u32 {count};", "~{memory}", [])
+    inline_asm(b, f"setmaxnreg.{'inc' if grow else 'dec'}.sync.aligned.u32 {count};", "~{memory}", [])
 
 
 def warp_specialized(ke: KernelEmitter, init_barriers: Callable[[], None], produce: Callable[[], None],
@@ -166,16 +161,16 @@ def warp_specialized(ke: KernelEmitter, init_barriers: Callable[[], None], produ
 
 
 def wgmma_fence(b: ir.IRBuilder) -> None:
-    _asm(b, "wgmma.fence.sync.aligned;", "~{memory}", [])
+    inline_asm(b, "wgmma.fence.sync.aligned;", "~{memory}", [])
 
 
 def wgmma_commit(b: ir.IRBuilder) -> None:
-    _asm(b, "wgmma.commit_group.sync.aligned;", "~{memory}", [])
+    inline_asm(b, "wgmma.commit_group.sync.aligned;", "~{memory}", [])
 
 
 def wgmma_wait(b: ir.IRBuilder, pending: int) -> None:
     """Wait until at most `pending` committed wgmma groups of this warpgroup are in flight."""
-    _asm(b, f"wgmma.wait_group.sync.aligned {pending};", "~{memory}", [])
+    inline_asm(b, f"wgmma.wait_group.sync.aligned {pending};", "~{memory}", [])
 
 
 def matrix_descriptor(b: ir.IRBuilder, start: ir.Value, leading: int, stride: int) -> ir.Value:
